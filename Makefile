@@ -1,0 +1,33 @@
+# MalleTrain — the two entry points are `make demo` and `make test`; both set the machine up.
+PYTHON ?= python3
+PYTEST ?= $(PYTHON) -m pytest
+export PYTHONDONTWRITEBYTECODE = 1
+
+.PHONY: setup test check lint demo bench bench-quick clean
+
+setup:
+	@bash scripts/setup-machine.sh
+
+## Whole suite: unit, property, simulator, PBS (fake), real-Slurm and real-torch tests.
+test: setup
+	$(PYTEST) -q || [ $$? -eq 5 ]
+
+## Quick development loop: everything that needs neither Slurm nor torch, plus lint.
+check: setup lint
+	$(PYTEST) -q -m "not slurm and not torch and not slow" || [ $$? -eq 5 ]
+
+lint:
+	$(PYTHON) -m ruff check malletrain_core tests bench
+	$(PYTHON) -m mypy malletrain_core
+
+demo: setup
+	bash scripts/demo.sh
+
+bench-quick: setup
+	$(PYTHON) bench/allocator.py --quick
+
+bench: setup
+	$(PYTHON) bench/allocator.py --json --markdown BENCHMARKS.md
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install what MalleTrain needs on a fresh Debian 12 machine, as root; idempotent.
+#   Debian: Slurm 22.05 (slurmctld, slurmd, client, basic plugins with job_submit/lua), munge,
+#           lua-socket (the job_submit.lua datagram).
+#   PyPI:   this package in editable mode with the training (CPU torch 2.13.0) and dev extras.
+# MALLETRAIN_SKIP_APT=1 skips the Debian part (no root, or already provisioned).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+apt_pkgs=(slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins lua-socket)
+if [ "${MALLETRAIN_SKIP_APT:-0}" != 1 ]; then
+  missing=()
+  for p in "${apt_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+stamp=.setup-stamp
+if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
+  echo "setup: pip install -e .[train,dev] (torch pinned to the 2.13.0 CPU wheel)"
+  "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+  "$PY" -m pip install -q --disable-pip-version-check -e ".[train,dev]"
+  touch "$stamp"
+fi
