@@ -1,0 +1,245 @@
+"""The daemon's configuration: one typed object, one documented defaults file.
+
+Precedence: built-in defaults < the TOML file (``/etc/malletrain/malletrain.toml`` unless told
+otherwise) < environment (``MALLETRAIN_<SECTION>_<KEY>``, e.g. ``MALLETRAIN_DAEMON_POLL_INTERVAL_S``)
+< command-line flags. Unknown sections and keys are rejected by name, with the file, so a typo
+never silently falls back to a default. ``malletrain_core/malletrain.toml`` documents every key
+and is checked against these defaults by the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 only
+    import tomli as tomllib
+
+from .errors import ConfigError
+
+DEFAULT_PATH = Path("/etc/malletrain/malletrain.toml")
+DOCUMENTED_DEFAULTS = Path(__file__).with_name("malletrain.toml")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    batch_system: str = "slurm"
+    state_dir: str = "/var/lib/malletrain"
+    hook_socket: str = "/run/malletrain/hook.sock"
+    api_socket: str = "/run/malletrain/api.sock"
+    api_host: str = "0.0.0.0"
+    api_port: int = 7817
+    poll_interval_s: float = 5.0
+    metrics_port: int = 9817
+    log_level: str = "info"
+    admin_users: tuple[str, ...] = ("root", "slurm")
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    lookahead_s: float = 120.0
+    objective: str = "throughput"
+    solver: str = "auto"
+    max_running_jobs: int = 0
+    min_share: float = 0.0
+    user_max_nodes: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    enabled: bool = True
+    window_s: float = 60.0
+    default_scale_up_s: float = 20.0
+    default_scale_down_s: float = 12.0
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    partition: str = "preemptable"
+    default_time_limit_s: float = 72 * 3600.0
+    command_timeout_s: float = 30.0
+    bin_dir: str = ""
+
+
+@dataclass(frozen=True)
+class PbsConfig:
+    queue: str = "malletrain"
+    command_timeout_s: float = 30.0
+    bin_dir: str = ""
+
+
+@dataclass(frozen=True)
+class MungeConfig:
+    socket: str = ""
+    credential_ttl_s: int = 300
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of ``malletraind``; see ``malletrain.toml`` beside this module."""
+
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    pbs: PbsConfig = field(default_factory=PbsConfig)
+    munge: MungeConfig = field(default_factory=MungeConfig)
+
+    def validate(self) -> Config:
+        """Cross-field checks; returns self for chaining."""
+        d = self.daemon
+        if d.batch_system not in ("slurm", "pbs"):
+            raise ConfigError(f"daemon.batch_system: {d.batch_system!r} is not supported; "
+                              "use \"slurm\" or \"pbs\"")
+        if self.allocator.objective not in ("throughput", "speedup"):
+            raise ConfigError(f"allocator.objective: {self.allocator.objective!r}; use "
+                              "\"throughput\" or \"speedup\"")
+        if self.allocator.solver not in ("auto", "dp", "milp"):
+            raise ConfigError(f"allocator.solver: {self.allocator.solver!r}; use \"auto\", "
+                              "\"dp\" or \"milp\"")
+        if d.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"daemon.log_level: {d.log_level!r}; use debug, info, warning "
+                              "or error")
+        for name, value in (("daemon.poll_interval_s", d.poll_interval_s),
+                            ("allocator.lookahead_s", self.allocator.lookahead_s),
+                            ("profiler.window_s", self.profiler.window_s)):
+            if value <= 0:
+                raise ConfigError(f"{name}: {value!r} must be > 0")
+        for name, port in (("daemon.api_port", d.api_port), ("daemon.metrics_port", d.metrics_port)):
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"{name}: {port!r} is not a port number (0 turns it off)")
+        if not 0.0 <= self.allocator.min_share <= 1.0:
+            raise ConfigError(f"allocator.min_share: {self.allocator.min_share!r} must lie in [0, 1]")
+        return self
+
+
+def _convert(value: Any, typ: Any, where: str) -> Any:
+    """Check (and gently coerce) one TOML value against the field's type."""
+    origin = getattr(typ, "__origin__", None)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        return _bad(where, value, "a list of strings")
+    elif origin in (Mapping, dict) or typ is Mapping:
+        if isinstance(value, dict) and all(isinstance(v, int) and not isinstance(v, bool)
+                                           for v in value.values()):
+            return dict(value)
+        return _bad(where, value, "a table of whole numbers")
+    return _bad(where, value, getattr(typ, "__name__", str(typ)))
+
+
+def _bad(where: str, value: Any, expected: str) -> Any:
+    raise ConfigError(f"{where}: {value!r} is not {'an' if expected[0] in 'aeiou' else 'a'} "
+                      f"{expected}")
+
+
+def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in table.items():
+        if key not in hints:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(names)}")
+        values[key] = _convert(value, hints[key], f"{where}.{key}")
+    return cls(**values)
+
+
+def from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
+    """Build a :class:`Config` from nested tables (as TOML gives them)."""
+    hints = get_type_hints(Config)
+    sections = {}
+    for name, table in data.items():
+        if name not in hints:
+            raise ConfigError(f"{source}: unknown section [{name}]; valid sections: "
+                              f"{', '.join(hints)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{name}] must be a table of keys")
+        sections[name] = _section(hints[name], table, f"{source}: {name}")
+    return Config(**sections)
+
+
+def _environment(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    hints = get_type_hints(Config)
+    for var, value in env.items():
+        if not var.startswith("MALLETRAIN_"):
+            continue
+        rest = var[len("MALLETRAIN_"):].lower()
+        for section in hints:
+            if rest.startswith(section + "_"):
+                out.setdefault(section, {})[rest[len(section) + 1:]] = value
+                break
+    return out
+
+
+def load(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
+    """Load the configuration: defaults < file < environment < ``overrides`` (flags).
+
+    ``path=None`` reads ``$MALLETRAIN_CONFIG`` or ``/etc/malletrain/malletrain.toml`` if it
+    exists (a missing default file means built-in defaults); an explicit path must exist.
+    """
+    env = os.environ if env is None else env
+    explicit = path is not None or "MALLETRAIN_CONFIG" in env
+    file = Path(path) if path is not None else Path(env.get("MALLETRAIN_CONFIG", DEFAULT_PATH))
+    merged: dict[str, dict[str, Any]] = {}
+    if file.exists() or explicit:
+        try:
+            with open(file, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{file}: no such file; create it (see {DOCUMENTED_DEFAULTS.name} "
+                              "in the package for every key) or point --config elsewhere") from None
+        except PermissionError:
+            raise ConfigError(f"{file}: permission denied; make it readable by the daemon") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+        for name, table in data.items():
+            merged[name] = dict(table) if isinstance(table, dict) else table
+    source = str(file)
+    for layer in (_environment(env), overrides or {}):
+        for name, table in layer.items():
+            base = merged.setdefault(name, {})
+            if isinstance(base, dict):
+                base.update(table)
+    return from_mapping(merged, source).validate()
+
+
+def to_mapping(config: Config) -> dict[str, dict[str, Any]]:
+    """Plain nested dict (for ``malletrain status --json`` and the docs test)."""
+    out: dict[str, dict[str, Any]] = {}
+    for f in dataclasses.fields(config):
+        section = getattr(config, f.name)
+        out[f.name] = {k: (list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping)
+                           else v) for k, v in dataclasses.asdict(section).items()}
+    return out
