@@ -51,7 +51,8 @@ def place(counts: Mapping[str, int], current: Mapping[str, Sequence[str]],
         for name in mine:
             per_group[info[name].group if name in info else None] += 1
 
-        def release_key(name: str) -> tuple[int, float, str]:
+        def release_key(name: str, per_group: dict[str | None, int] = per_group
+                        ) -> tuple[int, float, str]:
             node = info.get(name)
             group = node.group if node else None
             return (per_group[group], _life(node), name)

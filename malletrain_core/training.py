@@ -1,0 +1,173 @@
+"""The training-side API: what a user's ``train.py`` calls.
+
+    from malletrain_core import training
+
+    session = training.Session()                 # reads what malletrain-run set up
+    state = session.resume()                     # last checkpoint, at any world size, or None
+    lr = training.scale_lr(0.1, global_batch=batch * session.world_size, reference_batch=256)
+    for step in ...:
+        ...one optimiser step...
+        session.report(samples=batch * session.world_size)   # the one line in the loop
+        if session.should_checkpoint():
+            session.checkpoint({"model": model_state, "optimizer": opt_state}, step)
+
+``report`` never blocks: rank 0 sends at most one signed datagram every ``report_interval_s``.
+Checkpoints are written by rank 0 only, atomically (temporary file, fsync, rename), hold
+plain (un-wrapped) state so any world size can load them, and are taken periodically and
+when the daemon asks (before a planned rescale), never on SIGTERM: the worker exits at once so
+the batch system's own job is not delayed. Outside MalleTrain (no launcher environment) the
+same script runs as a plain single-process training: reports go nowhere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import reports
+
+ENV_JOB = "MALLETRAIN_JOB_ID"
+ENV_EPOCH = "MALLETRAIN_EPOCH"
+ENV_REPORT_ADDR = "MALLETRAIN_REPORT_ADDR"
+ENV_REPORT_KEY = "MALLETRAIN_REPORT_KEY"
+ENV_CHECKPOINT_DIR = "MALLETRAIN_CHECKPOINT_DIR"
+ENV_CONTROL_DIR = "MALLETRAIN_CONTROL_DIR"
+CHECKPOINT_NAME = "checkpoint.pt"
+REQUEST_NAME = "checkpoint-request"
+
+
+def scale_lr(base_lr: float, global_batch: int, reference_batch: int) -> float:
+    """The linear scaling rule: the learning rate grows with the global batch size."""
+    if reference_batch <= 0 or global_batch <= 0:
+        raise ValueError("batch sizes must be positive")
+    return base_lr * global_batch / reference_batch
+
+
+def exit_on_sigterm() -> None:
+    """Exit at once on SIGTERM (the preempting job waits for us; checkpoints are periodic)."""
+    def _handler(signum: int, _frame: object) -> None:
+        os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, _handler)
+
+
+def _unwrap(state: Any) -> Any:
+    """Strip DistributedDataParallel's ``module.`` prefix so any world size can load it."""
+    if isinstance(state, Mapping) and state and all(isinstance(k, str) for k in state):
+        if all(k.startswith("module.") for k in state):
+            return {k[len("module."):]: v for k, v in state.items()}
+        return {k: _unwrap(v) for k, v in state.items()}
+    return state
+
+
+class Session:
+    """One worker's view of its MalleTrain job (rank, world size, reporting, checkpoints)."""
+
+    def __init__(self, checkpoint_every_s: float = 300.0, report_interval_s: float = 2.0,
+                 env: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.time, handle_sigterm: bool = True) -> None:
+        env = os.environ if env is None else env
+        self.job_id = env.get(ENV_JOB, "")
+        self.epoch = int(env.get(ENV_EPOCH, "0"))
+        self.rank = int(env.get("RANK", "0"))
+        self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.checkpoint_dir = Path(env.get(ENV_CHECKPOINT_DIR, "checkpoints"))
+        control = env.get(ENV_CONTROL_DIR)
+        self._request = Path(control) / REQUEST_NAME if control else None
+        self._request_seen = self._request_mtime()
+        self._clock = clock
+        self._every_s = checkpoint_every_s
+        self._interval_s = report_interval_s
+        self._last_ckpt_t = clock()
+        self._last_send_t = 0.0
+        self._seq = 0
+        self._ckpt_ack: int | None = None
+        self.samples = 0.0
+        self.dropped_reports = 0
+        self._key = bytes.fromhex(env[ENV_REPORT_KEY]) if env.get(ENV_REPORT_KEY) else b""
+        self._addr: tuple[str, int] | None = None
+        self._sock: socket.socket | None = None
+        addr = env.get(ENV_REPORT_ADDR, "")
+        if addr and self.rank == 0 and self.job_id and self._key:
+            host, _, port = addr.rpartition(":")
+            self._addr = (host or "127.0.0.1", int(port))
+            family = socket.AF_INET6 if ":" in self._addr[0] else socket.AF_INET
+            self._sock = socket.socket(family, socket.SOCK_DGRAM)
+            self._sock.setblocking(False)
+        if handle_sigterm:
+            exit_on_sigterm()
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    def report(self, samples: float, force: bool = False) -> None:
+        """Count ``samples`` (global, this step) and send a report when one is due."""
+        self.samples += samples
+        now = self._clock()
+        if self._sock is None or (not force and now - self._last_send_t < self._interval_s):
+            return
+        self._last_send_t = now
+        self._seq += 1
+        report = reports.Report(job=self.job_id, epoch=self.epoch, seq=self._seq, t=now,
+                                samples=self.samples, world=self.world_size, rank=self.rank,
+                                ckpt=self._ckpt_ack)
+        try:
+            self._sock.sendto(reports.sign(report, self._key), self._addr)  # type: ignore[arg-type]
+            self._ckpt_ack = None
+        except OSError:
+            self.dropped_reports += 1
+
+    def _request_mtime(self) -> float:
+        if self._request is None:
+            return 0.0
+        try:
+            return self._request.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def should_checkpoint(self) -> bool:
+        """True on the chief when the period has passed or the daemon asked for one."""
+        if not self.is_chief:
+            return False
+        if self._clock() - self._last_ckpt_t >= self._every_s:
+            return True
+        return self._request_mtime() > self._request_seen
+
+    def checkpoint(self, state: Mapping[str, Any], step: int) -> Path | None:
+        """Save ``state`` atomically from the chief; returns the path (None on other ranks)."""
+        if not self.is_chief:
+            return None
+        import torch
+
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        final = self.checkpoint_dir / CHECKPOINT_NAME
+        tmp = final.with_name(f".{CHECKPOINT_NAME}.{os.getpid()}.tmp")
+        payload = {"state": _unwrap(dict(state)), "step": int(step), "samples": self.samples,
+                   "world_size": self.world_size, "time": self._clock()}
+        with open(tmp, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        self._last_ckpt_t = self._clock()
+        self._request_seen = self._request_mtime()
+        self._ckpt_ack = int(step)
+        self.report(0.0, force=True)
+        return final
+
+    def resume(self) -> dict[str, Any] | None:
+        """The last checkpoint as ``{"state", "step", "samples", ...}``, or None."""
+        path = self.checkpoint_dir / CHECKPOINT_NAME
+        if not path.exists():
+            return None
+        import torch
+
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        self.samples = float(payload.get("samples", 0.0))
+        return payload
