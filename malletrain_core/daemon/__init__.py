@@ -1,0 +1,1 @@
+"""``malletraind``: event intake, the engine, the backend, the epoch coordinator, the API."""

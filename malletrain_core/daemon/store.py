@@ -1,0 +1,111 @@
+"""The daemon's state in SQLite (WAL): an event journal and a small key-value table.
+
+The engine is pure and deterministic, so its state is a function of the events it consumed:
+the daemon journals every event before handing it to the engine and, on restart, replays the
+journal into a fresh engine (discarding the actions) and then reconciles with the batch system,
+which is the truth. The key-value table holds what is not derived from events (the epoch
+coordinator's state, counters). Only two faults stop the daemon instead of being recovered: a
+full disk and a database locked by another process; both raise :class:`StateError` with one
+clear message and leave the database consistent (every write is one transaction).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import codec
+from ..errors import MalleTrainError
+from ..events import Event
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL,
+                                    body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class StateError(MalleTrainError):
+    """The state database cannot be written: the daemon stops with this message."""
+
+
+def _explain(path: Path, exc: sqlite3.Error) -> StateError:
+    text = str(exc).lower()
+    if "locked" in text or "busy" in text:
+        return StateError(f"{path}: the state database is locked by another process; stop the "
+                          "other malletraind (only one may run per state_dir)")
+    if "full" in text or "disk i/o" in text:
+        return StateError(f"{path}: cannot write the state database ({exc}); free disk space "
+                          "and restart malletraind — nothing was lost")
+    if "readonly" in text or "unable to open" in text:
+        return StateError(f"{path}: cannot open the state database for writing ({exc}); check "
+                          "state_dir and its permissions")
+    return StateError(f"{path}: state database error: {exc}")
+
+
+class Store:
+    """Journal and key-value state of one daemon; one writer at a time (a lock is taken)."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], busy_timeout_s: float = 2.0) -> None:
+        self.dir = Path(state_dir)
+        self.path = self.dir / "state.db"
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.dir, 0o700)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+            os.chmod(self.path, 0o600)
+        except OSError as exc:
+            raise StateError(f"{self.path}: cannot create the state database: {exc.strerror}; "
+                             "check state_dir and its permissions") from None
+        try:
+            self.db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            # An exclusive lock for the daemon's lifetime: a second daemon fails fast.
+            self.db.execute("PRAGMA locking_mode=EXCLUSIVE")
+            self.db.executescript(SCHEMA)
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    def append(self, events: list[Event]) -> None:
+        """Journal ``events`` in one transaction (before the engine sees them)."""
+        if not events:
+            return
+        rows = [(e.time, json.dumps(codec.to_dict(e), separators=(",", ":"))) for e in events]
+        try:
+            with self.db:
+                self.db.execute("BEGIN")
+                self.db.executemany("INSERT INTO journal (t, body) VALUES (?, ?)", rows)
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+
+    def replay(self) -> Iterator[Event]:
+        """Every journalled event, oldest first."""
+        for (body,) in self.db.execute("SELECT body FROM journal ORDER BY seq"):
+            yield codec.from_dict(json.loads(body))  # type: ignore[misc]
+
+    def journal_length(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM journal").fetchone()[0])
+
+    def put(self, key: str, value: Any) -> None:
+        try:
+            with self.db:
+                self.db.execute("BEGIN")
+                self.db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)",
+                                (key, json.dumps(value, separators=(",", ":"))))
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
