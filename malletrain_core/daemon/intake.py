@@ -1,0 +1,152 @@
+"""Event intake: hook datagrams (unix socket, sender uid checked) and signed progress reports.
+
+Hooks only wake the daemon: the batch system's state, read by the reconciling poll, is the
+truth, so a lost or dropped datagram delays a decision by at most one poll interval and never
+corrupts state. Reports become :class:`~malletrain_core.events.ProgressReport` events when
+their signature verifies under the job's per-launch key and their sequence number is new.
+Everything dropped is counted and logged once per reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+from collections import Counter
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from .. import reports
+from ..events import ProgressReport
+
+log = logging.getLogger(__name__)
+
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+MAX_DATAGRAM = 4096
+
+
+class HookListener:
+    """Receives hook datagrams on a unix datagram socket; only ``allowed_uids`` are heard."""
+
+    def __init__(self, path: str | os.PathLike[str], allowed_uids: Collection[int],
+                 decode: Callable[[bytes], object] | None = None) -> None:
+        self.path = Path(path)
+        self.allowed_uids = set(allowed_uids)
+        self.decode = decode
+        self.dropped: Counter[str] = Counter()
+        self.received = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.sock.bind(str(self.path))
+        # Hooks run as root or SlurmUser; the socket is writable by them only (uids checked too).
+        os.chmod(self.path, 0o660)
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _drop(self, reason: str) -> None:
+        if not self.dropped[reason]:
+            log.warning("hook datagram dropped: %s (further drops of this kind are counted)", reason)
+        self.dropped[reason] += 1
+
+    def drain(self) -> list[object]:
+        """Every datagram waiting now, decoded; bad ones are dropped and counted."""
+        out: list[object] = []
+        while True:
+            try:
+                data, ancdata, flags, _ = self.sock.recvmsg(MAX_DATAGRAM + 1,
+                                                            socket.CMSG_SPACE(_UCRED.size))
+            except (BlockingIOError, InterruptedError):
+                return out
+            uid = None
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    _, uid, _ = _UCRED.unpack(payload[:_UCRED.size])
+            if uid is None or uid not in self.allowed_uids:
+                self._drop(f"sender uid {uid} is not allowed")
+                continue
+            if len(data) > MAX_DATAGRAM or flags & socket.MSG_TRUNC:
+                self._drop("oversized datagram")
+                continue
+            if self.decode is None:
+                out.append(data)
+                self.received += 1
+                continue
+            try:
+                out.append(self.decode(data))
+                self.received += 1
+            except Exception as exc:  # noqa: BLE001 - any decoding failure drops the datagram
+                self._drop(f"malformed datagram: {exc}")
+
+
+class ReportListener:
+    """Receives signed progress reports over UDP; ``key_for(job)`` gives each job's key."""
+
+    def __init__(self, host: str, port: int, key_for: Callable[[str], bytes | None]) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_DGRAM)
+        self.sock.bind((host, port))
+        self.sock.setblocking(False)
+        self.key_for = key_for
+        self.guard = reports.ReplayGuard()
+        self.dropped: Counter[str] = Counter()
+        self.received = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.sock.getsockname()[:2]
+        return host, port
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def accept(self, data: bytes) -> reports.Report | None:
+        """Verify one datagram; None (and a count) when it must be dropped."""
+        try:
+            _, _, unverified = reports.parse(data)
+            key = self.key_for(unverified.job)
+            if key is None:
+                raise reports.ReportError(f"no running launch of job {unverified.job!r}")
+            report = reports.verify(data, key)
+            self.guard.check(report)
+        except reports.ReportError as exc:
+            reason = str(exc).split(" for job")[0].split(" (")[0]
+            if not self.dropped[reason]:
+                log.warning("report dropped: %s", exc)
+            self.dropped[reason] += 1
+            return None
+        self.received += 1
+        return report
+
+    def drain(self) -> list[reports.Report]:
+        out = []
+        while True:
+            try:
+                data = self.sock.recv(reports.MAX_BYTES + 1)
+            except (BlockingIOError, InterruptedError):
+                return out
+            report = self.accept(data)
+            if report is not None:
+                out.append(report)
+
+
+def to_event(report: reports.Report) -> ProgressReport:
+    return ProgressReport(time=report.t, job_id=report.job, samples=report.samples,
+                          world_size=report.world, epoch=report.epoch)
