@@ -23,8 +23,8 @@ from ..errors import MalleTrainError
 from ..events import Event
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL,
-                                    body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                                    batch INTEGER NOT NULL, t REAL NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -78,21 +78,32 @@ class Store:
         self.db.close()
 
     def append(self, events: list[Event]) -> None:
-        """Journal ``events`` in one transaction (before the engine sees them)."""
+        """Journal ``events`` as one batch, in one transaction, before the engine sees them."""
         if not events:
             return
-        rows = [(e.time, json.dumps(codec.to_dict(e), separators=(",", ":"))) for e in events]
         try:
             with self.db:
                 self.db.execute("BEGIN")
-                self.db.executemany("INSERT INTO journal (t, body) VALUES (?, ?)", rows)
+                (batch,) = self.db.execute("SELECT COALESCE(MAX(batch), 0) + 1 FROM journal"
+                                           ).fetchone()
+                rows = [(batch, e.time, json.dumps(codec.to_dict(e), separators=(",", ":")))
+                        for e in events]
+                self.db.executemany("INSERT INTO journal (batch, t, body) VALUES (?, ?, ?)", rows)
         except sqlite3.Error as exc:
             raise _explain(self.path, exc) from None
 
-    def replay(self) -> Iterator[Event]:
-        """Every journalled event, oldest first."""
-        for (body,) in self.db.execute("SELECT body FROM journal ORDER BY seq"):
-            yield codec.from_dict(json.loads(body))  # type: ignore[misc]
+    def replay(self) -> Iterator[list[Event]]:
+        """Every journalled batch of events, oldest first (as the engine consumed them)."""
+        batch: list[Event] = []
+        current = None
+        for number, body in self.db.execute("SELECT batch, body FROM journal ORDER BY seq"):
+            if current is not None and number != current and batch:
+                yield batch
+                batch = []
+            current = number
+            batch.append(codec.from_dict(json.loads(body)))  # type: ignore[arg-type]
+        if batch:
+            yield batch
 
     def journal_length(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM journal").fetchone()[0])

@@ -1,0 +1,166 @@
+"""The daemon's cycle: poll → journal → engine → backend, woken by hooks, fed by reports.
+
+One thread, one selector. Hook datagrams only wake the cycle early (coalesced over
+``wake_delay_s``); the poll of the batch system is the truth. Every batch of events is
+journalled before the engine sees it, so a restarted daemon replays the journal into a fresh
+engine and then reconciles with the batch system. Batch-system command failures skip one cycle
+(the next poll reconciles); only :class:`~malletrain_core.daemon.store.StateError` stops the
+daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..backends.base import Backend
+from ..errors import CommandError
+from ..events import Action, Event, Finish, Grow, Shrink
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+class EngineLike(Protocol):
+    def handle_many(self, events: Sequence[Event]) -> list[Action]: ...
+
+
+class Listener(Protocol):
+    def fileno(self) -> int: ...
+
+
+@dataclass
+class Counters:
+    """What the daemon has done, for ``malletrain status`` and the metrics endpoint."""
+
+    cycles: int = 0
+    events: int = 0
+    actions: Counter[str] = field(default_factory=Counter)
+    command_failures: int = 0
+    last_cycle_ms: float = 0.0
+    last_poll_time: float = 0.0
+
+
+class Daemon:
+    """Drives one engine against one backend; see the module docstring."""
+
+    def __init__(self, engine: EngineLike, backend: Backend, store: Store, *,
+                 poll_interval_s: float = 5.0, wake_delay_s: float = 0.2,
+                 clock: Callable[[], float] = time.time,
+                 on_actions: Callable[[list[Action], float], None] | None = None) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.store = store
+        self.poll_interval_s = poll_interval_s
+        self.wake_delay_s = wake_delay_s
+        self.clock = clock
+        self.on_actions = on_actions
+        self.counters = Counters()
+        self.pending: list[Event] = []
+        self.selector = selectors.DefaultSelector()
+        self._next_cycle = 0.0
+        self._stopping = False
+
+    # -- recovery ---------------------------------------------------------------------------
+    def recover(self) -> int:
+        """Replay the journal into the (fresh) engine; returns the number of batches replayed."""
+        n = 0
+        for batch in self.store.replay():
+            self.engine.handle_many(batch)
+            n += 1
+        if n:
+            log.info("recovered state from %d journalled batches", n)
+        return n
+
+    # -- wiring -----------------------------------------------------------------------------
+    def watch(self, listener: Listener, on_ready: Callable[[], list[Event] | None],
+              wake: bool = False) -> None:
+        """Call ``on_ready`` when ``listener`` is readable; its events join the next cycle,
+        which is brought forward when ``wake`` is set (hooks)."""
+        self.selector.register(listener, selectors.EVENT_READ, (on_ready, wake))
+
+    def submit(self, events: list[Event]) -> None:
+        """Queue events for the next cycle (reports, API-originated events)."""
+        self.pending.extend(events)
+
+    def wake(self) -> None:
+        now = time.monotonic()
+        self._next_cycle = min(self._next_cycle, now + self.wake_delay_s)
+
+    # -- the cycle --------------------------------------------------------------------------
+    def cycle(self) -> list[Action]:
+        """One reconcile: poll, journal, decide, act. Returns the actions executed."""
+        t0 = time.perf_counter()
+        now = self.clock()
+        try:
+            events = self.backend.poll(now)
+        except CommandError as exc:
+            self.counters.command_failures += 1
+            log.warning("poll failed, retrying next cycle: %s", exc)
+            events = []
+        else:
+            self.counters.last_poll_time = now
+        events = self.pending + events
+        self.pending = []
+        executed: list[Action] = []
+        for _ in range(3):  # the backend's immediate follow-up events, bounded
+            if not events:
+                break
+            self.store.append(events)
+            self.counters.events += len(events)
+            actions = self.engine.handle_many(events)
+            if not actions:
+                break
+            for action in actions:
+                self.counters.actions[type(action).__name__] += 1
+                if isinstance(action, (Grow, Shrink, Finish)):
+                    log.info("job %s: %s %s", action.job_id, type(action).__name__.lower(),
+                             ",".join(getattr(action, "nodes", ())) or "")
+            try:
+                events = self.backend.execute(actions, now)
+            except CommandError as exc:
+                self.counters.command_failures += 1
+                log.warning("executing %d actions failed; the next poll reconciles: %s",
+                            len(actions), exc)
+                events = []
+            executed.extend(actions)
+            if self.on_actions is not None:
+                self.on_actions(actions, now)
+        self.counters.cycles += 1
+        self.counters.last_cycle_ms = (time.perf_counter() - t0) * 1e3
+        return executed
+
+    def run_once(self, timeout_s: float | None = None) -> None:
+        """Wait for input or the next cycle, then run whatever is due."""
+        now = time.monotonic()
+        wait = max(0.0, self._next_cycle - now)
+        if timeout_s is not None:
+            wait = min(wait, timeout_s)
+        for key, _ in self.selector.select(wait):
+            on_ready, wake = key.data
+            try:
+                events = on_ready()
+            except Exception:  # noqa: BLE001 - one bad input never stops the daemon
+                log.exception("input handler failed")
+                continue
+            if events:
+                self.pending.extend(events)
+            if wake:
+                self.wake()
+        if time.monotonic() >= self._next_cycle:
+            self.cycle()
+            self._next_cycle = time.monotonic() + self.poll_interval_s
+
+    def run(self) -> None:
+        """Until :meth:`stop` (a signal handler calls it)."""
+        while not self._stopping:
+            self.run_once()
+
+    def stop(self, *_: Any) -> None:
+        self._stopping = True
+        self._next_cycle = 0.0
