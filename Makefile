@@ -17,7 +17,7 @@ check: setup lint
 	$(PYTEST) -q -m "not slurm and not torch and not slow" || [ $$? -eq 5 ]
 
 lint:
-	$(PYTHON) -m ruff check malletrain_core tests bench
+	$(PYTHON) -m ruff check malletrain_core tests bench pbs_hooks
 	$(PYTHON) -m mypy malletrain_core
 
 demo: setup

@@ -73,8 +73,8 @@ def place(counts: Mapping[str, int], current: Mapping[str, Sequence[str]],
     available: dict[str | None, list[Node]] = defaultdict(list)
     for node in pool:
         available[node.group].append(node)
-    for nodes in available.values():
-        nodes.sort(key=lambda n: (-_life(n), n.name))
+    for group_nodes in available.values():
+        group_nodes.sort(key=lambda n: (-_life(n), n.name))
 
     for job in growers:
         mine = result.setdefault(job, [])

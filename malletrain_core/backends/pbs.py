@@ -1,0 +1,397 @@
+"""The PBS backend: PBS's state in, the engine's actions out (OpenPBS; tested on a fake).
+
+**An elastic job is a job array of one-node subjobs** in a preemptable execution queue that
+is *enabled but not started* (``started = False``): PBS accepts jobs there but its scheduler
+never starts them, so a queued subjob waits until the daemon starts it on the node the
+allocator chose, with ``qrun -H (<vnode>) <subjob>`` (operator privilege; the scheduler is
+bypassed, the vnode's state is still checked). The queuejob hook routes ``qsub -q malletrain
+-J 1-N -l select=1:...`` there. Why subjobs and not one job per node: one submission of the
+user's then holds every worker, each subjob can be started (qrun), requeued (qrerun) and
+deleted (qdel) on its own, and it runs as the user without the daemon ever submitting for
+them. Why not holds: qhold and qrls act on whole arrays only, never on subjobs (their man
+pages), so the queue's stopped state is the hold. pbs_release_nodes is not needed either: it
+shrinks a multi-node job, and every worker here is one node. The engine's id of a job is the
+array's id (``123[].server``).
+
+* **poll**: ``pbsnodes -a -F json`` then ``qstat -f -t -F json <queue>``, reconciled with the
+  previous poll. Events in this order: JobSubmitted, NodesReclaimed (a node the engine could use
+  was taken: a worker requeued by PBS's preemption, an idle node given to another job, down,
+  or gone), WorkerStopped (a worker ended for any other reason, our shrink included), JobEnded,
+  NodesIdle (nodes new to the pool), WorkerStarted.
+* **execute**: Grow → one ``qrun -a -H (<vnode>) <subjob>`` per node; Shrink → ``qrerun
+  <subjob>`` (the subjob goes back to the stopped queue, SIGTERM first, SIGKILL after the
+  queue's kill_delay); Finish → ``qdel <array>``; Checkpoint is the epoch coordinator's
+  business, not PBS's. Grow's ``time_limit_s`` cannot be applied: PBS cannot change one
+  subjob's walltime; preemption reclaims the node instead.
+
+A grow that cannot be carried out (no queued subjob left, qrun refused, not running within
+``grow_timeout_s``) comes back as WorkerStopped for that job and node. No event is sent for a
+job after its Finish. A vnode is offered only when it is free (no state bit), runs no job, has
+no reservation pending and is not tied to another queue. Hole ends are not read from PBS's
+plan: IdleNode.hole_end is None.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
+from ..events import (
+    Action,
+    Checkpoint,
+    EndReason,
+    Event,
+    Finish,
+    Grow,
+    IdleNode,
+    JobEnded,
+    JobRequest,
+    JobSubmitted,
+    NodesIdle,
+    NodesReclaimed,
+    Shrink,
+    WorkerStarted,
+    WorkerStopped,
+)
+from ..runner import CommandRunner
+from ..states import NodeState, TaskState
+from . import pbs_parse as pp
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUEUE = "mt_preemptable"
+DEFAULT_GROW_TIMEOUT_S = 120.0
+"""A subjob qrun has not started after this long is a failed grow."""
+MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
+MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
+_ACTIVE = (TaskState.RUNNING, TaskState.ENDING)
+
+
+@dataclass
+class _Launch:
+    job_id: str
+    node: str
+    deadline: float
+
+
+@dataclass
+class _Poll:
+    submitted: list[Event] = field(default_factory=list)
+    reclaimed: list[str] = field(default_factory=list)
+    stopped: list[Event] = field(default_factory=list)
+    ended: list[Event] = field(default_factory=list)
+    started: list[Event] = field(default_factory=list)
+
+
+def job_request(array: pp.PbsJob, subjobs: Sequence[pp.PbsJob]) -> JobRequest | None:
+    """The engine's request for an array, from the variables the queuejob hook set."""
+    max_nodes = pp.array_size(array.indices) or len(subjobs)
+    declared = pp._int(array.env.get(MAX_VAR))
+    if declared is not None and 0 < declared < max_nodes:
+        max_nodes = declared
+    min_nodes = pp._int(array.env.get(MIN_VAR), 1)
+    if max_nodes < 1 or min_nodes is None or not 1 <= min_nodes <= max_nodes:
+        log.warning("job %s ignored: %s=%s with %d subjobs; the queuejob hook normally refuses "
+                    "this", array.id, MIN_VAR, array.env.get(MIN_VAR), max_nodes)
+        return None
+    profile = array.env.get(PROFILE_VAR, "1").strip().lower() not in ("0", "no", "false")
+    return JobRequest(array.id, min_nodes, max_nodes, owner=array.owner,
+                      model=array.env.get(MODEL_VAR, ""), profile=profile)
+
+
+class PbsBackend:
+    """PBS behind the :class:`~malletrain_core.backends.base.Backend` protocol.
+
+    Clock-free: every method takes ``now``. Needs PBS operator privilege (qrun).
+    """
+
+    name = "pbs"
+
+    def __init__(self, runner: CommandRunner, queue: str = DEFAULT_QUEUE,
+                 grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
+                 group_resource: str | None = None) -> None:
+        if not queue.strip():
+            raise ValidationError("PbsBackend", "queue", "empty; name the preemptable queue")
+        if not grow_timeout_s > 0:
+            raise ValidationError("PbsBackend", "grow_timeout_s",
+                                  f"{grow_timeout_s!r} must be a positive number of seconds")
+        self.runner = runner
+        self.queue = queue
+        self.grow_timeout_s = float(grow_timeout_s)
+        self.group_resource = group_resource
+        """A resources_available key naming a vnode's topology group (e.g. ``switch``)."""
+        self._subjobs: dict[str, pp.PbsJob] = {}          # subjob id -> last seen
+        self._jobs: dict[str, JobRequest] = {}            # array id -> request (live jobs)
+        self._gone: set[str] = set()                      # ended, finished or refused
+        self._workers: dict[str, tuple[str, str]] = {}    # subjob id -> (array id, vnode)
+        self._launching: dict[str, _Launch] = {}          # qrun sent, not yet running
+        self._stopping: set[str] = set()                  # qrerun sent by us
+        self._offered: set[str] = set()                   # vnodes the engine may use
+        self._to_delete: set[str] = set()                 # finished, qdel not yet done
+        self._unwanted: dict[str, float] = {}             # shrunk while launching -> until
+
+    @property
+    def jobs(self) -> dict[str, JobRequest]:
+        """The live elastic jobs, by array id."""
+        return dict(self._jobs)
+
+    @property
+    def workers(self) -> dict[str, tuple[str, str]]:
+        """Running workers: subjob id → (job id, vnode)."""
+        return dict(self._workers)
+
+    @property
+    def offered(self) -> set[str]:
+        """Vnodes the engine has been told it may use (idle or running a worker)."""
+        return set(self._offered)
+
+    # ------------------------------------------------------------------ poll
+    def poll(self, now: float) -> list[Event]:
+        """Reconcile with PBS and return what changed since the last poll."""
+        # pbsnodes first: a worker that starts between the two calls then shows as ours.
+        argv = ["pbsnodes", "-a", "-F", "json"]
+        nodes = pp.parse_pbsnodes(self.runner.run(argv).stdout, argv)
+        argv = ["qstat", "-f", "-t", "-F", "json", self.queue]
+        jobs = pp.parse_qstat(self.runner.run(argv).stdout, argv)
+        for aid in sorted(self._to_delete):
+            self._delete(aid)
+        arrays = {j.id: j for j in jobs.values() if j.is_array and j.queue == self.queue}
+        subjobs: dict[str, list[pp.PbsJob]] = {}
+        for j in jobs.values():
+            if j.array_id is not None and j.array_id in arrays:
+                subjobs.setdefault(j.array_id, []).append(j)
+        current = {j.id: j for group in subjobs.values() for j in group}
+        our_ids = {j.id for j in jobs.values() if j.queue == self.queue}
+        out = _Poll()
+        self._admit(arrays, subjobs, now, out)
+        self._reconcile_workers(current, now, out)
+        self._reconcile_launches(current, now, out)
+        self._reconcile_jobs(subjobs, now, out)
+        idle = self._reconcile_nodes(nodes, our_ids, out.reclaimed)
+        self._subjobs = current
+        self._gone &= set(arrays)
+        self._stopping &= set(current)
+
+        events: list[Event] = list(out.submitted)
+        if out.reclaimed:
+            events.append(NodesReclaimed(now, tuple(sorted(set(out.reclaimed)))))
+        events += out.stopped + out.ended
+        if idle:
+            events.append(NodesIdle(now, tuple(idle)))
+        return events + out.started
+
+    def _admit(self, arrays: dict[str, pp.PbsJob], subjobs: dict[str, list[pp.PbsJob]],
+               now: float, out: _Poll) -> None:
+        for aid in sorted(arrays, key=_job_number):
+            if aid in self._jobs or aid in self._gone:
+                continue
+            req = job_request(arrays[aid], subjobs.get(aid, []))
+            if req is None:
+                self._gone.add(aid)
+                continue
+            self._jobs[aid] = req
+            out.submitted.append(JobSubmitted(now, req))
+
+    def _reconcile_workers(self, current: dict[str, pp.PbsJob], now: float, out: _Poll) -> None:
+        unwanted = set(self._unwanted)
+        for sid, until in list(self._unwanted.items()):
+            seen = current.get(sid)
+            if seen is not None and seen.state is TaskState.RUNNING:
+                del self._unwanted[sid]
+                self._run(["qrerun", sid])  # started after the engine had shrunk it away
+            elif seen is None or seen.state is TaskState.DONE or now >= until:
+                del self._unwanted[sid]
+        for sid, sub in sorted(current.items()):
+            if sub.array_id not in self._jobs or sub.state not in _ACTIVE or not sub.node:
+                continue
+            if sid in unwanted:
+                continue
+            if sid not in self._workers:
+                self._launching.pop(sid, None)
+                self._workers[sid] = (str(sub.array_id), sub.node)
+                out.started.append(WorkerStarted(now, str(sub.array_id), sub.node))
+        for sid in list(self._workers):
+            seen = current.get(sid)
+            if seen is not None and seen.state in _ACTIVE and seen.node == self._workers[sid][1]:
+                continue
+            aid, node = self._workers.pop(sid)
+            if sid in self._stopping:
+                self._stopping.discard(sid)
+                out.stopped.append(WorkerStopped(now, aid, node))
+            elif seen is not None and seen.state in (TaskState.PENDING, TaskState.HELD):
+                out.reclaimed.append(node)  # requeued by PBS: preempted
+                self._offered.discard(node)
+            else:
+                out.stopped.append(WorkerStopped(now, aid, node))
+
+    def _reconcile_launches(self, current: dict[str, pp.PbsJob], now: float, out: _Poll) -> None:
+        for sid, launch in list(self._launching.items()):
+            seen = current.get(sid)
+            if seen is None or seen.state is TaskState.DONE or now >= launch.deadline:
+                del self._launching[sid]
+                out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
+                if seen is not None and seen.state is not TaskState.DONE:
+                    log.warning("subjob %s did not start on %s within %g s", sid, launch.node,
+                                self.grow_timeout_s)
+
+    def _reconcile_jobs(self, subjobs: dict[str, list[pp.PbsJob]], now: float,
+                        out: _Poll) -> None:
+        """A job ends when a worker exited 0 (training done) or the array is gone."""
+        for aid in list(self._jobs):
+            group = subjobs.get(aid)
+            last = group if group is not None else [
+                j for j in self._subjobs.values() if j.array_id == aid]
+            exits = {j.exit_status for j in last if j.state is TaskState.DONE}
+            if 0 in exits:
+                reason = EndReason.COMPLETED
+            elif group is not None:
+                continue
+            elif exits:
+                reason = EndReason.FAILED
+            else:
+                reason = EndReason.CANCELLED  # gone with no worker done: deleted (qdel)
+            self._end(aid)
+            out.stopped = [e for e in out.stopped if getattr(e, "job_id", None) != aid]
+            out.started = [e for e in out.started if getattr(e, "job_id", None) != aid]
+            out.ended.append(JobEnded(now, aid, reason))
+
+    def _reconcile_nodes(self, nodes: dict[str, pp.PbsNode], our_ids: set[str],
+                         reclaimed: list[str]) -> list[IdleNode]:
+        """Update the offered pool; returns the NodesIdle entries. A vnode still held only by
+        subjobs of our queue (a worker exiting or being requeued) is neither new nor lost."""
+        ours = {node for _, node in self._workers.values()}
+        launching = {launch.node for launch in self._launching.values()}
+        just_lost = set(reclaimed)
+        idle: list[IdleNode] = []
+        for name in sorted(nodes):
+            vnode = nodes[name]
+            usable = vnode.usable(self.queue)
+            if name in ours or (name in launching and name in self._offered):
+                if name not in self._offered:  # a worker we did not start (daemon restart)
+                    idle.append(self._idle(vnode))
+                    self._offered.add(name)
+                if name in ours or usable:
+                    continue
+            elif usable and name not in just_lost:
+                if name not in self._offered:
+                    idle.append(self._idle(vnode))
+                    self._offered.add(name)
+                continue
+            elif (name in self._offered and vnode.jobs and set(vnode.jobs) <= our_ids
+                  and vnode.state is not NodeState.DOWN):
+                continue
+            if name in self._offered:
+                self._offered.discard(name)
+                reclaimed.append(name)
+            for sid in [s for s, la in self._launching.items() if la.node == name]:
+                del self._launching[sid]  # the engine drops it with NodesReclaimed
+        for name in sorted(self._offered - set(nodes)):
+            self._offered.discard(name)
+            reclaimed.append(name)
+        return idle
+
+    def _idle(self, vnode: pp.PbsNode) -> IdleNode:
+        group = vnode.resources.get(self.group_resource) if self.group_resource else None
+        return IdleNode(vnode.name, None, str(group) if group is not None else None)
+
+    def _end(self, aid: str) -> None:
+        self._jobs.pop(aid, None)
+        self._gone.add(aid)
+        for sid in [s for s, (a, _) in self._workers.items() if a == aid]:
+            del self._workers[sid]
+        for sid in [s for s, la in self._launching.items() if la.job_id == aid]:
+            del self._launching[sid]
+        self._stopping = {s for s in self._stopping if not s.startswith(aid.split("[", 1)[0] + "[")}
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
+        """Carry out the engine's actions; returns WorkerStopped for grows that failed."""
+        events: list[Event] = []
+        for action in actions:
+            if isinstance(action, Shrink):
+                events += self._shrink(action, now)
+            elif isinstance(action, Grow):
+                events += self._grow(action, now)
+            elif isinstance(action, Finish):
+                self._finish(action.job_id)
+            elif not isinstance(action, Checkpoint):
+                log.warning("PBS backend: action %r not understood: ignored", action)
+        return events
+
+    def _run(self, argv: list[str]) -> bool:
+        """One command whose failure is logged (the next poll shows the truth)."""
+        try:
+            self.runner.run(argv)
+            return True
+        except CommandNotFound:
+            raise
+        except CommandError as exc:  # CommandTimeout included
+            log.warning("%s", exc)
+            return False
+
+    def _shrink(self, action: Shrink, now: float) -> list[Event]:
+        events: list[Event] = []
+        for node in action.nodes:
+            sid = next((s for s, (a, n) in sorted(self._workers.items())
+                        if a == action.job_id and n == node), None)
+            if sid is None:
+                launching = next((s for s, la in sorted(self._launching.items())
+                                  if la.job_id == action.job_id and la.node == node), None)
+                if launching is not None:  # qrun sent, not running yet: requeue it once it is
+                    del self._launching[launching]
+                    self._unwanted[launching] = now + self.grow_timeout_s
+                    events.append(WorkerStopped(now, action.job_id, node))
+                else:
+                    log.warning("shrink of job %s on %s: no worker there", action.job_id, node)
+                continue
+            if sid in self._stopping:
+                continue
+            if self._run(["qrerun", sid]):
+                self._stopping.add(sid)
+            else:
+                events.append(WorkerStarted(now, action.job_id, node))  # still running there
+        return events
+
+    def _grow(self, action: Grow, now: float) -> list[Event]:
+        taken = set(self._workers) | set(self._launching) | self._stopping | set(self._unwanted)
+        free = sorted((s for s, j in self._subjobs.items()
+                       if j.array_id == action.job_id and j.state is TaskState.PENDING
+                       and s not in taken), key=lambda s: self._subjobs[s].index or 0)
+        failed: list[Event] = []
+        for node in action.nodes:
+            if action.job_id not in self._jobs or not free:
+                log.warning("grow of %s on %s: no queued subjob left", action.job_id, node)
+                failed.append(WorkerStopped(now, action.job_id, node))
+                continue
+            sid = free.pop(0)
+            if self._run(["qrun", "-a", "-H", f"({node})", sid]):
+                self._launching[sid] = _Launch(action.job_id, node, now + self.grow_timeout_s)
+            else:
+                failed.append(WorkerStopped(now, action.job_id, node))
+        return failed
+
+    def _finish(self, aid: str) -> None:
+        self._end(aid)
+        self._delete(aid)
+
+    def _delete(self, aid: str) -> None:
+        """``qdel`` the array; retried at the next poll when PBS did not answer."""
+        self._to_delete.discard(aid)
+        try:
+            self.runner.run(["qdel", aid])
+        except CommandNotFound:
+            raise
+        except CommandTimeout as exc:
+            log.warning("%s: retried at the next poll", exc)
+            self._to_delete.add(aid)
+        except CommandError as exc:
+            if "Unknown Job Id" in exc.stderr or "Job has finished" in exc.stderr:
+                return  # already gone: nothing to delete
+            log.warning("%s", exc)
+
+
+def _job_number(job_id: str) -> tuple[int, str]:
+    head = job_id.split("[", 1)[0].split(".", 1)[0]
+    return (int(head) if head.isdigit() else 0, job_id)

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Install or update MalleTrain's PBS hooks (PBS manager privilege). Idempotent: a hook that
+# exists is updated in place, so run it again after every upgrade. See docs/pbs.md.
+#
+#   install.sh [--socket PATH] [--entry-queue NAME] [--queue NAME] [--max-nodes N]
+#              [--resv-margin-s S] [--freq S] [--uninstall]
+#
+# QMGR names the qmgr binary (default: qmgr on PATH).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+script="$here/malletrain_pbs.py"
+qmgr=${QMGR:-qmgr}
+socket=/run/malletrain/hook.sock
+entry_queue=malletrain
+queue=mt_preemptable
+max_nodes=0
+resv_margin_s=3600
+freq=30
+uninstall=0
+
+die() { echo "install.sh: $*" >&2; exit 2; }
+whole() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a whole number, got '$2'"; }
+name() { [[ $2 =~ ^[A-Za-z][A-Za-z0-9_.-]*$ ]] || die "$1 must be a PBS name, got '$2'"; }
+
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --socket) socket=${2:?--socket needs a path}; shift 2 ;;
+        --entry-queue) entry_queue=${2:?--entry-queue needs a name}; shift 2 ;;
+        --queue) queue=${2:?--queue needs a name}; shift 2 ;;
+        --max-nodes) max_nodes=${2:?--max-nodes needs a number}; shift 2 ;;
+        --resv-margin-s) resv_margin_s=${2:?--resv-margin-s needs seconds}; shift 2 ;;
+        --freq) freq=${2:?--freq needs seconds}; shift 2 ;;
+        --uninstall) uninstall=1; shift ;;
+        -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+        *) die "unknown option '$1'; see --help" ;;
+    esac
+done
+whole --max-nodes "$max_nodes"; whole --resv-margin-s "$resv_margin_s"; whole --freq "$freq"
+name --entry-queue "$entry_queue"; name --queue "$queue"
+[[ $socket == /* && $socket != *'"'* && $socket != *\\* ]] \
+    || die "--socket must be an absolute path without quotes or backslashes"
+command -v "$qmgr" >/dev/null || die "$qmgr not found; run this on the PBS server host"
+[[ -r $script ]] || die "$script is missing; run install.sh from the MalleTrain sources"
+[[ $script != *[[:space:]]* ]] || die "qmgr cannot import from a path with blanks: copy pbs_hooks/ elsewhere"
+
+# hook name, event, alarm (s): the hint hooks must never make PBS wait.
+hooks=(
+    "mt_queuejob queuejob 10"
+    "mt_periodic periodic 20"
+    "mt_modifyvnode modifyvnode 5"
+    "mt_jobobit jobobit 5"
+)
+
+q() { "$qmgr" -c "$*"; }
+exists() { "$qmgr" -c "list hook $1" >/dev/null 2>&1; }
+
+if [[ $uninstall == 1 ]]; then
+    for spec in "${hooks[@]}"; do
+        read -r hook _ _ <<<"$spec"
+        if exists "$hook"; then q "delete hook $hook"; fi
+    done
+    exit 0
+fi
+
+workdir=$(mktemp -d)
+trap 'rm -rf "$workdir"' EXIT
+config="$workdir/malletrain.json"
+cat >"$config" <<EOF
+{"socket": "$socket", "entry_queue": "$entry_queue", "queue": "$queue",
+ "max_nodes": $max_nodes, "resv_margin_s": $resv_margin_s}
+EOF
+
+for spec in "${hooks[@]}"; do
+    read -r hook event alarm <<<"$spec"
+    exists "$hook" || q "create hook $hook"
+    q "set hook $hook event = $event"
+    q "set hook $hook alarm = $alarm"
+    if [[ $event == periodic ]]; then q "set hook $hook freq = $freq"; fi
+    q "import hook $hook application/x-python default $script"
+    q "import hook $hook application/x-config default $config"
+    q "set hook $hook enabled = true"
+done
+echo "MalleTrain PBS hooks installed: mt_queuejob mt_periodic mt_modifyvnode mt_jobobit"

@@ -1,0 +1,368 @@
+"""MalleTrain's PBS hooks: one script, installed as four hooks (see install.sh).
+
+* ``periodic`` (mt_periodic): the vnodes that are free, run no job and are not reserved soon,
+  sent as ``nodes_free`` datagrams.
+* ``modifyvnode`` (mt_modifyvnode) and ``jobobit`` (mt_jobobit): fast hints, one datagram each,
+  constant time, never waiting.
+* ``queuejob`` (mt_queuejob): routes jobs submitted to the MalleTrain entry queue to the
+  preemptable queue, or refuses a request that cannot work, with a message saying how to fix it.
+
+The script runs inside PBS's embedded Python, not the project's environment: standard library
+only (Python >= 3.6), and it encodes the daemon's datagram itself (one JSON object per unix
+datagram, at most 4096 bytes). A datagram is only a hint; the daemon's poll of pbsnodes and
+qstat is the truth, so a hint hook always accepts, even when the daemon is down or the hook
+itself fails. ``accept()`` and ``reject()`` end the hook by raising SystemExit, which is never
+swallowed here.
+"""
+
+import errno
+import json
+import socket
+import time
+
+import pbs
+
+MAX_DATAGRAM_BYTES = 4096
+DEFAULTS = {
+    "socket": "/run/malletrain/hook.sock",  # the daemon's hook socket
+    "entry_queue": "malletrain",            # where users submit elastic jobs (qsub -q)
+    "queue": "mt_preemptable",              # where the workers wait and run
+    "max_nodes": 0,                         # most nodes one job may ask for; 0: no limit
+    "resv_margin_s": 3600,                  # a vnode reserved within this is not offered
+    "min_nodes_var": "MALLETRAIN_MIN_NODES",  # the job variable holding the lower bound
+}
+_QUIET_ERRNOS = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.EWOULDBLOCK)
+# Exit_status codes with which PBS puts a job back in its queue instead of ending it.
+_REQUEUE_EXITS = (-11, -14, -15, -18, -20)
+_RERUN_SUBSTATES = (60, 61, 62, 63)
+
+# PBS's words for the vnode state bits, as pbsnodes prints them; names missing from an older
+# pbs module are skipped.
+_STATE_NAMES = (
+    ("ND_OFFLINE", "offline"), ("ND_DOWN", "down"), ("ND_STATE_DELETED", "deleted"),
+    ("ND_UNRESOLVABLE", "unresolvable"), ("ND_JOBBUSY", "job-busy"), ("ND_STALE", "Stale"),
+    ("ND_JOB_EXCLUSIVE", "job-exclusive"), ("ND_BUSY", "busy"),
+    ("ND_STATE_UNKNOWN", "state-unknown"), ("ND_STATE_INIT", "initializing"),
+    ("ND_PROV", "provisioning"), ("ND_WAIT_PROV", "wait-provisioning"),
+    ("ND_RESV_EXCLUSIVE", "resv-exclusive"), ("ND_STATE_OFFLINE_BY_MOM", "offline_by_mom"),
+    ("ND_STATE_MAINTENANCE", "maintenance"), ("ND_SLEEP", "sleep"),
+)
+STATE_WORDS = tuple((getattr(pbs, name), word) for name, word in _STATE_NAMES
+                    if hasattr(pbs, name))
+
+
+def log(level: int, text: str) -> None:
+    pbs.logmsg(level, "malletrain: " + text)
+
+
+def load_config() -> dict:
+    """The defaults, overlaid with the hook's JSON config file when one was imported."""
+    cfg = dict(DEFAULTS)
+    path = getattr(pbs, "hook_config_filename", None)
+    if not path:
+        return cfg
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        log(pbs.LOG_WARNING, f"config {path} unreadable ({exc}); using the defaults")
+        return cfg
+    if not isinstance(data, dict):
+        log(pbs.LOG_WARNING, f"config {path} is not a JSON object; using the defaults")
+        return cfg
+    for key, value in data.items():
+        if key not in DEFAULTS:
+            known = ", ".join(sorted(DEFAULTS))
+            log(pbs.LOG_WARNING, f"config {path}: unknown key {key!r} ignored; known: {known}")
+        elif type(value) is not type(DEFAULTS[key]):
+            kind = type(DEFAULTS[key]).__name__
+            log(pbs.LOG_WARNING, f"config {path}: {key} must be a {kind}; default kept")
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def send(cfg: dict, message: dict) -> bool:
+    """Send one datagram without waiting; False when it could not go (the daemon may be down)."""
+    data = json.dumps(message, separators=(",", ":")).encode("utf-8")
+    if len(data) > MAX_DATAGRAM_BYTES:
+        log(pbs.LOG_WARNING, f"{message['kind']} datagram of {len(data)} bytes not sent")
+        return False
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        sock.sendto(data, cfg["socket"])
+        return True
+    except OSError as exc:
+        if exc.errno not in _QUIET_ERRNOS:
+            log(pbs.LOG_WARNING, f"cannot send to {cfg['socket']}: {exc}")
+        return False
+    finally:
+        sock.close()
+
+
+def message(src: str, kind: str, **fields: object) -> dict:
+    msg = {"v": 1, "src": src, "kind": kind, "t": round(time.time(), 3)}
+    msg.update((k, v) for k, v in fields.items() if v is not None)
+    return msg
+
+
+def state_words(state: int) -> str:
+    """``0x12`` -> ``"down,job-busy"``; 0 -> ``"free"`` (the words pbsnodes prints)."""
+    if state == pbs.ND_FREE:
+        return "free"
+    words = [word for bit, word in STATE_WORDS if state & bit]
+    return ",".join(words) if words else f"0x{state:x}"
+
+
+def queue_name(queue: object) -> str:
+    """The name of a job's queue (a pbs.queue, a string, or None), without any ``@server``."""
+    if queue is None:
+        return ""
+    name = getattr(queue, "name", None) or str(queue)
+    return name.split("@", 1)[0].strip()
+
+
+def vnode_names(spec: object) -> list:
+    """Vnode names in an exec_vnode / resv_nodes string ``(n1:ncpus=4)+(n2:ncpus=4+n3:mem=1gb)``."""
+    names = []
+    for chunk in str(spec or "").replace("(", "").replace(")", "").split("+"):
+        name = chunk.split(":", 1)[0].strip()
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
+def reserved_soon(resvs: object, now: float, margin_s: float) -> set:
+    """Vnodes of reservations that start within ``margin_s`` (or have started)."""
+    names = set()
+    for resv in (resvs or {}).values():
+        start = getattr(resv, "reserve_start", None)
+        try:
+            start = float(start)
+        except (TypeError, ValueError):
+            start = now  # unknown start: treat as imminent
+        if start - now <= margin_s:
+            names.update(vnode_names(getattr(resv, "resv_nodes", "")))
+    return names
+
+
+def free_vnodes(vnodes: object, resvs: object, now: float, cfg: dict) -> list:
+    """Names of the vnodes MalleTrain may offer: state exactly FREE (no bit set: a bitmask
+    is never tested with ``&`` for FREE), no job on them, not reserved soon, and not tied to
+    another queue."""
+    soon = reserved_soon(resvs, now, cfg["resv_margin_s"])
+    free = []
+    for name, vnode in (vnodes or {}).items():
+        if vnode.state != pbs.ND_FREE or vnode.jobs or getattr(vnode, "resv", None):
+            continue
+        if name in soon:
+            continue
+        tied = queue_name(getattr(vnode, "queue", None))
+        if tied and tied != cfg["queue"]:
+            continue
+        free.append(str(name))
+    return sorted(free)
+
+
+def split_names(src: str, names: list) -> list:
+    """``nodes_free`` datagrams, each within the size limit."""
+    out, batch = [], []
+    for name in names:
+        trial = message(src, "nodes_free", nodes=batch + [name])
+        if batch and len(json.dumps(trial, separators=(",", ":"))) > MAX_DATAGRAM_BYTES - 64:
+            out.append(message(src, "nodes_free", nodes=batch))
+            batch = []
+        batch.append(name)
+    if batch:
+        out.append(message(src, "nodes_free", nodes=batch))
+    return out
+
+
+def on_periodic(e: object, cfg: dict) -> None:
+    for msg in split_names("pbs-periodic", free_vnodes(e.vnode_list, e.resv_list,
+                                                       time.time(), cfg)):
+        if not send(cfg, msg):
+            break
+
+
+def on_modifyvnode(e: object, cfg: dict) -> None:
+    vnode, old = e.vnode, e.vnode_o
+    if old is not None and old.state == vnode.state:
+        return
+    send(cfg, message("pbs-modifyvnode", "node_change", node=str(vnode.name),
+                      state=state_words(vnode.state)))
+
+
+def exit_field(status: object) -> object:
+    """PBS Exit_status as the datagram's ``"code:signal"``: >= 256 means killed by a signal."""
+    try:
+        code = int(status)
+    except (TypeError, ValueError):
+        return None
+    if 256 < code < 512:
+        return f"0:{code - 256}"
+    return f"{code}:0"
+
+
+def on_jobobit(e: object, cfg: dict) -> None:
+    job = e.job
+    qname = queue_name(job.queue)
+    if qname != cfg["queue"]:
+        return
+    try:
+        restarts = int(job.run_count or 0)
+    except (TypeError, ValueError):
+        restarts = None
+    exit_code = exit_field(job.Exit_status)
+    substate = getattr(job, "substate", None)
+    requeued = (exit_code is not None and int(job.Exit_status) in _REQUEUE_EXITS) or \
+        (substate is not None and int(substate) in _RERUN_SUBSTATES)
+    nodes = vnode_names(job.exec_vnode)
+    send(cfg, message("pbs-jobobit", "job_end", job=str(job.id),
+                      nodes=",".join(nodes) if nodes else None,
+                      user=str(job.euser) if job.euser else None, restarts=restarts,
+                      exit=exit_code, partition=qname, requeued=bool(requeued)))
+
+
+def array_size(spec: str) -> int:
+    """Indices in an ``-J`` range ``X-Y[:Z]`` (ValueError when it is not one)."""
+    body, _, step = spec.partition(":")
+    first, _, last = body.partition("-")
+    lo, hi, by = int(first), int(last), int(step or 1)
+    if by < 1 or hi < lo:
+        raise ValueError(spec)
+    return len(range(lo, hi + 1, by))
+
+
+def select_nodes(select: str) -> int:
+    """Chunks in a select statement: ``2:ncpus=4+ncpus=8`` -> 3."""
+    total = 0
+    for chunk in select.split("+"):
+        head = chunk.split(":", 1)[0].strip()
+        total += int(head) if head.isdigit() else 1
+    return total
+
+
+def job_env(job: object, name: str) -> object:
+    env = getattr(job, "Variable_List", None)
+    if env is None:
+        return None
+    try:
+        return env.get(name)
+    except AttributeError:
+        return None
+
+
+def check_request(job: object, cfg: dict) -> tuple:
+    """``(problem, min_nodes, max_nodes)``; ``problem`` is None when the job can be routed."""
+    usage = ("submit MalleTrain jobs as an array of one-node workers, e.g. "
+             f"qsub -q {cfg['entry_queue']} -J 1-32 -l select=1:ncpus=64 "
+             f"-v {cfg['min_nodes_var']}=2 job.sh")
+    if getattr(job, "interactive", None) in (True, 1, "True", "true"):
+        return "jobs cannot be interactive (-I); " + usage, 0, 0
+    spec = job.array_indices_submitted
+    if not spec:
+        return "no -J range given; " + usage, 0, 0
+    try:
+        max_nodes = array_size(str(spec))
+    except ValueError:
+        return f"-J {spec} is not a range X-Y[:Z]; {usage}", 0, 0
+    select = job.Resource_List["select"]
+    if select is None and job.Resource_List["nodes"] is not None:
+        return "-l nodes is not supported; " + usage, 0, 0
+    if select is not None and select_nodes(str(select)) != 1:
+        return (f"-l select={select} asks for {select_nodes(str(select))} nodes per worker, "
+                "but each worker is one node: give the node count with -J instead; "
+                + usage), 0, 0
+    place = job.Resource_List["place"]
+    if place is not None and "excl" not in str(place):
+        return (f"-l place={place} would share nodes; MalleTrain workers own whole nodes: use "
+                "-l place=excl or leave place out"), 0, 0
+    rerun = job.Rerunable
+    if rerun is not None and str(rerun).lower() in ("false", "n", "0"):
+        return ("-r n: preempted MalleTrain workers must be requeued; leave -r out "
+                "or use -r y"), 0, 0
+    raw = job_env(job, cfg["min_nodes_var"])
+    try:
+        min_nodes = int(str(raw).strip()) if raw is not None else 1
+    except ValueError:
+        return f"{cfg['min_nodes_var']}={raw} is not a whole number of nodes", 0, 0
+    if min_nodes < 1 or min_nodes > max_nodes:
+        return (f"{cfg['min_nodes_var']}={min_nodes} must be between 1 and the {max_nodes} "
+                f"workers of -J {spec}"), 0, 0
+    limit = cfg["max_nodes"]
+    if limit > 0 and min_nodes > limit:
+        return (f"the job needs at least {min_nodes} nodes but MalleTrain lends at most "
+                f"{limit} here; lower {cfg['min_nodes_var']}"), 0, 0
+    if limit > 0 and max_nodes > limit:
+        return (f"-J {spec} asks for up to {max_nodes} nodes but MalleTrain lends at most "
+                f"{limit} here; use -J 1-{limit}"), 0, 0
+    return None, min_nodes, max_nodes
+
+
+def on_queuejob(e: object, cfg: dict) -> None:
+    job = e.job
+    target = queue_name(job.queue)
+    if target == cfg["queue"] and cfg["queue"] != cfg["entry_queue"]:
+        e.reject(f"MalleTrain: do not submit to {target} directly (its jobs run only when "
+                 f"MalleTrain starts them); submit with -q {cfg['entry_queue']}")
+    if target != cfg["entry_queue"]:
+        return
+    problem, min_nodes, max_nodes = check_request(job, cfg)
+    if problem is not None:
+        e.reject("MalleTrain: " + problem)
+    job.queue = pbs.server().queue(cfg["queue"])
+    if job.Resource_List["place"] is None:
+        job.Resource_List["place"] = pbs.place("excl")
+    if job.Rerunable is None:
+        job.Rerunable = True
+    env = getattr(job, "Variable_List", None)
+    if env is not None:
+        env[cfg["min_nodes_var"]] = str(min_nodes)
+        env["MALLETRAIN_MAX_NODES"] = str(max_nodes)
+        job.Variable_List = env
+
+
+HANDLERS = {
+    pbs.PERIODIC: on_periodic,
+    pbs.MODIFYVNODE: on_modifyvnode,
+    pbs.JOBOBIT: on_jobobit,
+    pbs.QUEUEJOB: on_queuejob,
+}
+
+
+def main() -> None:
+    e = pbs.event()
+    routing = e.type == pbs.QUEUEJOB
+    try:
+        handler = HANDLERS.get(e.type)
+        if handler is None:
+            log(pbs.LOG_WARNING,
+                f"hook {e.hook_name} bound to an event it does not handle ({e.type})")
+        else:
+            handler(e, load_config())
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        # The hook alarm: give up the hint. A queuejob that ran out of time cannot have been
+        # checked, so it is refused (PBS refuses it too when the alarm ends the hook).
+        log(pbs.LOG_ERROR, f"alarm: hook {e.hook_name} stopped before it finished")
+        if routing and _is_ours(e):
+            e.reject("MalleTrain: the submission check timed out; please submit again")
+    except Exception as exc:  # a hint must never stop PBS; a malformed event is logged
+        log(pbs.LOG_ERROR, f"hook {e.hook_name} failed: {type(exc).__name__}: {exc}")
+        if routing and _is_ours(e):
+            e.reject(f"MalleTrain: the submission check failed ({type(exc).__name__}); "
+                     "please tell the administrators")
+    e.accept()
+
+
+def _is_ours(e: object) -> bool:
+    try:
+        return queue_name(e.job.queue) == load_config()["entry_queue"]
+    except Exception:  # an unreadable job cannot be told apart, so it is not refused
+        return False
+
+
+main()

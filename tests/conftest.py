@@ -1,0 +1,22 @@
+"""Shared fixtures for the test suite."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def write_json(tmp_path: Path) -> Callable[[Any, str], str]:
+    """Write a JSON document (or raw text, when given a str) to a file and return its path."""
+
+    def write(document: Any, name: str = "problem.json") -> str:
+        path = tmp_path / name
+        path.write_text(document if isinstance(document, str) else json.dumps(document))
+        return str(path)
+
+    return write
