@@ -1,0 +1,293 @@
+"""The Engine: events in, actions out; pure and deterministic (time comes from the events).
+
+State: the pool of idle nodes MalleTrain was offered (each with the end of its hole when known),
+which job holds which node, the queue, the admitted jobs, the Job Monitor and the Job
+Profiling Advisor's runs. A re-plan (on new idle nodes, a reclaim of held nodes, a new job, a
+job's end, or when a profiling step is due) advances profiling, admits queued jobs FCFS up to
+the cap (a job whose model is being profiled right now waits for that curve without holding up
+the others), lets the advisor extend a short curve, asks the policy for node counts of the
+running jobs, places them by the keep rule and returns the difference as actions: checkpoints
+first, then shrinks, then grows. Nodes reclaimed by the batch system are simply gone: their
+workers were already stopped, so no action names them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, MutableMapping, Sequence
+from types import MappingProxyType
+
+from .. import events as ev
+from ..allocator.placement import place
+from ..errors import SolverError, ValidationError
+from ..model import Curve, Problem, Solution
+from .config import EngineConfig, EngineStats, JobPhase, JobView, Policy
+from .jobs import JobRecord, Source
+from .monitor import Monitor
+from .policy import default_policy
+from .pool import NodePool
+from .profiler import Advisor
+
+
+class Engine:
+    """One allocator over one set of nodes (see the module docstring).
+
+    ``curve_store`` maps a declared model name to its measured curve; pass one mapping to
+    several engines (or a persistent one) to share what was measured.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, policy: Policy | None = None,
+                 name: str = "default",
+                 curve_store: MutableMapping[str, Curve] | None = None) -> None:
+        self.config = config if config is not None else EngineConfig()
+        self.name = name
+        self._policy = policy if policy is not None else default_policy(self.config.solver)
+        self._store: MutableMapping[str, Curve] = curve_store if curve_store is not None else {}
+        self._monitor = Monitor(self.config.profile_window_s)
+        self._pool = NodePool()
+        self._jobs: dict[str, JobRecord] = {}
+        self._queue: list[str] = []
+        self._admitted: dict[str, None] = {}
+        self._stats = EngineStats()
+        self._advisor = Advisor(self.config, self._pool, self._monitor, self._jobs, self._store,
+                                self._stats)
+        self._order = itertools.count()
+        self._now = -math.inf
+
+    # ----------------------------------------------------------------- public views
+    @property
+    def jobs(self) -> Mapping[str, JobView]:
+        """Every job the engine has seen, as read-only snapshots."""
+        return {jid: job.view(self._monitor, self.config) for jid, job in self._jobs.items()}
+
+    @property
+    def node_map(self) -> Mapping[str, str]:
+        """Node → id of the job holding it (a live read-only view)."""
+        return MappingProxyType(self._pool.owner)
+
+    @property
+    def idle_nodes(self) -> frozenset[str]:
+        """Idle nodes no job holds."""
+        return frozenset(self._pool.free)
+
+    @property
+    def stats(self) -> EngineStats:
+        """A copy of the engine's counters."""
+        return EngineStats(**vars(self._stats))
+
+    @property
+    def monitor(self) -> Monitor:
+        """The Job Monitor (throughput per scale and rescale costs of every admitted job)."""
+        return self._monitor
+
+    # ----------------------------------------------------------------- events
+    def handle(self, event: ev.Event) -> list[ev.Action]:
+        """Take one event; re-plan if it calls for it."""
+        return self.handle_many((event,))
+
+    def handle_many(self, events: Sequence[ev.Event]) -> list[ev.Action]:
+        """Take a burst of events and re-plan at most once, at the latest event's time."""
+        actions: list[ev.Action] = []
+        replan = False
+        for event in events:
+            if not isinstance(event, ev.Event) or not math.isfinite(event.time):
+                raise ValidationError(f"engine {self.name!r}", "event",
+                                      f"{event!r} is not a malletrain_core.events event with a "
+                                      "finite time; send one of those classes")
+            self._now = max(self._now, float(event.time))
+            replan |= self._apply(event, actions)
+        if replan:
+            actions.extend(self._replan(self._now))
+        return actions
+
+    def _apply(self, event: ev.Event, out: list[ev.Action]) -> bool:
+        if isinstance(event, ev.ProgressReport):
+            self._monitor.report(event)
+            return self._advisor.report_due(event.job_id, event.time)
+        if isinstance(event, ev.NodesIdle):
+            return self._pool.offer(event.nodes)
+        if isinstance(event, ev.NodesReclaimed):
+            return self._on_reclaimed(event)
+        if isinstance(event, ev.JobSubmitted):
+            return self._on_submitted(event)
+        if isinstance(event, ev.JobEnded):
+            return self._on_ended(event, out)
+        if isinstance(event, ev.WorkerStopped):
+            self._on_worker_stopped(event)
+            return False
+        if isinstance(event, ev.Tick):
+            return self._advisor.due(event.time)
+        if isinstance(event, ev.WorkerStarted):
+            return False
+        raise ValidationError(f"engine {self.name!r}", "event",
+                              f"unknown event type {type(event).__name__}; send one of the "
+                              "malletrain_core.events classes")
+
+    def _on_reclaimed(self, event: ev.NodesReclaimed) -> bool:
+        hit = self._pool.reclaim(event.nodes)
+        for jid in hit:
+            job = self._jobs[jid]
+            job.last_interrupted = event.time
+            self._stats.preemptions += 1
+            self._monitor.rescale(jid, event.time, len(job.nodes), preempted=True)
+        # Losing free nodes leaves the current plan feasible and still optimal: no re-plan.
+        return bool(hit)
+
+    def _on_submitted(self, event: ev.JobSubmitted) -> bool:
+        req = event.job
+        if not isinstance(req, ev.JobRequest):
+            raise ValidationError(f"engine {self.name!r}", "job", f"{req!r} is not a JobRequest")
+        JobRecord.validate(req)
+        if req.id in self._jobs:
+            return False  # a repeat (a backend re-discovering the job): nothing new
+        self._jobs[req.id] = JobRecord(req, next(self._order), float(event.time),
+                                       nodes=self._pool.holding(req.id))
+        self._queue.append(req.id)
+        return True
+
+    def _on_ended(self, event: ev.JobEnded, out: list[ev.Action]) -> bool:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.phase is JobPhase.DONE:
+            return False
+        if job.phase is JobPhase.QUEUED:
+            self._queue.remove(job.id)
+        self._advisor.remember(job)
+        self._advisor.drop(job.id)
+        job.curve = job.believed(self._monitor, self.config.profiling)
+        self._pool.drop(job.id)
+        job.phase = JobPhase.DONE
+        self._admitted.pop(job.id, None)
+        self._monitor.remove(job.id)
+        out.append(ev.Finish(job.id))
+        return True
+
+    def _on_worker_stopped(self, event: ev.WorkerStopped) -> None:
+        if self._pool.owner.get(event.node) != event.job_id:
+            return  # the confirmation of a shrink, or of a reclaim already applied
+        # A worker the engine did not stop: the job lost that node, which stays idle.
+        job = self._jobs[event.job_id]
+        self._pool.drop(event.job_id, (event.node,))
+        job.last_interrupted = event.time
+        self._monitor.rescale(event.job_id, event.time, len(job.nodes), preempted=True)
+
+    # ----------------------------------------------------------------- re-planning
+    def _replan(self, now: float) -> list[ev.Action]:
+        self._stats.replans += 1
+        self._pool.take_delta()
+        self._advisor.advance(now)
+        self._requeue()
+        self._admit(now)
+        self._requeue()
+        self._advisor.extend(now)
+        self._allocate(now)
+        return self._emit(now)
+
+    def _requeue(self) -> None:
+        sent_back = self._advisor.sent_back
+        for jid in reversed(sent_back):
+            self._admitted.pop(jid, None)
+            self._queue.insert(0, jid)
+        sent_back.clear()
+
+    def _admit(self, now: float) -> None:
+        cap = self.config.max_running_jobs
+        slots = math.inf if cap is None else cap - len(self._admitted)
+        i = 0
+        while i < len(self._queue) and slots > 0:
+            job = self._jobs[self._queue[i]]
+            req = job.req
+            if req.id in self._pool.delta:
+                break  # sent back to the queue in this very re-plan: not again at once
+            if req.curve is not None:
+                job.set_source(Source.USER, req.curve)
+                job.phase = JobPhase.RUNNING
+            elif req.model and req.model in self._store:
+                job.set_source(Source.STORE, self._store[req.model])
+                job.phase = JobPhase.RUNNING
+            elif self._advisor.profiling_model(req.model):
+                i += 1  # its model's curve is being measured: wait for it, hold up nobody
+                continue
+            elif not self._advisor.start(job, now):
+                break  # FCFS: the head waits for nodes to profile on, and so do the others
+            del self._queue[i]
+            self._admitted[req.id] = None
+            self._monitor.add(req.id)
+            self._stats.admitted += 1
+            slots -= 1
+
+    def _allocate(self, now: float) -> None:
+        running = [self._jobs[jid] for jid in self._admitted
+                   if self._jobs[jid].phase is JobPhase.RUNNING]
+        if not running:
+            return
+        jobs = []
+        held = 0
+        for job in running:
+            cur = len(job.nodes)
+            held += cur
+            top = job.req.max_nodes
+            if job.id in self._pool.delta:  # lent nodes to profiling just now: may only shrink
+                top = max(cur, job.req.min_nodes)
+            jobs.append(job.allocator_job(self._monitor, self.config, top))
+        problem = Problem(len(self._pool.free) + held, tuple(jobs), self.config.lookahead_s,
+                          self.config.objective, self.config.constraints)
+        try:
+            solution = self._policy(problem)
+        except SolverError:
+            self._stats.solver_failures += 1
+            return  # keep the current map
+        self._stats.solve_ms += solution.solve_ms
+        counts = checked_counts(problem, solution)
+        if all(counts[j.id] == j.current_nodes for j in jobs):
+            return
+        current = {job.id: tuple(job.nodes) for job in running}
+        known = {name: self._pool.node(name, now) for job in running
+                 if counts[job.id] < len(job.nodes) for name in job.nodes}
+        free = [self._pool.node(name, now) for name in self._pool.free]
+        result = place(counts, current, free, known)
+        targets = [(job.id, job, set(result.get(job.id, ()))) for job in running]
+        for jid, job, new in targets:  # every release first: growers take released nodes
+            for name in job.nodes - new:
+                self._pool.release(jid, name)
+        for jid, job, new in targets:
+            for name in new - job.nodes:
+                self._pool.assign(jid, name)
+
+    def _emit(self, now: float) -> list[ev.Action]:
+        checkpoints: list[ev.Action] = []
+        shrinks: list[ev.Action] = []
+        grows: list[ev.Action] = []
+        delta = self._pool.take_delta()
+        for jid in sorted(delta, key=lambda j: self._jobs[j].order):
+            before, removed, added = delta[jid]
+            if not removed and not added:
+                continue
+            job = self._jobs[jid]
+            if before > 0:
+                checkpoints.append(ev.Checkpoint(jid))
+                job.last_interrupted = now
+            if removed:
+                shrinks.append(ev.Shrink(jid, tuple(sorted(removed))))
+            if added:
+                limit = self._pool.time_limit(added, now, self.config.default_time_limit_s)
+                grows.append(ev.Grow(jid, tuple(sorted(added)), limit))
+            self._monitor.rescale(jid, now, len(job.nodes))
+        self._stats.checkpoints += len(checkpoints)
+        self._stats.shrinks += len(shrinks)
+        self._stats.grows += len(grows)
+        return checkpoints + shrinks + grows
+
+
+def checked_counts(problem: Problem, solution: Solution) -> dict[str, int]:
+    """The solution's count for every job, refused if a policy broke bounds or capacity."""
+    counts = {j.id: int(solution.counts.get(j.id, 0)) for j in problem.jobs}
+    for j in problem.jobs:
+        k = counts[j.id]
+        if k != 0 and not j.min_nodes <= k <= j.max_nodes:
+            raise SolverError(f"the policy gave job {j.id!r} {k} nodes outside "
+                              f"{j.min_nodes}..{j.max_nodes}; fix the policy")
+    if sum(counts.values()) > problem.nodes:
+        raise SolverError(f"the policy used {sum(counts.values())} nodes of {problem.nodes}; "
+                          "fix the policy")
+    return counts

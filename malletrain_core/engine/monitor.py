@@ -1,0 +1,211 @@
+"""The Job Monitor: progress reports → throughput per scale and measured rescale costs.
+
+A job reports cumulative samples at a time and the world size (in nodes) it trained at. After
+every change of scale the first report at the new world size only sets the baseline (its
+interval contains the restart and the warm-up) and closes the rescale: the time from the order
+to that report is the rescale's cost in seconds of lost progress. The following reports give
+intervals whose sliding-window average over ``window_s`` is the throughput at that scale
+(until a scale has had one full window, a partial average without the first interval stands
+in). Reports at any other world size than the one in force are stale and ignored, and samples
+going backwards (a rollback to a checkpoint) start a new baseline.
+
+Throughput drifts (a later training phase, another input pipeline). Once the window at the
+running scale is full and the first interval after the restart has left it, its estimate is
+the segment's anchor; when the estimate later moves away from the anchor by more than
+``DRIFT_THRESHOLD``, the estimates of the other scales (measured earlier) are scaled by the same
+ratio, as they are assumed to have drifted alike until they are measured again. Smaller moves
+are noise and leave them alone, so noise does not random-walk through the curve.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import median
+
+from ..events import ProgressReport
+
+COST_HISTORY = 8
+"""Rescale costs kept per job and kind; their median is the job's estimate."""
+
+DRIFT_THRESHOLD = 0.2
+"""Relative move of the running scale's throughput that is taken for a drift of the job."""
+
+
+@dataclass
+class _Segment:
+    """Reports at one world size since the last rescale."""
+
+    size: int
+    t0: float
+    last_t: float
+    last_samples: float
+    intervals: deque[tuple[float, float]] = field(default_factory=deque)
+    win_dt: float = 0.0
+    win_ds: float = 0.0
+    settled: bool = False
+    anchor: float | None = None
+    others: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def span_s(self) -> float:
+        return self.last_t - self.t0
+
+
+@dataclass
+class _Track:
+    expected: int = 0
+    pending_since: float | None = None
+    pending_kind: str | None = None
+    segment: _Segment | None = None
+    rates: dict[int, float] = field(default_factory=dict)
+    full: set[int] = field(default_factory=set)
+    up_s: deque[float] = field(default_factory=lambda: deque(maxlen=COST_HISTORY))
+    down_s: deque[float] = field(default_factory=lambda: deque(maxlen=COST_HISTORY))
+    up_median: float | None = None
+    down_median: float | None = None
+    version: int = 0
+
+
+class Monitor:
+    """Per-job throughput and rescale-cost estimates from progress reports."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = float(window_s)
+        self._tracks: dict[str, _Track] = {}
+        self._all_up: deque[float] = deque(maxlen=4 * COST_HISTORY)
+        self._all_down: deque[float] = deque(maxlen=4 * COST_HISTORY)
+
+    def add(self, job_id: str) -> None:
+        """Start tracking a job (idempotent)."""
+        self._tracks.setdefault(job_id, _Track())
+
+    def remove(self, job_id: str) -> None:
+        """Stop tracking a job (it ended)."""
+        self._tracks.pop(job_id, None)
+
+    def rescale(self, job_id: str, time: float, size: int, preempted: bool = False) -> None:
+        """The job's world size becomes ``size`` at ``time`` (an order, or a reclaim)."""
+        track = self._tracks.get(job_id)
+        if track is None or size == track.expected:
+            return
+        old = track.expected
+        track.expected = size
+        track.segment = None
+        if size == 0:
+            track.pending_since = track.pending_kind = None
+            return
+        kind = "preempt" if preempted else "start" if old == 0 else "up" if size > old else "down"
+        if track.pending_since is None:
+            track.pending_since, track.pending_kind = time, kind
+        elif track.pending_kind != kind:
+            # Two changes before the job restarted once: the delay belongs to neither alone.
+            track.pending_kind = "mixed"
+
+    def report(self, event: ProgressReport) -> bool:
+        """Take one report; ``True`` when it added a measured interval to its scale."""
+        track = self._tracks.get(event.job_id)
+        if track is None or track.expected == 0 or event.world_size != track.expected:
+            return False
+        seg = track.segment
+        if seg is None:
+            self._close_rescale(track, event.time)
+            track.segment = _Segment(event.world_size, event.time, event.time, event.samples)
+            return False
+        dt = event.time - seg.last_t
+        ds = event.samples - seg.last_samples
+        if dt <= 0:
+            return False
+        if ds < 0:
+            # The job went back to a checkpoint without a rescale: a new baseline.
+            track.segment = _Segment(seg.size, event.time, event.time, event.samples)
+            return False
+        seg.last_t, seg.last_samples = event.time, event.samples
+        seg.intervals.append((dt, ds))
+        seg.win_dt += dt
+        seg.win_ds += ds
+        while len(seg.intervals) > 1 and seg.win_dt - seg.intervals[0][0] >= self.window_s:
+            odt, ods = seg.intervals.popleft()
+            seg.win_dt -= odt
+            seg.win_ds -= ods
+            seg.settled = True  # the interval right after the restart has left the window
+        size = seg.size
+        rate = seg.win_ds / seg.win_dt
+        if seg.span_s >= self.window_s:
+            track.full.add(size)
+            track.rates[size] = rate
+            track.version += 1
+            if seg.settled:
+                self._follow_drift(track, seg, rate)
+        elif size not in track.full and len(seg.intervals) >= 2:
+            # A first, partial estimate, without the interval that still holds the restart.
+            first_dt, first_ds = seg.intervals[0]
+            track.rates[size] = (seg.win_ds - first_ds) / (seg.win_dt - first_dt)
+            track.version += 1
+        return True
+
+    @staticmethod
+    def _follow_drift(track: _Track, seg: _Segment, rate: float) -> None:
+        if seg.anchor is None:
+            seg.anchor = rate
+            seg.others = {k: v for k, v in track.rates.items() if k != seg.size}
+            return
+        if seg.anchor <= 0 or not seg.others:
+            return
+        ratio = rate / seg.anchor
+        if abs(ratio - 1.0) <= DRIFT_THRESHOLD:
+            ratio = 1.0
+        for k, base in seg.others.items():
+            track.rates[k] = base * ratio
+
+    def _close_rescale(self, track: _Track, time: float) -> None:
+        if track.pending_since is None:
+            return
+        cost = max(0.0, time - track.pending_since)
+        if track.pending_kind == "up":
+            track.up_s.append(cost)
+            track.up_median = median(track.up_s)
+            self._all_up.append(cost)
+        elif track.pending_kind == "down":
+            track.down_s.append(cost)
+            track.down_median = median(track.down_s)
+            self._all_down.append(cost)
+        track.pending_since = track.pending_kind = None
+
+    def throughput(self, job_id: str) -> dict[int, float]:
+        """Measured throughput per scale (a copy)."""
+        track = self._tracks.get(job_id)
+        return dict(track.rates) if track else {}
+
+    def top_scale(self, job_id: str) -> int:
+        """The largest scale with a throughput estimate (0 for none)."""
+        track = self._tracks.get(job_id)
+        return max(track.rates) if track and track.rates else 0
+
+    def version(self, job_id: str) -> int:
+        """Grows whenever the job's throughput estimates change."""
+        track = self._tracks.get(job_id)
+        return track.version if track else -1
+
+    def window_done(self, job_id: str, size: int, since: float) -> bool:
+        """Whether a full window at ``size`` has been measured from a segment begun at or
+        after ``since``."""
+        track = self._tracks.get(job_id)
+        seg = track.segment if track else None
+        return (seg is not None and seg.size == size and seg.t0 >= since
+                and seg.span_s >= self.window_s)
+
+    def scale_up_s(self, job_id: str) -> float | None:
+        """Median measured scale-up cost of the job, ``None`` before its first one."""
+        track = self._tracks.get(job_id)
+        return track.up_median if track else None
+
+    def scale_down_s(self, job_id: str) -> float | None:
+        """Median measured scale-down cost of the job, ``None`` before its first one."""
+        track = self._tracks.get(job_id)
+        return track.down_median if track else None
+
+    def typical_costs(self) -> tuple[float | None, float | None]:
+        """Median recent (scale-up, scale-down) costs over all jobs, ``None`` where unmeasured."""
+        return (median(self._all_up) if self._all_up else None,
+                median(self._all_down) if self._all_down else None)

@@ -1,0 +1,338 @@
+"""The Job Profiling Advisor (JPA): which scales to measure a job at, in which order, whose
+nodes it may borrow, and the profiling runs in progress inside one engine.
+
+A profiled job is scaled once to the largest scale it can get and then stepped down by halving
+(64, 32, 16, …, within its bounds), each step measured over one window of progress reports: on
+Polaris with Horovod a scale-up cost several times a scale-down, so one expensive scale-up and
+cheap scale-downs are the paper's inverse order. The order follows the costs actually measured:
+where scale-ups have proved cheaper than scale-downs, the job starts small and steps up. The
+job trains all along.
+
+Nodes come from the free pool first. Where that is not enough, the JPA may borrow from ONE
+running job at a time (the least recently interrupted), never leaving it below its minimum, so
+no job is stopped to profile another and no two jobs are interrupted at once. A job that cannot
+get even its minimum waits in the queue.
+
+A running job whose curve stops below its maximum (it was profiled when few nodes were free,
+or it reuses a model's curve measured on fewer nodes) is measured once more at the largest
+scale it can reach, when that is at least twice what is known, so that the conservative,
+flat-above curve does not hold it small forever. A user who opts out of profiling and brings
+no curve gets one measurement at the largest scale available, and linear scaling is assumed
+from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
+
+from ..model import Curve
+from .config import EngineConfig, EngineStats, JobPhase
+from .curves import conservative_curve, merge_curves
+from .jobs import JobRecord, Source
+from .monitor import Monitor
+from .pool import NodePool
+
+
+def plan_scales(top: int, min_nodes: int, upward: bool = False) -> list[int]:
+    """The scales to measure: ``top``, then halving down to ``min_nodes`` (ascending if
+    ``upward``).
+
+    >>> plan_scales(64, 1)
+    [64, 32, 16, 8, 4, 2, 1]
+    >>> plan_scales(48, 3)
+    [48, 24, 12, 6, 3]
+    """
+    scales = [top]
+    k = top // 2
+    while k >= min_nodes and k >= 1:
+        scales.append(k)
+        k //= 2
+    if scales[-1] > min_nodes >= 1:
+        scales.append(min_nodes)
+    return scales[::-1] if upward else scales
+
+
+def choose_upward(measured_up_s: float | None, measured_down_s: float | None,
+                  default_up_s: float, default_down_s: float) -> bool:
+    """Profile upwards only where scale-ups are cheaper than scale-downs (as measured, else by
+    the configured defaults)."""
+    up = measured_up_s if measured_up_s is not None else default_up_s
+    down = measured_down_s if measured_down_s is not None else default_down_s
+    return up < down
+
+
+@dataclass
+class Lender:
+    """A running job that could lend nodes to a profiling job."""
+
+    job_id: str
+    spare: int
+    last_interrupted: float | None
+    order: int
+
+
+def choose_lender(candidates: Iterable[Lender]) -> Lender | None:
+    """The least recently interrupted job with nodes to spare (never-interrupted first, then
+    the one with most to spare, then the earliest submitted)."""
+    best: Lender | None = None
+    best_key: tuple[float, int, int] | None = None
+    for c in candidates:
+        if c.spare <= 0:
+            continue
+        key = (float("-inf") if c.last_interrupted is None else c.last_interrupted,
+               -c.spare, c.order)
+        if best_key is None or key < best_key:
+            best, best_key = c, key
+    return best
+
+
+@dataclass
+class ProfileRun:
+    """One job's profiling in progress: the planned scales and where it stands.
+
+    ``probe``: the single measurement of a job whose user assumes linear scaling;
+    ``extension``: one more, larger scale for a running job; ``lender``: the running job whose
+    nodes this run borrowed (at most one run borrows at a time).
+    """
+
+    job_id: str
+    scales: list[int]
+    upward: bool = False
+    probe: bool = False
+    extension: bool = False
+    index: int = 0
+    step_start: float = 0.0
+    step_size: int = 0
+    lender: str | None = None
+
+    @property
+    def target(self) -> int:
+        return self.scales[self.index]
+
+    @property
+    def finished(self) -> bool:
+        return self.index >= len(self.scales)
+
+    def truncate_to(self, size: int, now: float) -> None:
+        """Measure at ``size`` now (the nodes above it are gone); later steps stay below it."""
+        rest = [] if self.upward else [k for k in self.scales[self.index + 1:] if k < size]
+        self.scales = self.scales[:self.index] + [size] + rest
+        self.step_start = now
+
+
+class Advisor:
+    """The JPA at work in one engine: starts, steps and ends profiling runs.
+
+    It moves nodes only through the engine's :class:`NodePool`, so its moves become the same
+    checkpoint/shrink/grow actions as the allocator's. Jobs it had to send back to the queue
+    (a reclaim left them below their minimum before anything was measured) are listed in
+    ``sent_back`` for the engine to requeue.
+    """
+
+    def __init__(self, config: EngineConfig, pool: NodePool, monitor: Monitor,
+                 jobs: Mapping[str, JobRecord], store: MutableMapping[str, Curve],
+                 stats: EngineStats) -> None:
+        self.config = config
+        self.pool = pool
+        self.monitor = monitor
+        self.jobs = jobs
+        self.store = store
+        self.stats = stats
+        self.runs: dict[str, ProfileRun] = {}
+        self.borrower: str | None = None
+        self.sent_back: list[str] = []
+
+    # ------------------------------------------------------------- queries
+    def profiling_model(self, model: str) -> bool:
+        """Whether a job declaring ``model`` is being profiled now."""
+        return bool(model) and any(self.jobs[jid].req.model == model and not run.probe
+                                   for jid, run in self.runs.items())
+
+    def due(self, now: float) -> bool:
+        """Whether any run needs a step (a window complete, a step timed out, nodes lost)."""
+        return any(self._step_due(run, now) for run in self.runs.values())
+
+    def report_due(self, job_id: str, now: float) -> bool:
+        """Whether the job is being profiled and its current step is due."""
+        run = self.runs.get(job_id)
+        return run is not None and self._step_due(run, now)
+
+    def _step_due(self, run: ProfileRun, now: float) -> bool:
+        size = len(self.jobs[run.job_id].nodes)
+        if size != run.step_size or run.step_size != run.target:
+            return True
+        if self.monitor.window_done(run.job_id, run.target, run.step_start):
+            return True
+        return now - run.step_start > self.step_timeout_s()
+
+    def step_timeout_s(self) -> float:
+        """How long a step may wait for its window before the scale is skipped."""
+        cfg = self.config
+        costs = [c for c in self.monitor.typical_costs() if c is not None]
+        rescale_s = max([cfg.default_scale_up_s, cfg.default_scale_down_s] + costs)
+        return 3.0 * cfg.profile_window_s + 2.0 * rescale_s
+
+    def _lenders(self, exclude: str) -> Iterable[Lender]:
+        for job in self.jobs.values():
+            if (job.phase is JobPhase.RUNNING and job.nodes and job.id != exclude
+                    and job.id not in self.pool.delta):
+                yield Lender(job.id, len(job.nodes) - job.req.min_nodes, job.last_interrupted,
+                             job.order)
+
+    def reachable(self, job: JobRecord) -> tuple[int, Lender | None]:
+        """The largest scale ``job`` could have now (its nodes, the free ones, one lender's
+        spare) and the lender it would need."""
+        want = job.req.max_nodes
+        have = len(job.nodes) + len(self.pool.free)
+        lender = None
+        if have < want and self.borrower is None:
+            lender = choose_lender(self._lenders(job.id))
+        spare = min(want - have, lender.spare) if lender else 0
+        return min(want, have + spare), lender
+
+    # ------------------------------------------------------------- starting runs
+    def start(self, job: JobRecord, now: float) -> bool:
+        """Profile a queued job (or probe it once); ``False`` if it cannot get its minimum."""
+        req = job.req
+        probe = not (self.config.profiling and req.profile)
+        top, lender = self.reachable(job)
+        if top < req.min_nodes:
+            return False
+        up_s, down_s = self.monitor.typical_costs()
+        upward = not probe and choose_upward(up_s, down_s, self.config.default_scale_up_s,
+                                             self.config.default_scale_down_s)
+        scales = [top] if probe else plan_scales(top, req.min_nodes, upward)
+        self._launch(job, ProfileRun(req.id, scales, upward=upward, probe=probe), lender, now)
+        return True
+
+    def extend(self, now: float) -> None:
+        """Measure one larger scale of at most one running job whose curve stops short."""
+        if not self.config.profiling or (self.borrower is not None and not self.pool.free):
+            return
+        for job in self.jobs.values():
+            if (job.phase is not JobPhase.RUNNING or job.id in self.pool.delta
+                    or job.source not in (Source.PROFILED, Source.STORE)):
+                continue
+            known = job.known_top(self.monitor)
+            if known >= job.req.max_nodes:
+                continue
+            top, lender = self.reachable(job)
+            if top >= max(2 * known, job.req.min_nodes):
+                self._launch(job, ProfileRun(job.id, [top], extension=True), lender, now)
+                self.stats.profile_extensions += 1
+                return
+
+    def _launch(self, job: JobRecord, run: ProfileRun, lender: Lender | None,
+                now: float) -> None:
+        run.step_start = now
+        self.runs[job.id] = run
+        job.phase = JobPhase.PROFILING
+        if lender is not None and run.target > len(job.nodes) + len(self.pool.free):
+            run.lender, self.borrower = lender.job_id, job.id
+        self._move(run, job, now)
+
+    # ------------------------------------------------------------- stepping
+    def advance(self, now: float) -> None:
+        """Step every run that is due: next scale, or the end of profiling."""
+        for job_id in list(self.runs):
+            self._step(self.runs[job_id], now)
+
+    def _step(self, run: ProfileRun, now: float) -> None:
+        job = self.jobs[run.job_id]
+        size = len(job.nodes)
+        if size < run.step_size:  # a reclaim took nodes from the job being profiled
+            if size < job.req.min_nodes:
+                for name in self.pool.longest_lived(self.pool.free, run.step_size - size, now):
+                    self.pool.assign(run.job_id, name)
+                size = len(job.nodes)
+            if size < job.req.min_nodes:
+                self._end(job, run, aborted=True)
+                return
+            run.truncate_to(size, now)
+            run.step_size = size
+            return
+        if size != run.target:
+            self._move(run, job, now)
+            return
+        if self.monitor.window_done(run.job_id, size, run.step_start):
+            run.index += 1
+        elif now - run.step_start > self.step_timeout_s():
+            run.index += 1  # no window at this scale (the job does not report): skip it
+        else:
+            return
+        if run.finished:
+            self._end(job, run)
+        else:
+            self._move(run, job, now)
+
+    def _move(self, run: ProfileRun, job: JobRecord, now: float) -> None:
+        """Bring the job to the run's current scale."""
+        target, size = run.target, len(job.nodes)
+        if target < size:
+            for name in self.pool.shortest_lived(job.nodes, size - target, now):
+                self.pool.release(job.id, name)
+        elif target > size:
+            for name in self.pool.longest_lived(self.pool.free, target - size, now):
+                self.pool.assign(job.id, name)
+            self._borrow(run, job, target - len(job.nodes), now)
+            got = len(job.nodes)
+            if got < target:
+                if got < job.req.min_nodes or got <= size:
+                    self._end(job, run, aborted=got < job.req.min_nodes)
+                    return
+                run.truncate_to(got, now)
+        run.step_size = len(job.nodes)
+        run.step_start = now
+
+    def _borrow(self, run: ProfileRun, job: JobRecord, short: int, now: float) -> None:
+        if short <= 0:
+            return
+        if run.lender is None and self.borrower is None:
+            best = choose_lender(self._lenders(job.id))
+            if best is not None:
+                run.lender, self.borrower = best.job_id, job.id
+        lender = self.jobs.get(run.lender) if run.lender else None
+        if lender is None or lender.phase is not JobPhase.RUNNING:
+            return
+        give = min(short, len(lender.nodes) - lender.req.min_nodes)
+        for name in self.pool.shortest_lived(lender.nodes, max(0, give), now):
+            self.pool.release(lender.id, name)
+            self.pool.assign(job.id, name)
+
+    # ------------------------------------------------------------- ending runs
+    def _end(self, job: JobRecord, run: ProfileRun, aborted: bool = False) -> None:
+        self.drop(job.id)
+        measured = self.monitor.throughput(job.id)
+        if aborted and not measured and job.prior is None and not run.extension:
+            for name in sorted(job.nodes):
+                self.pool.release(job.id, name)
+            job.phase = JobPhase.QUEUED
+            self.sent_back.append(job.id)
+            return
+        job.phase = JobPhase.RUNNING
+        if run.extension:
+            self.remember(job)
+            return
+        self.stats.profiled += 1
+        if run.probe and measured:
+            k0 = max(measured)
+            job.set_source(Source.LINEAR, probe_point=(k0, measured[k0]))
+        else:
+            job.set_source(Source.PROFILED if measured else Source.ASSUMED)
+            self.remember(job)
+
+    def drop(self, job_id: str) -> None:
+        """Forget the job's run (it ended, or its profiling did) and any loan it held."""
+        self.runs.pop(job_id, None)
+        if self.borrower == job_id:
+            self.borrower = None
+
+    def remember(self, job: JobRecord) -> None:
+        """Merge what the job measured into its model's stored curve."""
+        if not job.req.model or job.source not in (Source.PROFILED, Source.STORE):
+            return
+        curve = (conservative_curve(self.monitor.throughput(job.id))
+                 if job.source == Source.PROFILED else job.believed(self.monitor, True))
+        if curve is not None:
+            self.store[job.req.model] = merge_curves(self.store.get(job.req.model), curve)

@@ -1,0 +1,298 @@
+"""The Job Profiling Advisor: plans, order, fairness, curve store and curves that follow."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_engine_fake import FakeCluster, curve_truth
+
+from malletrain_core.engine import Engine, EngineConfig, JobPhase
+from malletrain_core.engine.curves import (
+    conservative_curve,
+    corrected_curve,
+    linear_curve,
+    merge_curves,
+)
+from malletrain_core.engine.profiler import Lender, choose_lender, choose_upward, plan_scales
+from malletrain_core.events import Grow, JobRequest, Shrink
+from malletrain_core.model import Curve
+
+TRUTH = Curve.of([1, 2, 4, 8, 16, 32], [10.0, 19.0, 36.0, 64.0, 100.0, 130.0])
+NODES = [f"n{i:02d}" for i in range(40)]
+
+
+def sizes_over_time(cluster: FakeCluster, job_id: str) -> list[int]:
+    """The job's scale after each of its grows and shrinks."""
+    size, out = 0, []
+    for action in cluster.actions:
+        if action.job_id == job_id and isinstance(action, (Grow, Shrink)):
+            size += len(action.nodes) if isinstance(action, Grow) else -len(action.nodes)
+            out.append(size)
+    return out
+
+
+@pytest.mark.parametrize("top, lo, expect", [(64, 1, [64, 32, 16, 8, 4, 2, 1]),
+                                             (16, 4, [16, 8, 4]), (48, 3, [48, 24, 12, 6, 3]),
+                                             (5, 5, [5]), (12, 5, [12, 6, 5])])
+def test_plan_scales_examples(top: int, lo: int, expect: list[int]) -> None:
+    assert plan_scales(top, lo) == expect
+    assert plan_scales(top, lo, upward=True) == expect[::-1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 256), st.integers(1, 256))
+def test_plan_scales_stay_within_bounds(a: int, b: int) -> None:
+    lo, top = min(a, b), max(a, b)
+    scales = plan_scales(top, lo)
+    assert scales[0] == top and scales[-1] == lo
+    assert all(x > y for x, y in zip(scales, scales[1:]))
+    assert len(scales) <= top.bit_length() + 1
+
+
+def test_conservative_interpolation() -> None:
+    curve = conservative_curve({4: 40.0, 16: 100.0})
+    assert curve is not None
+    assert curve.at(8) == pytest.approx(60.0)  # linear between measured scales
+    assert curve.at(64) == curve.at(16) == 100.0  # flat above: never extrapolated upwards
+    assert curve.at(2) == pytest.approx(20.0) and curve.at(1) == pytest.approx(10.0)
+    assert conservative_curve({}) is None
+
+
+def test_corrected_curve_keeps_the_prior_shape() -> None:
+    prior = Curve.of([1, 8, 32], [10.0, 70.0, 200.0])
+    curve = corrected_curve(prior, {8: 35.0})
+    assert curve.at(8) == pytest.approx(35.0)
+    assert curve.at(32) == pytest.approx(100.0) and curve.at(1) == pytest.approx(5.0)
+    assert corrected_curve(prior, {}) == prior
+    assert linear_curve(2, 30.0, 8).at(8) == pytest.approx(120.0)
+
+
+def test_lender_is_the_least_recently_interrupted() -> None:
+    lenders = [Lender("a", 4, 100.0, 0), Lender("b", 2, 50.0, 1), Lender("c", 0, None, 2),
+               Lender("d", 3, None, 3)]
+    assert choose_lender(lenders).job_id == "d"  # type: ignore[union-attr]
+    assert choose_lender(lenders[:3]).job_id == "b"  # type: ignore[union-attr]
+    assert choose_lender([Lender("c", 0, None, 0)]) is None
+    assert choose_upward(None, None, 20.0, 12.0) is False
+    assert choose_upward(4.0, 30.0, 20.0, 12.0) is True
+
+
+def profiled_cluster(config: EngineConfig, nodes: int = 16) -> FakeCluster:
+    cluster = FakeCluster(Engine(config))
+    cluster.idle(NODES[:nodes])
+    return cluster
+
+
+def test_one_scale_up_then_halving_down() -> None:
+    cluster = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=16)
+    cluster.submit(JobRequest("p", 1, 24, model="resnet"), curve_truth(TRUTH))
+    assert cluster.engine.jobs["p"].phase is JobPhase.PROFILING
+    cluster.run(900.0)
+    view = cluster.engine.jobs["p"]
+    assert sizes_over_time(cluster, "p")[:5] == [16, 8, 4, 2, 1]
+    assert view.phase is JobPhase.RUNNING
+    assert {k: round(v, 6) for k, v in view.measured.items()} == {
+        k: TRUTH.at(k) for k in (16, 8, 4, 2, 1)}
+    assert view.curve is not None and view.curve.at(24) == pytest.approx(100.0)  # held flat
+    assert cluster.engine.stats.profiled == 1
+
+
+def test_upward_when_scale_ups_are_cheaper() -> None:
+    cluster = profiled_cluster(EngineConfig(profile_window_s=40.0, default_scale_up_s=5.0,
+                                            default_scale_down_s=30.0), nodes=16)
+    cluster.submit(JobRequest("p", 2, 16), curve_truth(TRUTH))
+    cluster.run(900.0)
+    assert sizes_over_time(cluster, "p")[:4] == [2, 4, 8, 16]
+    assert set(cluster.engine.jobs["p"].measured) == {2, 4, 8, 16}
+
+
+def test_measured_costs_choose_the_order() -> None:
+    cluster = profiled_cluster(EngineConfig(profile_window_s=30.0), nodes=4)
+    linear = Curve.of([1, 64], [10.0, 640.0])
+    cluster.submit(JobRequest("a", 1, 8, curve=linear), curve_truth(linear), up_s=4.0,
+                   down_s=60.0)
+    cluster.run(60.0)
+    cluster.idle(NODES[4:8])  # a grows 4 → 8: a cheap scale-up
+    cluster.run(60.0)
+    better = linear.scaled(2.0)
+    cluster.submit(JobRequest("b", 1, 4, curve=better), curve_truth(better), up_s=4.0,
+                   down_s=60.0)  # a shrinks to 4: a dear scale-down
+    cluster.run(120.0)
+    engine = cluster.engine
+    up_s, down_s = engine.monitor.typical_costs()
+    assert up_s is not None and down_s is not None and up_s < down_s
+    cluster.send(*cluster_idle_event(cluster, NODES[8:12]),
+                 *submit_event(cluster, JobRequest("p", 1, 4)))
+    assert sizes_over_time(cluster, "p")[0] == 1  # starts small and steps up
+
+
+def cluster_idle_event(cluster: FakeCluster, names: list[str]):  # type: ignore[no-untyped-def]
+    from malletrain_core.events import IdleNode, NodesIdle
+    return [NodesIdle(cluster.now, tuple(IdleNode(n) for n in names))]
+
+
+def submit_event(cluster: FakeCluster, request: JobRequest):  # type: ignore[no-untyped-def]
+    from test_engine_fake import FakeJob
+
+    from malletrain_core.events import JobSubmitted
+    cluster.jobs[request.id] = FakeJob(request, curve_truth(TRUTH))
+    return [JobSubmitted(cluster.now, request)]
+
+
+def test_borrowing_is_fair() -> None:
+    cluster = profiled_cluster(EngineConfig(profile_window_s=30.0), nodes=16)
+    known = Curve.of([1, 8], [10.0, 80.0])
+    cluster.submit(JobRequest("a", 1, 8, curve=known), curve_truth(known))
+    cluster.submit(JobRequest("b", 2, 8, curve=known), curve_truth(known))
+    engine = cluster.engine
+    assert len(engine.jobs["a"].nodes) == len(engine.jobs["b"].nodes) == 8
+    cluster.run(50.0)
+    cluster.reclaim([sorted(engine.jobs["a"].nodes)[0]])  # a was interrupted just now
+    held_a = set(engine.jobs["a"].nodes)
+    cluster.run(20.0)
+    cluster.submit(JobRequest("c", 1, 16), curve_truth(TRUTH))
+    assert engine.jobs["c"].phase is JobPhase.PROFILING
+    assert len(engine.jobs["c"].nodes) == 6  # all that b can spare: b keeps its minimum
+    assert len(engine.jobs["b"].nodes) == 2 and set(engine.jobs["a"].nodes) == held_a
+    cluster.submit(JobRequest("d", 1, 16), curve_truth(TRUTH))
+    assert engine.jobs["d"].phase is JobPhase.QUEUED  # never a second lender at once
+    assert set(engine.jobs["a"].nodes) == held_a
+    cluster.run(600.0)
+    assert engine.jobs["c"].phase is JobPhase.RUNNING
+    assert engine.jobs["d"].phase in (JobPhase.PROFILING, JobPhase.RUNNING)
+
+
+def test_measured_curves_are_reused_for_the_same_model() -> None:
+    store: dict[str, Curve] = {}
+    cluster = FakeCluster(Engine(EngineConfig(profile_window_s=30.0), curve_store=store))
+    cluster.idle(NODES[:8])
+    cluster.submit(JobRequest("p1", 1, 8, model="vgg"), curve_truth(TRUTH))
+    cluster.run(600.0)
+    assert "vgg" in store and store["vgg"].at(8) == pytest.approx(64.0)
+    cluster.submit(JobRequest("p2", 1, 8, model="vgg"), curve_truth(TRUTH))
+    view = cluster.engine.jobs["p2"]
+    assert view.phase is JobPhase.RUNNING and view.curve == store["vgg"]
+    cluster.submit(JobRequest("u", 1, 8, curve=TRUTH.scaled(2.0), model="other"),
+                   curve_truth(TRUTH))
+    assert cluster.engine.jobs["u"].phase is JobPhase.RUNNING  # a user curve skips profiling
+    assert cluster.engine.stats.profiled == 1
+
+
+def test_no_profiling_means_linear_from_the_first_measurement() -> None:
+    cluster = profiled_cluster(EngineConfig(profile_window_s=30.0), nodes=4)
+    cluster.submit(JobRequest("lin", 1, 16, profile=False), curve_truth(TRUTH))
+    cluster.run(200.0)
+    view = cluster.engine.jobs["lin"]
+    assert view.phase is JobPhase.RUNNING and set(view.measured) == {4}
+    assert sizes_over_time(cluster, "lin") == [4]
+    assert view.curve is not None and view.curve.at(16) == pytest.approx(4 * TRUTH.at(4))
+
+
+def test_freetrain_mode_trusts_the_given_curve() -> None:
+    cluster = profiled_cluster(EngineConfig(profiling=False, profile_window_s=30.0), nodes=8)
+    wrong = Curve.of([1, 8], [100.0, 800.0])
+    cluster.submit(JobRequest("f", 1, 8, curve=wrong), curve_truth(TRUTH))
+    cluster.run(300.0)
+    view = cluster.engine.jobs["f"]
+    assert view.curve == wrong and view.measured[8] == pytest.approx(64.0)
+
+
+def test_learned_curve_follows_the_truth() -> None:
+    slow_after = 1200.0
+
+    def truth(t: float, k: int) -> float:
+        return TRUTH.at(k) * (0.5 if t > slow_after else 1.0)
+
+    cluster = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=16)
+    cluster.submit(JobRequest("p", 1, 16), truth)
+    cluster.run(slow_after)
+    before = cluster.engine.jobs["p"]
+    assert before.phase is JobPhase.RUNNING and len(before.nodes) == 16
+    assert before.curve is not None and before.curve.at(16) == pytest.approx(100.0)
+    cluster.run(300.0)
+    after = cluster.engine.jobs["p"].curve
+    assert after is not None
+    assert after.at(16) == pytest.approx(50.0, rel=0.02)
+    assert after.at(4) == pytest.approx(18.0, rel=0.05)  # unvisited scales drift alike
+
+
+def test_reclaim_during_profiling() -> None:
+    cluster = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=16)
+    cluster.submit(JobRequest("p", 4, 16), curve_truth(TRUTH))
+    cluster.run(30.0)
+    engine = cluster.engine
+    held = sorted(engine.jobs["p"].nodes)
+    cluster.reclaim(held[:6])  # 10 left: measure there, then continue below
+    assert engine.jobs["p"].phase is JobPhase.PROFILING and len(engine.jobs["p"].nodes) == 10
+    cluster.run(600.0)
+    assert set(engine.jobs["p"].measured) >= {10, 8, 4}
+    shrinks = [len(a.nodes) for a in cluster.actions if isinstance(a, Shrink)]
+    assert shrinks == [2, 4]  # 10 → 8 → 4: the lost nodes themselves need no shrink
+    cluster2 = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=8)
+    cluster2.submit(JobRequest("q", 6, 8), curve_truth(TRUTH))
+    cluster2.reclaim(sorted(cluster2.engine.jobs["q"].nodes)[:3])  # 5 < min, nothing measured
+    view = cluster2.engine.jobs["q"]
+    assert view.phase is JobPhase.QUEUED and not view.nodes
+    assert len(cluster2.engine.idle_nodes) == 5
+
+
+def test_a_job_that_never_reports_is_not_stuck_in_profiling() -> None:
+    engine = Engine(EngineConfig(profile_window_s=10.0))
+    cluster = FakeCluster(engine)
+    cluster.idle(NODES[:4])
+    cluster.send(*submit_event(cluster, JobRequest("mute", 1, 4)))
+    del cluster.jobs["mute"]  # it never reports
+    from malletrain_core.events import Tick
+    for t in range(0, 400, 20):
+        cluster.send(Tick(float(t)))
+    view = engine.jobs["mute"]
+    assert view.phase is JobPhase.RUNNING and view.curve is not None and not view.measured
+
+
+def test_merge_curves_keeps_every_measured_scale() -> None:
+    old = Curve.of([1, 2, 4], [10.0, 19.0, 36.0])
+    new = Curve.of([4, 16], [30.0, 100.0])
+    merged = merge_curves(old, new)
+    assert merged.nodes == (1, 2, 4, 16) and merged.throughput == (10.0, 19.0, 30.0, 100.0)
+    assert merge_curves(None, new) == new
+
+
+def test_jobs_of_a_model_being_profiled_wait_for_its_curve() -> None:
+    store: dict[str, Curve] = {}
+    cluster = FakeCluster(Engine(EngineConfig(profile_window_s=30.0), curve_store=store))
+    cluster.idle(NODES[:8])
+    cluster.send(*submit_event(cluster, JobRequest("p1", 1, 4, model="vgg")),
+                 *submit_event(cluster, JobRequest("p2", 1, 4, model="vgg")),
+                 *submit_event(cluster, JobRequest("p3", 1, 4, model="bert")))
+    engine = cluster.engine
+    phases = {j: v.phase for j, v in engine.jobs.items()}
+    assert phases == {"p1": JobPhase.PROFILING, "p2": JobPhase.QUEUED,
+                      "p3": JobPhase.PROFILING}  # p2 waits without holding up p3
+    cluster.run(600.0)
+    assert engine.jobs["p2"].phase is JobPhase.RUNNING
+    assert engine.stats.profiled == 2 and set(store) == {"vgg", "bert"}
+    assert "p2" not in {a.job_id for a in cluster.actions[:6]}
+
+
+def test_a_short_curve_is_extended_when_nodes_allow() -> None:
+    store: dict[str, Curve] = {}
+    cluster = FakeCluster(Engine(EngineConfig(profile_window_s=30.0), curve_store=store))
+    cluster.idle(NODES[:2])
+    cluster.submit(JobRequest("p", 1, 16, model="vgg"), curve_truth(TRUTH))
+    cluster.run(300.0)
+    engine = cluster.engine
+    view = engine.jobs["p"]
+    assert view.phase is JobPhase.RUNNING and set(view.measured) == {1, 2}
+    assert view.curve is not None and view.curve.at(16) == view.curve.at(2)  # flat: unknown
+    cluster.idle(NODES[2:16])
+    assert engine.stats.profile_extensions == 1
+    assert engine.jobs["p"].phase is JobPhase.PROFILING and len(engine.jobs["p"].nodes) == 16
+    cluster.run(300.0)
+    view = engine.jobs["p"]
+    assert view.phase is JobPhase.RUNNING and view.measured[16] == pytest.approx(100.0)
+    assert view.curve is not None  # linear between measured scales:
+    assert view.curve.at(8) == pytest.approx(19.0 + (100.0 - 19.0) * 6 / 14)
+    assert store["vgg"].nodes[-1] == 16  # the stored curve grew too
+    cluster.run(300.0)
+    assert engine.stats.profile_extensions == 1  # nothing left to learn above 16
