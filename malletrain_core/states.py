@@ -6,6 +6,7 @@ Unknown codes map to ``UNKNOWN`` and are logged once per code.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from enum import Enum
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ SLURM_JOB_STATES: dict[str, TaskState] = {
 _logged: set[tuple[str, str]] = set()
 
 
-def translate(table: dict[str, Enum], code: str, kind: str, unknown: Enum) -> Enum:
+def translate(table: Mapping[str, Enum], code: str, kind: str, unknown: Enum) -> Enum:
     """Look ``code`` up in ``table`` (flags after ``+``/``*``/``~``/``#`` stripped)."""
     key = code.strip().rstrip("*~#!%$@^-+")
     key = key.split("+", 1)[0]

@@ -1,0 +1,461 @@
+"""The Slurm backend: Slurm's state in, the engine's actions out (verified on Slurm 22.05).
+
+An elastic job is a held array of one-node tasks in the preemptable partition (job_submit.lua
+makes it and tags it in admin_comment). The engine's id of a job is the array's job id.
+
+* **poll** makes three read-only calls — the MalleTrain tasks (``squeue -r -t all -p
+  PARTITION -O ...``), the nodes (``sinfo -N -p PARTITION``) and the backfill plan (``squeue
+  -t PD --start``) — and reconciles them with what the previous poll saw. It then re-holds
+  what must not run unordered (tasks that started without an admin hold, tasks that came back
+  from preemption without one) and requeue-holds tasks that hit their time limit.
+* **execute** turns Grow into one ``scontrol update JobId=A_i ReqNodeList=<node>
+  StartTime=now TimeLimit=<min>`` per task (StartTime=now lifts the requeue blackout) and one
+  batched ``scontrol release``; Shrink into one batched ``scontrol requeuehold``; Finish into
+  one ``scancel`` of all the arrays. Checkpoint is the epoch coordinator's business, not
+  Slurm's: it is ignored here.
+
+Events, in this order within one poll: JobSubmitted (a new tagged array), NodesReclaimed
+(a node the engine could use was taken back: a worker preempted or requeued by Slurm, or an
+idle node given to another job, drained or gone), WorkerStopped (a worker ended for any other
+reason: our own shrink, its time limit, exit, scancel of the task), JobEnded, NodesIdle
+(nodes new to the pool, or whose hole end changed), WorkerStarted.
+
+A grow that cannot be carried out (no held task left, a hole shorter than a minute, a
+refused scontrol call, a task that has not started within ``grow_timeout_s``) comes back as
+WorkerStopped for that job and node: the engine then sees the node idle and the job without
+it. A Finish needs no confirmation: no event is sent for a job after its Finish.
+
+The backend keeps no state on disk. After a restart its first poll reports every live job
+again (JobSubmitted), every usable node and every node running a worker (NodesIdle), and
+every running worker (WorkerStarted); the engine treats a repeated JobSubmitted as known.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
+from ..events import (
+    Action,
+    Checkpoint,
+    EndReason,
+    Event,
+    Finish,
+    Grow,
+    IdleNode,
+    JobEnded,
+    JobRequest,
+    JobSubmitted,
+    NodesIdle,
+    NodesReclaimed,
+    Shrink,
+    WorkerStarted,
+    WorkerStopped,
+)
+from ..runner import CommandRunner
+from ..states import NodeState, TaskState
+from . import slurm_parse as sp
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIME_LIMIT_S = 72 * 3600.0
+DEFAULT_GROW_TIMEOUT_S = 300.0
+"""A released task that has not started after this long is held again (a failed grow):
+long enough for a backfill cycle at site settings (bf_interval=30 s) and a preempted
+predecessor's KillWait."""
+
+_REQUEUED_BY_SLURM = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
+
+
+def _code(row: sp.TaskRow) -> str:
+    return row.state_code.split()[0].rstrip("+") if row.state_code else ""
+
+
+def _recoverable(row: sp.TaskRow) -> bool:
+    """A task that hit its time limit ends TIMEOUT, not requeued: requeue-hold it for reuse."""
+    return _code(row) in ("TIMEOUT", "TO")
+
+
+@dataclass
+class _PollEvents:
+    submitted: list[Event] = field(default_factory=list)
+    reclaimed: list[str] = field(default_factory=list)
+    stopped: list[Event] = field(default_factory=list)
+    ended: list[Event] = field(default_factory=list)
+    started: list[Event] = field(default_factory=list)
+    to_hold: list[str] = field(default_factory=list)
+    to_requeuehold: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Launch:
+    job_id: str
+    node: str
+    deadline: float
+
+
+class SlurmBackend:
+    """Slurm behind the :class:`~malletrain_core.backends.base.Backend` protocol.
+
+    Clock-free: every method takes ``now`` (Unix seconds, as in Slurm's timestamps).
+    """
+
+    name = "slurm"
+
+    def __init__(self, runner: CommandRunner, partition: str = "preemptable",
+                 default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                 grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S) -> None:
+        if default_time_limit_s < 60:
+            raise ValidationError("SlurmBackend", "default_time_limit_s",
+                                  f"{default_time_limit_s:g} s is under Slurm's one-minute unit")
+        self.runner = runner
+        self.partition = partition
+        self.default_time_limit_s = float(default_time_limit_s)
+        self.grow_timeout_s = float(grow_timeout_s)
+        self._rows: dict[str, sp.TaskRow] = {}           # task key -> last seen row
+        self._jobs: dict[str, JobRequest] = {}            # array id -> request (live jobs)
+        self._gone: set[str] = set()                      # ended, finished or unreadable
+        self._workers: dict[str, tuple[str, str]] = {}    # task key -> (array id, node)
+        self._launching: dict[str, _Launch] = {}          # released, not yet running
+        self._stopping: set[str] = set()                  # requeue-held by us
+        self._offered: dict[str, float | None] = {}       # node -> hole end, as told
+        self._to_cancel: set[str] = set()                 # finished, scancel not yet done
+
+    # ------------------------------------------------------------------ read-only views
+    @property
+    def jobs(self) -> dict[str, JobRequest]:
+        """The live elastic jobs, by array id."""
+        return dict(self._jobs)
+
+    @property
+    def workers(self) -> dict[str, tuple[str, str]]:
+        """Running workers: task key (``A_i``) → (job id, node)."""
+        return dict(self._workers)
+
+    @property
+    def offered(self) -> dict[str, float | None]:
+        """Nodes the engine has been told it may use (idle or running a worker) → hole end."""
+        return dict(self._offered)
+
+    # ------------------------------------------------------------------ commands
+    def _query(self) -> tuple[dict[str, sp.NodeRow], list[sp.TaskRow], list[sp.PlanRow]]:
+        # sinfo first: a task that starts between the two calls then shows as ours, not as
+        # a foreign job on a node we offered.
+        n = self.runner.run(["sinfo", "-h", "-N", "-p", self.partition, "-o", sp.SINFO_FORMAT])
+        q = self.runner.run(["squeue", "-h", "-r", "-t", "all", "-p", self.partition,
+                             "-O", sp.SQUEUE_FORMAT])
+        p = self.runner.run(["squeue", "-h", "-t", "PD", "--start", "-o", sp.PLAN_FORMAT])
+        return sp.parse_sinfo(n.stdout), sp.parse_squeue(q.stdout), sp.parse_plan(p.stdout)
+
+    def _scontrol_batch(self, verb: str, keys: Sequence[str]) -> set[str]:
+        """``scontrol VERB <list>`` in one call; returns the keys that failed."""
+        if not keys:
+            return set()
+        try:
+            self.runner.run(["scontrol", verb, sp.fold_tasks(keys)])
+            return set()
+        except (CommandNotFound, CommandTimeout):
+            raise
+        except CommandError as exc:
+            errors = sp.parse_scontrol_errors(exc.stderr)
+            failed = {k for key in errors if key for k in sp.expand_task_ids(key)} & set(keys)
+            if not failed or "" in errors:
+                failed = set(keys)
+            log.warning("scontrol %s failed for %s: %s", verb, sp.fold_tasks(sorted(failed)),
+                        "; ".join(f"{k}: {v}" if k else v for k, v in errors.items()))
+            return failed
+
+    # ------------------------------------------------------------------ poll
+    def poll(self, now: float) -> list[Event]:
+        """Reconcile with Slurm and return what changed since the last poll."""
+        nodes, rows, plan = self._query()
+        self._cancel()
+        tagged: dict[str, list[sp.TaskRow]] = {}
+        for row in rows:
+            if row.index is not None and row.admin_comment.startswith(sp.TAG_PREFIX):
+                tagged.setdefault(row.array_id, []).append(row)
+        current = {row.key: row for group in tagged.values() for row in group}
+        out = _PollEvents()
+        self._admit(tagged, now, out)
+        self._reconcile_workers(current, now, out)
+        self._reconcile_tasks(current, now, out)
+        self._reconcile_jobs(tagged, now, out)
+        idle = self._reconcile_nodes(nodes, plan, out.reclaimed)
+        self._rows = current
+        self._gone &= set(tagged)  # a purged job id never comes back
+        self._run_quietly("hold", out.to_hold)
+        self._run_quietly("requeuehold", out.to_requeuehold)
+        self._stopping.update(out.to_requeuehold)
+
+        events: list[Event] = list(out.submitted)
+        if out.reclaimed:
+            events.append(NodesReclaimed(now, tuple(sorted(set(out.reclaimed)))))
+        events += out.stopped + out.ended
+        if idle:
+            events.append(NodesIdle(now, tuple(idle)))
+        return events + out.started
+
+    def _admit(self, tagged: dict[str, list[sp.TaskRow]], now: float, out: _PollEvents) -> None:
+        for aid, group in sorted(tagged.items(), key=lambda kv: int(kv[0])):
+            if aid in self._jobs or aid in self._gone:
+                continue
+            if all(r.state is TaskState.DONE and not _recoverable(r) for r in group):
+                self._gone.add(aid)
+                continue
+            try:
+                tag = sp.parse_tag(group[0].admin_comment)
+            except ValidationError as exc:
+                log.warning("job %s ignored: %s", aid, exc)
+                self._gone.add(aid)
+                continue
+            assert tag is not None
+            req = JobRequest(aid, tag.min_nodes, tag.max_nodes, owner=group[0].user,
+                             model=tag.model, profile=tag.profile)
+            self._jobs[aid] = req
+            out.submitted.append(JobSubmitted(now, req))
+
+    def _reconcile_workers(self, current: dict[str, sp.TaskRow], now: float,
+                           out: _PollEvents) -> None:
+        """Workers that started, and workers that are gone (preempted or stopped)."""
+        for key, row in current.items():
+            if row.array_id not in self._jobs or not row.node or row.state not in (
+                    TaskState.RUNNING, TaskState.ENDING):
+                continue
+            if key not in self._workers:
+                self._launching.pop(key, None)
+                self._workers[key] = (row.array_id, row.node)
+                out.started.append(WorkerStarted(now, row.array_id, row.node))
+            if row.state is TaskState.RUNNING and not row.held and key not in self._stopping:
+                out.to_hold.append(key)  # so that a preemption brings it back held
+        for key in list(self._workers):
+            seen = current.get(key)
+            if seen is not None and seen.state in (TaskState.RUNNING, TaskState.ENDING):
+                continue
+            aid, node = self._workers.pop(key)
+            if key in self._stopping:
+                out.stopped.append(WorkerStopped(now, aid, node))
+            elif seen is not None and (seen.state in (TaskState.PENDING, TaskState.HELD)
+                                       or _code(seen) in _REQUEUED_BY_SLURM):
+                out.reclaimed.append(node)
+                self._offered.pop(node, None)
+            else:
+                out.stopped.append(WorkerStopped(now, aid, node))
+
+    def _reconcile_tasks(self, current: dict[str, sp.TaskRow], now: float,
+                         out: _PollEvents) -> None:
+        """Grows that did not happen, tasks that must not run unordered, time-outs."""
+        for key, row in current.items():
+            if row.array_id not in self._jobs:
+                continue
+            launch = self._launching.get(key)
+            if launch is not None:
+                if row.state is TaskState.DONE or now >= launch.deadline:
+                    del self._launching[key]
+                    out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
+                    if row.state is not TaskState.DONE:
+                        out.to_hold.append(key)
+                        log.warning("task %s did not start on %s within %g s: held again",
+                                    key, launch.node, self.grow_timeout_s)
+            elif row.state is TaskState.PENDING and not row.held:
+                out.to_hold.append(key)  # requeued by Slurm before our hold: Slurm would
+                # restart it anywhere once the requeue delay is over
+            if _recoverable(row) and key not in self._stopping:
+                out.to_requeuehold.append(key)
+            elif row.state is TaskState.HELD or (row.state is TaskState.PENDING and row.held) \
+                    or (row.state is TaskState.DONE and not _recoverable(row)):
+                self._stopping.discard(key)
+        for key in [k for k in self._launching if k not in current]:
+            launch = self._launching.pop(key)
+            out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
+
+    def _reconcile_jobs(self, tagged: dict[str, list[sp.TaskRow]], now: float,
+                        out: _PollEvents) -> None:
+        """A job ends when a task completed (training done) or no task is left to run."""
+        for aid in list(self._jobs):
+            group = tagged.get(aid, [])
+            codes = {_code(r) for r in group if r.state is TaskState.DONE}
+            if "COMPLETED" in codes:
+                reason = EndReason.COMPLETED
+            elif any(r.state is not TaskState.DONE or _recoverable(r) for r in group):
+                continue
+            elif codes <= {"CANCELLED"}:
+                reason = EndReason.CANCELLED
+            else:
+                reason = EndReason.FAILED
+            self._end(aid)
+            out.stopped = [e for e in out.stopped if getattr(e, "job_id", None) != aid]
+            out.started = [e for e in out.started if getattr(e, "job_id", None) != aid]
+            out.to_requeuehold = [k for k in out.to_requeuehold if not k.startswith(f"{aid}_")]
+            out.ended.append(JobEnded(now, aid, reason))
+
+    def _reconcile_nodes(self, nodes: dict[str, sp.NodeRow], plan: list[sp.PlanRow],
+                         reclaimed: list[str]) -> list[IdleNode]:
+        """Update the offered pool from sinfo and the plan; returns the NodesIdle entries.
+
+        ``reclaimed`` comes in with the nodes whose workers Slurm took back and goes out with
+        every node taken from the pool; such a node is not offered again in the same poll.
+        """
+        ends = sp.hole_ends(plan, exclude=set(self._jobs) | self._gone)
+        ours = {node for _, node in self._workers.values()}
+        launching = {launch.node for launch in self._launching.values()}
+        just_lost = set(reclaimed)
+        idle: list[IdleNode] = []
+        for name in sorted(nodes):
+            row = nodes[name]
+            hole = ends.get(name)
+            if name in ours or (name in launching and name in self._offered):
+                if name not in self._offered:  # a worker we did not start (daemon restart)
+                    idle.append(IdleNode(name, hole))
+                self._offered[name] = hole if hole is not None else self._offered.get(name)
+                if name in ours or row.usable:
+                    continue
+            elif row.usable and name not in just_lost and (
+                    row.state is NodeState.IDLE or hole is not None):
+                if name not in self._offered or self._offered[name] != hole:
+                    idle.append(IdleNode(name, hole))
+                    self._offered[name] = hole
+                continue
+            if row.state is NodeState.PLANNED and hole is None:
+                sp.warn_once(f"planned:{name}", "node %s is planned but no waiting job's plan "
+                             "names it: not offered", name)
+            if row.completing and name in self._offered:
+                continue
+            if name in self._offered:
+                del self._offered[name]
+                reclaimed.append(name)
+            for key in [k for k, la in self._launching.items() if la.node == name]:
+                del self._launching[key]  # the engine drops it with NodesReclaimed
+                self._run_quietly("hold", [key])
+        for name in [n for n in self._offered if n not in nodes]:
+            del self._offered[name]
+            reclaimed.append(name)
+        return idle
+
+    def _run_quietly(self, verb: str, keys: Sequence[str]) -> set[str]:
+        """A batched scontrol call whose failure is retried by the next poll."""
+        try:
+            return self._scontrol_batch(verb, sorted(set(keys)))
+        except CommandTimeout as exc:
+            log.warning("%s: retried at the next poll", exc)
+            return set()
+
+    def _end(self, aid: str) -> None:
+        self._jobs.pop(aid, None)
+        self._gone.add(aid)
+        prefix = f"{aid}_"
+        for table in (self._workers, self._launching):
+            for key in [k for k in table if k.startswith(prefix)]:
+                del table[key]
+        self._stopping = {k for k in self._stopping if not k.startswith(prefix)}
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
+        """Carry out the engine's actions; returns WorkerStopped for grows that failed."""
+        events: list[Event] = []
+        self._shrink([a for a in actions if isinstance(a, Shrink)], now, events)
+        self._grow([a for a in actions if isinstance(a, Grow)], now, events)
+        self._finish([a for a in actions if isinstance(a, Finish)])
+        for action in actions:
+            if not isinstance(action, (Shrink, Grow, Finish, Checkpoint)):
+                log.warning("action %r is not for the Slurm backend: ignored", action)
+        return events
+
+    def _task_on(self, job_id: str, node: str) -> str | None:
+        for key, (aid, where) in self._workers.items():
+            if aid == job_id and where == node:
+                return key
+        for key, launch in self._launching.items():
+            if launch.job_id == job_id and launch.node == node:
+                return key
+        return None
+
+    def _shrink(self, shrinks: list[Shrink], now: float, events: list[Event]) -> None:
+        requeue: list[str] = []
+        unlaunch: list[str] = []
+        for action in shrinks:
+            for node in action.nodes:
+                key = self._task_on(action.job_id, node)
+                if key is None:
+                    log.warning("shrink of job %s on %s: no worker there", action.job_id, node)
+                elif key in self._workers:
+                    requeue.append(key)
+                else:
+                    unlaunch.append(key)
+                    del self._launching[key]
+                    events.append(WorkerStopped(now, action.job_id, node))
+        failed = self._run_quietly("requeuehold", requeue)
+        self._stopping.update(k for k in requeue if k not in failed)
+        for key in sorted(failed):  # still running there: say so
+            aid, node = self._workers[key]
+            events.append(WorkerStarted(now, aid, node))
+        self._run_quietly("hold", unlaunch)
+
+    def _free_tasks(self, job_id: str) -> list[str]:
+        busy = set(self._workers) | set(self._launching) | self._stopping
+        free = [r for r in self._rows.values() if r.array_id == job_id and r.key not in busy
+                and r.state in (TaskState.PENDING, TaskState.HELD) and r.held]
+        return [r.key for r in sorted(free, key=lambda r: r.index or 0)]
+
+    def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
+        released: list[str] = []
+        for action in grows:
+            if action.job_id not in self._jobs:
+                log.warning("grow of job %s: not a live elastic job", action.job_id)
+                events += [WorkerStopped(now, action.job_id, n) for n in action.nodes]
+                continue
+            limit_s = action.time_limit_s
+            if limit_s is None or not math.isfinite(limit_s):
+                limit_s = self.default_time_limit_s
+            minutes = sp.minutes_within(min(limit_s, self.default_time_limit_s))
+            free = self._free_tasks(action.job_id)
+            for i, node in enumerate(action.nodes):
+                if minutes < 1 or i >= len(free):
+                    log.warning("grow of job %s on %s: %s", action.job_id, node,
+                                "hole under one minute" if minutes < 1 else "no held task left")
+                    events.append(WorkerStopped(now, action.job_id, node))
+                    continue
+                key = free[i]
+                try:
+                    self.runner.run(["scontrol", "update", f"JobId={key}",
+                                     f"ReqNodeList={node}", "StartTime=now",
+                                     f"TimeLimit={minutes}"])
+                except CommandNotFound:
+                    raise
+                except CommandError as exc:  # a timed-out update leaves the task held
+                    log.warning("grow of job %s on %s: %s", action.job_id, node, exc)
+                    events.append(WorkerStopped(now, action.job_id, node))
+                    continue
+                self._launching[key] = _Launch(action.job_id, node, now + self.grow_timeout_s)
+                released.append(key)
+        try:
+            failed = self._scontrol_batch("release", released)
+        except CommandTimeout as exc:
+            log.warning("%s: the next poll shows which tasks started", exc)
+            failed = set()
+        for key in sorted(failed):
+            launch = self._launching.pop(key)
+            events.append(WorkerStopped(now, launch.job_id, launch.node))
+
+    def _finish(self, finishes: list[Finish]) -> None:
+        for action in finishes:
+            self._end(action.job_id)
+            self._to_cancel.add(action.job_id)
+        self._cancel()
+
+    def _cancel(self) -> None:
+        """``scancel`` every finished array; what fails is tried again at the next poll."""
+        ids = sorted(self._to_cancel, key=lambda s: (len(s), s))
+        if not ids:
+            return
+        try:
+            self.runner.run(["scancel", *ids])
+        except CommandNotFound:
+            raise
+        except CommandError as exc:
+            if isinstance(exc, CommandTimeout) or "completed" not in exc.stderr.lower():
+                log.warning("scancel %s: %s (tried again at the next poll)", " ".join(ids), exc)
+                return
+        self._to_cancel.clear()

@@ -1,0 +1,414 @@
+"""SlurmBackend against Slurm's recorded output, faked at the subprocess boundary only.
+
+The replay test feeds the outputs captured from a real Slurm 22.05 cluster
+(tests/golden/slurm/22.05/) in order and compares the commands the backend ran with the
+golden argv lists in tests/golden/slurm/*.argv.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from malletrain_core.backends.slurm import SlurmBackend
+from malletrain_core.backends.slurm_parse import SQUEUE_FORMAT
+from malletrain_core.errors import CommandError, CommandNotFound, ValidationError
+from malletrain_core.events import (
+    Checkpoint,
+    EndReason,
+    Event,
+    Finish,
+    Grow,
+    IdleNode,
+    JobEnded,
+    JobSubmitted,
+    NodesIdle,
+    NodesReclaimed,
+    Shrink,
+    WorkerStarted,
+    WorkerStopped,
+)
+from malletrain_core.runner import CommandRunner
+
+GOLDEN = Path(__file__).parent / "golden" / "slurm"
+CAPTURED = GOLDEN / "22.05"
+T = 1_800_000_000.0
+
+
+class FakeSlurm(CommandRunner):
+    """Answers the three poll queries from set texts; records and answers every command."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sinfo = ""
+        self.squeue = ""
+        self.plan = ""
+        self.calls: list[list[str]] = []
+        self.answers: dict[tuple[str, ...], tuple[int, str]] = {}
+        self.hangs: set[tuple[str, ...]] = set()
+
+    def load(self, stem: str) -> None:
+        self.sinfo = (CAPTURED / f"{stem}.sinfo").read_text()
+        self.squeue = (CAPTURED / f"{stem}.squeue").read_text()
+        self.plan = (CAPTURED / f"{stem}.plan").read_text()
+
+    def fail(self, prefix: tuple[str, ...], rc: int, stderr: str) -> None:
+        self.answers[prefix] = (rc, stderr)
+
+    def commands(self) -> list[list[str]]:
+        """The calls that change Slurm (not the three poll queries)."""
+        return [c for c in self.calls if c[0] not in ("sinfo", "squeue")]
+
+    def _spawn(self, argv: list[str], timeout_s: float,
+               input: str | None) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(argv))
+        out = ""
+        if argv[0] == "sinfo":
+            out = self.sinfo
+        elif argv[0] == "squeue":
+            out = self.plan if "--start" in argv else self.squeue
+        for n in range(len(argv), 0, -1):
+            if tuple(argv[:n]) in self.hangs:
+                raise subprocess.TimeoutExpired(argv, timeout_s)
+            if tuple(argv[:n]) in self.answers:
+                rc, err = self.answers[tuple(argv[:n])]
+                return subprocess.CompletedProcess(argv, rc, "", err)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+
+def task(jid: int, aid: int, idx: int | None, state: str = "PENDING", node: str = "",
+         prio: int = 0, reason: str = "JobHeldUser", limit: str = "UNLIMITED",
+         tag: str = "malletrain:min=1,max=4", user: str = "alice") -> str:
+    """One line of the poll's squeue output, as Slurm 22.05 prints it."""
+    index = "N/A" if idx is None else idx
+    return f"{jid}|{aid}|{index}|{state}|{node}|{limit}|0|{prio}|{user}|{reason}|{tag}\n"
+
+
+def held_array(aid: int, n: int, **kw: str) -> str:
+    return "".join(task(aid, aid, i, **kw) for i in range(n))  # type: ignore[arg-type]
+
+
+def nodes(**states: str) -> str:
+    return "".join(f"{name}|{state}\n" for name, state in states.items())
+
+
+def of(events: list[Event], kind: type) -> list:
+    return [e for e in events if isinstance(e, kind)]
+
+
+@pytest.fixture()
+def slurm() -> FakeSlurm:
+    return FakeSlurm()
+
+
+@pytest.fixture()
+def backend(slurm: FakeSlurm) -> SlurmBackend:
+    return SlurmBackend(slurm, grow_timeout_s=120)
+
+
+def check_golden(name: str, calls: list[list[str]]) -> None:
+    path = GOLDEN / f"{name}.argv"
+    expected = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert calls == expected, f"commands differ from {path.name}"
+
+
+# ----------------------------------------------------------------------------- replay
+def test_replay_of_a_recorded_22_05_session(slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    slurm.load("01_submitted")
+    ev = backend.poll(T)
+    subs = [e.job for e in of(ev, JobSubmitted)]
+    assert [(j.id, j.min_nodes, j.max_nodes, j.owner, j.model, j.profile) for j in subs] == [
+        ("1", 1, 3, "root", "", True), ("2", 2, 2, "root", "resnet50", False)]
+    (idle,) = of(ev, NodesIdle)
+    assert idle.nodes == tuple(IdleNode(f"n0{i}") for i in range(1, 5))
+    assert isinstance(ev[0], JobSubmitted) and ev[-1] is idle
+
+    assert backend.execute([Grow("1", ("n02", "n03"), 3600.0)], T + 1) == []
+    slurm.load("02_running_unheld")  # and a prod job started on n01
+    ev = backend.poll(T + 3)
+    assert ev == [NodesReclaimed(T + 3, ("n01",)), WorkerStarted(T + 3, "1", "n02"),
+                  WorkerStarted(T + 3, "1", "n03")]
+
+    slurm.load("03_running")
+    assert backend.poll(T + 4) == []
+
+    slurm.load("04_preempted")  # a prod job took n03: task 1_1 is back, held
+    assert backend.poll(T + 7) == [NodesReclaimed(T + 7, ("n03",))]
+    assert backend.workers == {"1_0": ("1", "n02")}
+
+    assert backend.execute([Checkpoint("1"), Shrink("1", ("n02",))], T + 8) == []
+    slurm.load("05_shrunk")
+    assert backend.poll(T + 9) == [WorkerStopped(T + 9, "1", "n02")]
+
+    slurm.load("06_planned")  # a 4-node prod job waits: n02, n04 are its holes
+    hole = time.mktime(time.strptime("2026-11-21T09:21:20", "%Y-%m-%dT%H:%M:%S"))
+    assert backend.poll(T + 13) == [NodesIdle(T + 13, (IdleNode("n02", hole),
+                                                       IdleNode("n04", hole)))]
+    backend.execute([Grow("2", ("n04",), 1799.0)], T + 14)
+    backend.execute([Finish("1")], T + 15)
+    check_golden("replay_22.05", slurm.commands())
+
+
+def test_time_limit_and_requeue_of_a_timed_out_task(slurm: FakeSlurm,
+                                                    backend: SlurmBackend) -> None:
+    slurm.load("08_before_timeout")  # as after a daemon restart: workers on n02 and n04
+    ev = backend.poll(T)
+    assert [e.job.id for e in of(ev, JobSubmitted)] == ["1", "2"]
+    assert sorted(e.node for e in of(ev, WorkerStarted)) == ["n02", "n04"]
+    assert of(ev, NodesIdle)[0].nodes == (IdleNode("n02"), IdleNode("n03"), IdleNode("n04"))
+    slurm.load("09_timeout")
+    assert backend.poll(T + 80) == [WorkerStopped(T + 80, "1", "n04")]
+    slurm.load("10_timeout_requeued")
+    assert backend.poll(T + 82) == []
+    slurm.load("11_cancelled")  # the user cancelled the whole array
+    assert backend.poll(T + 84) == [JobEnded(T + 84, "1", EndReason.CANCELLED)]
+    assert list(backend.jobs) == ["2"]
+    check_golden("timeout_22.05", slurm.commands())
+
+
+# ----------------------------------------------------------------------------- grow
+def test_grow_batches_one_update_per_task_and_one_release(slurm: FakeSlurm,
+                                                          backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 4) + held_array(9, 2, tag="malletrain:min=2,max=2")
+    slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle")
+    backend.poll(T)
+    slurm.calls.clear()
+    ev = backend.execute([Grow("7", ("n01", "n02"), 5000.0), Grow("9", ("n03",), None)], T)
+    assert ev == []
+    assert slurm.commands() == [
+        ["scontrol", "update", "JobId=7_0", "ReqNodeList=n01", "StartTime=now", "TimeLimit=83"],
+        ["scontrol", "update", "JobId=7_1", "ReqNodeList=n02", "StartTime=now", "TimeLimit=83"],
+        ["scontrol", "update", "JobId=9_0", "ReqNodeList=n03", "StartTime=now",
+         "TimeLimit=4320"],
+        ["scontrol", "release", "7_[0-1],9_0"],
+    ]
+
+
+def test_grow_failures_come_back_as_worker_stopped(slurm: FakeSlurm,
+                                                   backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 3)
+    slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle", n04="idle")
+    backend.poll(T)
+    slurm.fail(("scontrol", "update", "JobId=7_1"), 1, "scontrol: error: Invalid node name\n")
+    slurm.fail(("scontrol", "release"), 1, "7_0: No error\n7_2: Invalid job id specified\n")
+    ev = backend.execute([Grow("7", ("n01", "n02", "n03", "n04"), 600.0),
+                          Grow("8", ("n01",), 600.0)], T)
+    assert sorted((e.job_id, e.node) for e in of(ev, WorkerStopped)) == [
+        ("7", "n02"), ("7", "n03"), ("7", "n04"), ("8", "n01")]
+    assert len(ev) == 4
+    assert list(backend._launching) == ["7_0"]
+
+
+def test_grow_into_a_hole_under_a_minute_is_refused(slurm: FakeSlurm,
+                                                    backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01",), 59.0)], T) == [WorkerStopped(T, "7", "n01")]
+    assert slurm.commands() == []
+
+
+def test_a_task_that_does_not_start_is_held_again(slurm: FakeSlurm,
+                                                  backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01",), 600.0)], T)
+    slurm.squeue = task(7, 7, 0, prio=100, reason="Resources") + task(7, 7, 1)
+    assert backend.poll(T + 60) == []
+    slurm.calls.clear()
+    assert backend.poll(T + 121) == [WorkerStopped(T + 121, "7", "n01")]
+    assert slurm.commands() == [["scontrol", "hold", "7_0"]]
+
+
+def test_a_launch_lost_to_a_foreign_job_is_reclaimed(slurm: FakeSlurm,
+                                                     backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle", n02="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01",), 600.0)], T)
+    slurm.squeue = task(7, 7, 0, prio=100, reason="Resources") + task(7, 7, 1)
+    slurm.sinfo = nodes(n01="allocated", n02="idle")
+    slurm.calls.clear()
+    assert backend.poll(T + 2) == [NodesReclaimed(T + 2, ("n01",))]
+    assert slurm.commands() == [["scontrol", "hold", "7_0"]]
+
+
+# ----------------------------------------------------------------------------- poll
+def test_poll_commands_are_filtered_and_formatted(slurm: FakeSlurm,
+                                                  backend: SlurmBackend) -> None:
+    backend.poll(T)
+    assert slurm.calls == [
+        ["sinfo", "-h", "-N", "-p", "preemptable", "-o", "%N|%T"],
+        ["squeue", "-h", "-r", "-t", "all", "-p", "preemptable", "-O", SQUEUE_FORMAT],
+        ["squeue", "-h", "-t", "PD", "--start", "-o", "%i|%F|%S|%Y|%P"],
+    ]
+
+
+def test_daemon_restart_rebuilds_jobs_workers_and_pool(slurm: FakeSlurm,
+                                                       backend: SlurmBackend) -> None:
+    slurm.squeue = (task(20, 7, 0, "RUNNING", "n02", reason="JobHeldAdmin")
+                    + task(7, 7, 1)
+                    + task(30, 30, None, "RUNNING", "n03", tag="(null)", prio=5, reason="None"))
+    slurm.sinfo = nodes(n01="idle", n02="allocated", n03="allocated", n04="drained")
+    ev = backend.poll(T)
+    assert [type(e).__name__ for e in ev] == ["JobSubmitted", "NodesIdle", "WorkerStarted"]
+    assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01"), IdleNode("n02"))
+    assert of(ev, WorkerStarted) == [WorkerStarted(T, "7", "n02")]
+    assert slurm.commands() == []  # already admin-held: nothing to do
+
+
+def test_unheld_tasks_are_held(slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    slurm.squeue = (task(20, 7, 0, "RUNNING", "n01", prio=9, reason="None")
+                    + task(21, 7, 1, prio=9, reason="BeginTime") + task(7, 7, 2))
+    slurm.sinfo = nodes(n01="allocated")
+    backend.poll(T)
+    assert slurm.commands() == [["scontrol", "hold", "7_[0-1]"]]
+
+
+def test_foreign_jobs_drains_and_unresponsive_nodes(slurm: FakeSlurm,
+                                                    backend: SlurmBackend) -> None:
+    slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle", n04="idle*")
+    ev = backend.poll(T)
+    assert [n.name for n in of(ev, NodesIdle)[0].nodes] == ["n01", "n02", "n03"]
+    slurm.sinfo = nodes(n01="allocated", n02="drained", n03="completing", n04="idle")
+    ev = backend.poll(T + 1)
+    assert ev == [NodesReclaimed(T + 1, ("n01", "n02")), NodesIdle(T + 1, (IdleNode("n04"),))]
+    slurm.sinfo = nodes(n01="allocated", n04="idle")  # n03 left the partition
+    assert backend.poll(T + 2) == [NodesReclaimed(T + 2, ("n03",))]
+
+
+def test_hole_end_changes_are_announced_again(slurm: FakeSlurm,
+                                              backend: SlurmBackend) -> None:
+    slurm.sinfo = nodes(n01="idle", n02="planned")
+    ev = backend.poll(T)
+    assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01"),)  # a plan without a known end
+    slurm.plan = "40|40|1800003600|n[01-02]|prod\n"
+    ev = backend.poll(T + 1)
+    assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01", 1800003600.0),
+                                          IdleNode("n02", 1800003600.0))
+    assert backend.poll(T + 2) == []
+
+
+def test_job_end_reasons(slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(1, 2) + held_array(2, 2) + held_array(3, 2)
+    backend.poll(T)
+    slurm.squeue = (task(1, 1, 0, "COMPLETED") + task(1, 1, 1)
+                    + task(2, 2, 0, "CANCELLED") + task(2, 2, 1, "CANCELLED")
+                    + task(3, 3, 0, "FAILED") + task(3, 3, 1, "CANCELLED"))
+    ev = backend.poll(T + 1)
+    assert ev == [JobEnded(T + 1, "1", EndReason.COMPLETED),
+                  JobEnded(T + 1, "2", EndReason.CANCELLED),
+                  JobEnded(T + 1, "3", EndReason.FAILED)]
+    assert backend.jobs == {} and backend.poll(T + 2) == []
+
+
+def test_a_crashed_worker_stops_but_its_job_goes_on(slurm: FakeSlurm,
+                                                    backend: SlurmBackend) -> None:
+    slurm.squeue = task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin") + task(7, 7, 1)
+    slurm.sinfo = nodes(n01="allocated")
+    backend.poll(T)
+    slurm.squeue = task(20, 7, 0, "FAILED", "n01") + task(7, 7, 1)
+    slurm.sinfo = nodes(n01="idle")
+    assert backend.poll(T + 1) == [WorkerStopped(T + 1, "7", "n01")]
+    assert "7" in backend.jobs and backend.offered == {"n01": None}
+
+
+def test_malformed_tag_is_ignored_and_logged(slurm: FakeSlurm, backend: SlurmBackend,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    slurm.squeue = held_array(5, 2, tag="malletrain:min=4,max=2")
+    assert backend.poll(T) == [] and backend.poll(T + 1) == []
+    assert caplog.text.count("job 5 ignored") == 1
+
+
+def test_query_failures_are_typed(slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    slurm.fail(("squeue",), 1, "squeue: error: Unable to contact slurm controller\n")
+    with pytest.raises(CommandError, match="Unable to contact slurm controller"):
+        backend.poll(T)
+
+
+def test_missing_commands_are_typed(backend: SlurmBackend) -> None:
+    backend.runner = CommandRunner()
+    backend.runner._spawn = lambda *a: (_ for _ in ()).throw(FileNotFoundError())  # type: ignore[method-assign]
+    with pytest.raises(CommandNotFound, match="not found"):
+        backend.poll(T)
+
+
+# ----------------------------------------------------------------------------- shrink/finish
+def test_shrink_requeue_holds_in_one_call(slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    slurm.squeue = "".join(task(20 + i, 7, i, "RUNNING", f"n0{i + 1}", reason="JobHeldAdmin")
+                           for i in range(3))
+    slurm.sinfo = nodes(n01="allocated", n02="allocated", n03="allocated")
+    backend.poll(T)
+    assert backend.execute([Shrink("7", ("n01", "n03", "n09"))], T) == []
+    assert slurm.commands() == [["scontrol", "requeuehold", "7_[0,2]"]]
+    slurm.squeue = (task(20, 7, 0, reason="job requeued in held state")
+                    + task(21, 7, 1, "RUNNING", "n02", reason="JobHeldAdmin")
+                    + task(22, 7, 2, reason="job requeued in held state"))
+    slurm.sinfo = nodes(n01="idle", n02="allocated", n03="completing")
+    assert backend.poll(T + 1) == [WorkerStopped(T + 1, "7", "n01"),
+                                   WorkerStopped(T + 1, "7", "n03")]
+
+
+def test_a_failed_shrink_says_the_worker_is_still_there(slurm: FakeSlurm,
+                                                        backend: SlurmBackend) -> None:
+    slurm.squeue = task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin")
+    slurm.sinfo = nodes(n01="allocated")
+    backend.poll(T)
+    slurm.fail(("scontrol", "requeuehold"), 1, "7_0: Job is pending execution\n")
+    assert backend.execute([Shrink("7", ("n01",))], T) == [WorkerStarted(T, "7", "n01")]
+
+
+def test_shrink_of_a_task_not_yet_started(slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01",), 600.0)], T)
+    slurm.calls.clear()
+    assert backend.execute([Shrink("7", ("n01",))], T) == [WorkerStopped(T, "7", "n01")]
+    assert slurm.commands() == [["scontrol", "hold", "7_0"]]
+
+
+def test_finish_cancels_and_is_retried(slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 2) + held_array(12, 1)
+    backend.poll(T)
+    slurm.fail(("scancel",), 1, "scancel: error: Unable to contact slurm controller\n")
+    assert backend.execute([Finish("12"), Finish("7")], T) == []
+    slurm.answers.clear()
+    slurm.squeue = task(7, 7, 0, "CANCELLED") + task(7, 7, 1) + task(12, 12, 0)
+    assert backend.poll(T + 1) == []  # no events for finished jobs
+    assert [c for c in slurm.commands() if c[0] == "scancel"] == [["scancel", "7", "12"]] * 2
+
+
+def test_default_time_limit_must_be_a_minute() -> None:
+    with pytest.raises(ValidationError, match="one-minute"):
+        SlurmBackend(FakeSlurm(), default_time_limit_s=30)
+
+
+def test_a_release_that_times_out_is_settled_by_the_next_poll(slurm: FakeSlurm,
+                                                              backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+    slurm.hangs.add(("scontrol", "release"))
+    assert backend.execute([Grow("7", ("n01",), 600.0)], T) == []  # no verdict yet
+    slurm.hangs.clear()
+    slurm.squeue = task(20, 7, 0, "RUNNING", "n01", prio=9, reason="None") + task(7, 7, 1)
+    slurm.sinfo = nodes(n01="allocated")
+    assert backend.poll(T + 2) == [WorkerStarted(T + 2, "7", "n01")]
+
+
+def test_scancel_of_an_already_finished_job_is_not_retried(slurm: FakeSlurm,
+                                                           backend: SlurmBackend) -> None:
+    slurm.squeue = held_array(7, 1)
+    backend.poll(T)
+    slurm.fail(("scancel",), 1, "scancel: error: Kill job error on job id 7: "
+                                "Job/step already completing or completed\n")
+    backend.execute([Finish("7")], T)
+    backend.poll(T + 1)
+    assert [c for c in slurm.commands() if c[0] == "scancel"] == [["scancel", "7"]]
