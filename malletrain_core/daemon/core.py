@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ..backends.base import Backend
 from ..errors import CommandError
-from ..events import Action, Event, Finish, Grow, Shrink
+from ..events import Action, Event, Finish, Grow, Shrink, Tick
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class Daemon:
 
     def __init__(self, engine: EngineLike, backend: Backend, store: Store, *,
                  poll_interval_s: float = 5.0, wake_delay_s: float = 0.2,
+                 tick_interval_s: float = 5.0,
                  clock: Callable[[], float] = time.time,
                  on_actions: Callable[[list[Action], float], None] | None = None) -> None:
         self.engine = engine
@@ -58,6 +59,8 @@ class Daemon:
         self.store = store
         self.poll_interval_s = poll_interval_s
         self.wake_delay_s = wake_delay_s
+        self.tick_interval_s = tick_interval_s
+        self._last_tick = float("-inf")
         self.clock = clock
         self.on_actions = on_actions
         self.counters = Counters()
@@ -107,6 +110,11 @@ class Daemon:
             self.counters.last_poll_time = now
         events = self.pending + events
         self.pending = []
+        if now - self._last_tick >= self.tick_interval_s:
+            # Time-based decisions (profiling windows) progress on ticks; journalled like any
+            # event so that a replay decides exactly as the live daemon did.
+            events.append(Tick(now))
+            self._last_tick = now
         executed: list[Action] = []
         for _ in range(3):  # the backend's immediate follow-up events, bounded
             if not events:
