@@ -1,0 +1,118 @@
+"""An elastic training script for MalleTrain: a small CNN on random 32×32 images.
+
+Started by ``malletrain-run`` (one ``torchrun`` per epoch), it trains with gloo DDP when the
+epoch has more than one worker, resumes from the last checkpoint at whatever world size the
+epoch has, scales the learning rate with the global batch, reports progress (the one line in
+the loop), and checkpoints periodically and when the daemon asks before a rescale. Without
+MalleTrain it runs as a plain one-process training:
+
+    python train_elastic.py --steps 100
+
+Each step prints one line, e.g.
+``step=12 epoch=1 world=2 rank=0 samples=384 loss=2.3012 params=3f9a0c1d2e4b``, where
+``params`` is a digest of the model's parameters (equal on every rank of an epoch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from malletrain_core import training
+
+
+def build_model() -> nn.Module:
+    """A small CNN for 3×32×32 inputs and 10 classes."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(16, 10))
+
+
+def digest(model: nn.Module) -> str:
+    """A short digest of every parameter's bytes: identical models give identical digests."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random images and labels, different on every rank and step, reproducible."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    return torch.randn(size, 3, 32, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=1000, help="train until this step (0: forever)")
+    p.add_argument("--batch", type=int, default=32, help="samples per worker and step")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate at --reference-batch")
+    p.add_argument("--reference-batch", type=int, default=32,
+                   help="global batch at which --lr applies (linear scaling rule)")
+    p.add_argument("--checkpoint-every-s", type=float, default=300.0)
+    p.add_argument("--step-sleep-s", type=float, default=0.0,
+                   help="pause after each step (demos on a busy machine)")
+    p.add_argument("--log-every", type=int, default=10, help="print every N steps")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    session = training.Session(checkpoint_every_s=args.checkpoint_every_s)
+    rank, world = session.rank, session.world_size
+    if world > 1:
+        dist.init_process_group("gloo")
+    torch.manual_seed(args.seed)
+    model = build_model()
+    lr = training.scale_lr(args.lr, global_batch=args.batch * world,
+                           reference_batch=args.reference_batch)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    step = 0
+    resumed = session.resume()
+    if resumed is not None:
+        model.load_state_dict(resumed["state"]["model"])
+        optimizer.load_state_dict(resumed["state"]["optimizer"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr  # the checkpoint's rate was scaled for its own world size
+        step = int(resumed["step"])
+    print(f"start step={step} epoch={session.epoch} world={world} rank={rank} lr={lr:g} "
+          f"resumed={'yes' if resumed is not None else 'no'} params={digest(model)}", flush=True)
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    loss_fn = nn.CrossEntropyLoss()
+    while args.steps <= 0 or step < args.steps:
+        x, y = batch(args.seed, step, rank, args.batch)
+        loss = loss_fn(net(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        session.report(samples=args.batch * world)
+        if step % args.log_every == 0:
+            print(f"step={step} epoch={session.epoch} world={world} rank={rank} "
+                  f"samples={int(session.samples)} loss={loss.item():.4f} "
+                  f"params={digest(model)}", flush=True)
+        if session.should_checkpoint():
+            session.checkpoint({"model": model.state_dict(),
+                                "optimizer": optimizer.state_dict()}, step)
+            print(f"checkpoint step={step} epoch={session.epoch} world={world}", flush=True)
+        if args.step_sleep_s > 0:
+            time.sleep(args.step_sleep_s)
+    if session.is_chief:
+        session.checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                           step)
+    print(f"done step={step} world={world} rank={rank}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

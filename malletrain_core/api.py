@@ -1,0 +1,499 @@
+"""The daemon's API: newline-delimited JSON over stream sockets, with the caller's uid proven.
+
+Two transports share one :class:`Dispatcher`:
+
+* a unix socket on the daemon's host, where the kernel tells the peer's uid (``SO_PEERCRED``);
+* TCP for launchers and CLIs on other nodes, where the first line must carry a munge
+  credential (``{"auth": "munge", "credential": "MUNGE:..."}`` whose payload is
+  :data:`AUTH_PAYLOAD`); munged checks it (key, expiry, replay) and gives the uid.
+
+Then each line is one request ``{"op": NAME, "args": {...}}`` and gets one reply line,
+``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "one line"}``. Handlers are
+registered by the daemon and get the authenticated uid. Malformed, oversized or failing
+requests get a one-line error; nothing a client sends stops the server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import socketserver
+import stat
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import reports
+from .epochs import EpochCoordinator, Order
+from .errors import MalleTrainError
+from .munge import Munge, MungeError
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 64 * 1024
+AUTH_PAYLOAD = "malletrain-api-v1"
+Handler = Callable[[int, dict[str, Any]], Any]
+
+
+class ApiError(MalleTrainError):
+    """A request the daemon refused, or an answer the client could not use."""
+
+
+class ApiUnavailable(ApiError):
+    """The daemon cannot be reached (not running, wrong address, connection lost)."""
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _error(message: str) -> bytes:
+    return _line({"ok": False, "error": " ".join(str(message).split())})
+
+
+class Dispatcher:
+    """Maps op names to handlers and turns one request line into one reply line."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def register(self, op: str, handler: Handler) -> None:
+        self._handlers[op] = handler
+
+    def ops(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def dispatch(self, uid: int, line: bytes) -> bytes:
+        try:
+            request = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return _error("malformed request: send one JSON object per line")
+        if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+            return _error('malformed request: expected {"op": NAME, "args": {...}}')
+        op, args = request["op"], request.get("args", {})
+        if not isinstance(args, dict):
+            return _error(f"malformed request for {op!r}: 'args' must be a JSON object")
+        handler = self._handlers.get(op)
+        if handler is None:
+            return _error(f"unknown op {op!r}; known ops: {', '.join(self.ops())}")
+        try:
+            result = handler(uid, args)
+        except MalleTrainError as exc:
+            return _error(str(exc))
+        except Exception:
+            log.exception("api: handler for %r failed", op)
+            return _error(f"internal error in {op!r}; see the daemon log")
+        try:
+            return _line({"ok": True, "result": result})
+        except (TypeError, ValueError):
+            log.error("api: handler for %r returned a value that is not JSON", op)
+            return _error(f"internal error in {op!r}; see the daemon log")
+
+
+class _Connection(socketserver.StreamRequestHandler):
+    """One client connection: authenticate, then answer request lines until EOF."""
+
+    server: _ServerMixin  # type: ignore[assignment]
+
+    def setup(self) -> None:
+        self.request.settimeout(self.server.idle_timeout_s)
+        super().setup()
+
+    def _readline(self) -> bytes | None:
+        line = self.rfile.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return None
+        if len(line) > MAX_LINE_BYTES or not line.endswith(b"\n"):
+            self.wfile.write(_error(f"request exceeds {MAX_LINE_BYTES} bytes or lacks a "
+                                    "newline; connection closed"))
+            return None
+        return line
+
+    def handle(self) -> None:
+        try:
+            uid = self.server.authenticate(self)
+            if uid is None:
+                return
+            while True:
+                line = self._readline()
+                if line is None:
+                    return
+                if line.strip():
+                    self.wfile.write(self.server.dispatcher.dispatch(uid, line))
+        except (OSError, ValueError):
+            return  # client went away or idled out
+
+
+class _ServerMixin:
+    dispatcher: Dispatcher
+    idle_timeout_s: float
+    max_connections: int
+    _open: set[socket.socket]
+    _count_lock: threading.Lock
+    _thread: threading.Thread | None
+
+    def authenticate(self, conn: _Connection) -> int | None:
+        raise NotImplementedError
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count_lock:
+            full = len(self._open) >= self.max_connections
+            if not full:
+                self._open.add(request)
+        if full:
+            try:
+                request.sendall(_error("too many connections; try again shortly"))
+            except OSError:
+                pass
+            self.shutdown_request(request)  # type: ignore[attr-defined]
+            return
+        super().process_request(request, client_address)  # type: ignore[misc]
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)  # type: ignore[misc]
+        finally:
+            with self._count_lock:
+                self._open.discard(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.exception("api: connection from %r failed", client_address)
+
+    def start(self) -> None:
+        """Serve in a background daemon thread."""
+        self._thread = threading.Thread(target=self.serve_forever,  # type: ignore[attr-defined]
+                                        name=type(self).__name__, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving, close the listening socket and every open connection."""
+        if self._thread is not None:
+            self.shutdown()  # type: ignore[attr-defined]
+            self._thread.join(5)
+            self._thread = None
+        self.server_close()  # type: ignore[attr-defined]
+        with self._count_lock:
+            conns = list(self._open)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _init_common(self, dispatcher: Dispatcher, idle_timeout_s: float,
+                     max_connections: int) -> None:
+        self.dispatcher = dispatcher
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self._open = set()
+        self._count_lock = threading.Lock()
+        self._thread = None
+
+
+class UnixApiServer(_ServerMixin, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The local API: the caller's uid is the socket peer's, from ``SO_PEERCRED``."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, path: str, dispatcher: Dispatcher, mode: int = 0o666,
+                 idle_timeout_s: float = 60.0, max_connections: int = 256) -> None:
+        self._init_common(dispatcher, idle_timeout_s, max_connections)
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)  # a stale socket from a previous run
+        except FileNotFoundError:
+            pass
+        super().__init__(path, _Connection)
+        os.chmod(path, mode)
+        self.path = path
+
+    def authenticate(self, conn: _Connection) -> int | None:
+        return peer_uid(conn.request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+class TcpApiServer(_ServerMixin, socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """The network API: the first line must carry a valid munge credential."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], dispatcher: Dispatcher, munge: Munge,
+                 idle_timeout_s: float = 60.0, max_connections: int = 256) -> None:
+        self._init_common(dispatcher, idle_timeout_s, max_connections)
+        self.munge = munge
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Connection)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def authenticate(self, conn: _Connection) -> int | None:
+        line = conn._readline()
+        if line is None:
+            return None
+        try:
+            hello = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            hello = None
+        if not isinstance(hello, dict) or hello.get("auth") != "munge" \
+                or not isinstance(hello.get("credential"), str):
+            conn.wfile.write(_error('authenticate first: {"auth": "munge", "credential": '
+                                    '"<output of munge>"}'))
+            return None
+        try:
+            cred = self.munge.decode(hello["credential"])
+        except MungeError as exc:
+            log.warning("api: refused a connection from %s: %s", conn.client_address[0], exc)
+            conn.wfile.write(_error(str(exc)))
+            return None
+        if cred.payload != AUTH_PAYLOAD:
+            conn.wfile.write(_error("munge credential was not made for the MalleTrain API"))
+            return None
+        conn.wfile.write(_line({"ok": True, "result": {"uid": cred.uid}}))
+        return cred.uid
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix stream socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+class _Client:
+    """A persistent connection; :meth:`call` reconnects once if the daemon dropped it."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+        self._lock = threading.Lock()
+
+    def _connect(self) -> socket.socket:
+        raise NotImplementedError
+
+    def _where(self) -> str:
+        raise NotImplementedError
+
+    def _open(self) -> None:
+        try:
+            self._sock = self._connect()
+        except OSError as exc:
+            raise ApiUnavailable(f"cannot reach the MalleTrain daemon at {self._where()}: "
+                                 f"{exc.strerror or exc}; is malletraind running?") from None
+        self._file = self._sock.makefile("rb")
+        self._after_connect()
+
+    def _after_connect(self) -> None:
+        pass
+
+    def _exchange(self, payload: bytes) -> dict[str, Any]:
+        assert self._sock is not None
+        try:
+            self._sock.sendall(payload)
+            line = self._file.readline(MAX_LINE_BYTES + 1)
+        except OSError as exc:
+            self.close()
+            raise ApiUnavailable(f"lost the connection to the daemon at {self._where()}: "
+                                 f"{exc}") from None
+        if not line:
+            self.close()
+            raise ApiUnavailable(f"the daemon at {self._where()} closed the connection")
+        try:
+            reply = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            self.close()
+            raise ApiError(f"the daemon at {self._where()} sent a malformed reply") from None
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise ApiError(f"the daemon at {self._where()} sent a malformed reply")
+        return reply
+
+    def connect(self) -> None:
+        """Open (and authenticate) the connection now rather than on the first call."""
+        with self._lock:
+            if self._sock is None:
+                self._open()
+
+    def call(self, op: str, **args: Any) -> Any:
+        """Send one request; returns its result or raises :class:`ApiError`."""
+        payload = _line({"op": op, "args": args})
+        with self._lock:
+            fresh = self._sock is None
+            if fresh:
+                self._open()
+            try:
+                reply = self._exchange(payload)
+            except ApiUnavailable:
+                if fresh:
+                    raise
+                self._open()
+                reply = self._exchange(payload)
+        if not reply["ok"]:
+            raise ApiError(str(reply.get("error", "request refused")))
+        return reply.get("result")
+
+    def close(self) -> None:
+        for obj in (self._file, self._sock):
+            if obj is not None:
+                try:
+                    obj.close()
+                except OSError:
+                    pass
+        self._sock = self._file = None
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class UnixClient(_Client):
+    """Client of the local API socket."""
+
+    def __init__(self, path: str, timeout_s: float = 30.0) -> None:
+        super().__init__(timeout_s)
+        self.path = path
+
+    def _where(self) -> str:
+        return self.path
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+
+class TcpClient(_Client):
+    """Client of the network API, authenticated by a fresh munge credential per connection."""
+
+    def __init__(self, host: str, port: int, munge: Munge, timeout_s: float = 30.0) -> None:
+        super().__init__(timeout_s)
+        self.host, self.port, self.munge = host, int(port), munge
+        self.uid: int | None = None
+
+    def _where(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _connect(self) -> socket.socket:
+        return socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+
+    def local_address(self) -> str | None:
+        """This end's IP address on the connection (the interface that reaches the daemon)."""
+        return None if self._sock is None else str(self._sock.getsockname()[0])
+
+    def _after_connect(self) -> None:
+        try:
+            credential = self.munge.encode(AUTH_PAYLOAD)
+        except MungeError:
+            self.close()
+            raise
+        reply = self._exchange(_line({"auth": "munge", "credential": credential}))
+        if not reply["ok"]:
+            self.close()
+            raise ApiError(f"the daemon refused our credential: {reply.get('error')}")
+        self.uid = int(reply["result"]["uid"])
+
+
+def parse_address(text: str, default_port: int = 7817) -> tuple[str, int]:
+    """``HOST[:PORT]`` (or ``[v6]:PORT``) → (host, port); one-line error if malformed."""
+    text = text.strip()
+    host, port = text, str(default_port)
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else port
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ApiError(f"bad daemon address {text!r}; use HOST:PORT, e.g. head01:{default_port}")
+    return host, int(port)
+
+
+class LauncherService:
+    """The daemon's side of ``malletrain-run``: check-ins become orders, reports acknowledge
+    checkpoints.
+
+    ``wrap_key(key_hex, uid)`` returns the job's report key inside a munge credential that only
+    ``uid`` can decode; ``report_addr`` is the ``HOST:PORT`` where reports are received.
+    """
+
+    def __init__(self, coordinator: EpochCoordinator, wrap_key: Callable[[str, int], str],
+                 report_addr: str, clock: Callable[[], float],
+                 lock: threading.Lock | None = None, admin_uids: frozenset[int] = frozenset({0})
+                 ) -> None:
+        self.coordinator = coordinator
+        self.wrap_key = wrap_key
+        self.report_addr = report_addr
+        self.clock = clock
+        self.lock = lock or threading.Lock()
+        self.admin_uids = admin_uids
+        self.replay = reports.ReplayGuard()
+        self.dropped_reports = 0
+
+    def register(self, dispatcher: Dispatcher) -> None:
+        dispatcher.register("checkin", self.checkin)
+
+    def checkin(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
+        """``checkin {job, node, epoch, state, rc, addr, ckpt_seen}`` → ``{order[, key, ...]}``."""
+        try:
+            job, node = str(args["job"]), str(args["node"])
+            epoch = None if args.get("epoch") is None else int(args["epoch"])
+            rc = None if args.get("rc") is None else int(args["rc"])
+            state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
+            ckpt_seen = int(args.get("ckpt_seen", 0))
+        except (KeyError, TypeError, ValueError):
+            raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
+                           "are integers") from None
+        with self.lock:
+            owner = self.coordinator.owner(job)
+            if owner is None:
+                return {"order": Order("wait", reason=f"job {job} is not known to the daemon "
+                                       "yet").to_dict()}
+            if uid != owner and uid not in self.admin_uids:
+                raise ApiError(f"job {job} belongs to uid {owner}, not to uid {uid}")
+            order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch, state=state,
+                                             rc=rc, addr=addr, ckpt_seen=ckpt_seen)
+            key = self.coordinator.key(job).hex()
+        reply: dict[str, Any] = {"order": order.to_dict()}
+        if order.kind == "run" and state != "running":
+            reply["key"] = self.wrap_key(key, owner)
+            reply["report_addr"] = self.report_addr
+        return reply
+
+    def handle_report(self, data: bytes) -> reports.Report:
+        """Verify one report datagram and feed a checkpoint acknowledgement to the
+        coordinator; raises :class:`~malletrain_core.reports.ReportError` (counted) if dropped."""
+        try:
+            _mac, _payload, unverified = reports.parse(data)
+            with self.lock:
+                owner = self.coordinator.owner(unverified.job)
+                if owner is None:
+                    raise reports.ReportError(f"report for unknown job {unverified.job!r}")
+                report = reports.verify(data, self.coordinator.key(unverified.job))
+                self.replay.check(report)
+                if report.ckpt is not None:
+                    self.coordinator.acknowledge_checkpoint(report.job, report.epoch,
+                                                            self.clock())
+            return report
+        except reports.ReportError:
+            self.dropped_reports += 1
+            raise

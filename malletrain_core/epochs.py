@@ -1,0 +1,427 @@
+"""The epoch coordinator: which nodes of a job train together, and when that changes.
+
+A job trains in *epochs*. Epoch ``e`` fixes its members (node → rank, rank 0's node is the
+master), a master port that is fresh for the epoch and distinct from every other running
+epoch, and a rendezvous id; each member's launcher runs ``torchrun`` with a static rendezvous
+for exactly that membership. The daemon sets the *target* (the nodes the job holds now, from
+the engine) and the launchers check in; the coordinator answers each check-in with an order:
+
+* ``run``        be in epoch ``e`` with this rank, world size, master, port and id;
+* ``wait``       no epoch for this node now: stay idle and ask again;
+* ``stop``       leave the epoch you run (the job shrank off this node, or a peer was lost);
+* ``checkpoint`` ask rank 0 to checkpoint at its next step (before a planned change);
+* ``exit``       training finished: the launcher exits.
+
+A planned change (grow, shrink) first asks for a checkpoint and starts epoch ``e+1`` when the
+checkpoint is acknowledged or after ``checkpoint_timeout_s``. A lost peer (preemption, a
+worker that died) stops the survivors and starts epoch ``e+1`` at once: they resume from the
+last checkpoint. New nodes join when every target node has checked in, or after
+``join_timeout_s`` with those that have.
+
+Pure: time is passed in, randomness comes from an injectable source, nothing here does I/O.
+The whole state round-trips through :meth:`EpochCoordinator.to_dict` so the daemon can persist
+it and, after a restart, recover the running epochs that the launchers kept training.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import MalleTrainError, ValidationError
+
+KEY_BYTES = 32
+LAUNCHER_STATES = ("idle", "running", "exited")
+ORDER_KINDS = ("run", "wait", "stop", "checkpoint", "exit")
+
+
+class EpochError(MalleTrainError):
+    """A request the coordinator cannot satisfy (unknown job, port range exhausted)."""
+
+
+@dataclass(frozen=True)
+class Order:
+    """What one launcher must do now; see the module docstring for the kinds."""
+
+    kind: str
+    epoch: int | None = None
+    rank: int | None = None
+    world: int | None = None
+    master: str | None = None
+    port: int | None = None
+    rdzv_id: str | None = None
+    request: int | None = None
+    rc: int | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Order:
+        """Parse an order received over the wire; raises :class:`EpochError` if malformed."""
+        if not isinstance(data, dict) or data.get("kind") not in ORDER_KINDS:
+            raise EpochError(f"malformed order {data!r}; expected kind in {', '.join(ORDER_KINDS)}")
+        ints = ("epoch", "rank", "world", "port", "request", "rc")
+        try:
+            args = {k: (int(data[k]) if k in ints else str(data[k]))
+                    for k in ("epoch", "rank", "world", "master", "port", "rdzv_id", "request",
+                              "rc", "reason") if data.get(k) is not None}
+        except (TypeError, ValueError):
+            raise EpochError(f"malformed order {data!r}") from None
+        order = cls(kind=data["kind"], **args)  # type: ignore[arg-type]
+        if order.kind == "run" and None in (order.epoch, order.rank, order.world, order.master,
+                                            order.port, order.rdzv_id):
+            raise EpochError(f"incomplete run order {data!r}")
+        return order
+
+
+@dataclass
+class Epoch:
+    """One membership of a job: ``members[r]`` is the node of rank ``r``."""
+
+    number: int
+    members: tuple[str, ...]
+    master: str
+    port: int
+    rdzv_id: str
+    started: float
+
+
+@dataclass
+class Launcher:
+    """The last check-in of one launcher (one array task on one node)."""
+
+    node: str
+    addr: str
+    epoch: int | None
+    state: str
+    rc: int | None
+    seen: float
+    ckpt_seen: int = 0
+
+
+@dataclass
+class JobState:
+    """Everything the coordinator knows about one job."""
+
+    job: str
+    uid: int
+    key: bytes
+    target: tuple[str, ...] = ()
+    target_since: float = 0.0
+    epoch: Epoch | None = None
+    next_epoch: int = 0
+    launchers: dict[str, Launcher] = field(default_factory=dict)
+    ckpt_request: int = 0
+    ckpt_requested_at: float | None = None
+    ckpt_acked: bool = False
+    finished: bool = False
+    failed: bool = False
+    failures: int = 0
+    failed_at: float | None = None
+    problem: str = ""
+
+
+class EpochCoordinator:
+    """Per-job epochs, membership targets, launcher check-ins and the orders they get."""
+
+    def __init__(self, port_range: tuple[int, int] = (29500, 29999),
+                 checkpoint_timeout_s: float = 60.0, join_timeout_s: float = 30.0,
+                 launcher_timeout_s: float = 15.0, max_failures: int = 10,
+                 failure_settle_s: float = 5.0,
+                 random: Callable[[int], bytes] = os.urandom) -> None:
+        lo, hi = port_range
+        if not 1024 <= lo <= hi <= 65535:
+            raise ValidationError("epochs", "port_range", f"{port_range!r} must be LO ≤ HI "
+                                  "within 1024-65535")
+        if checkpoint_timeout_s <= 0 or join_timeout_s < 0 or launcher_timeout_s <= 0:
+            raise ValidationError("epochs", "timeouts", "checkpoint_timeout_s and "
+                                  "launcher_timeout_s must be > 0, join_timeout_s ≥ 0")
+        if failure_settle_s < 0:
+            raise ValidationError("epochs", "failure_settle_s", f"{failure_settle_s!r} must be ≥ 0")
+        if max_failures < 1:
+            raise ValidationError("epochs", "max_failures", f"{max_failures!r} must be ≥ 1")
+        self.port_range = (lo, hi)
+        self.checkpoint_timeout_s = checkpoint_timeout_s
+        self.join_timeout_s = join_timeout_s
+        self.launcher_timeout_s = launcher_timeout_s
+        self.max_failures = max_failures
+        self.failure_settle_s = failure_settle_s
+        self._random = random
+        self._jobs: dict[str, JobState] = {}
+        self._port_cursor = lo
+
+    # ----- the daemon's side -------------------------------------------------------------
+    def add_job(self, job: str, uid: int, now: float) -> JobState:
+        """Register ``job`` (owned by ``uid``) and draw its per-launch report key."""
+        if job in self._jobs:
+            return self._jobs[job]
+        key = self._random(KEY_BYTES)
+        if len(key) != KEY_BYTES:
+            raise EpochError(f"random source gave {len(key)} bytes, need {KEY_BYTES}")
+        state = JobState(job=job, uid=int(uid), key=key, target_since=now)
+        self._jobs[job] = state
+        return state
+
+    def remove_job(self, job: str) -> None:
+        """Forget ``job`` (it ended); its port returns to the pool."""
+        self._jobs.pop(job, None)
+
+    def set_target(self, job: str, nodes: Iterable[str], now: float,
+                   lost: Iterable[str] = ()) -> None:
+        """The nodes ``job`` holds now; ``lost`` names nodes taken away without warning."""
+        st = self._get(job)
+        target = tuple(dict.fromkeys(nodes))
+        lost_set = set(lost)
+        for node in lost_set:
+            st.launchers.pop(node, None)
+        if set(target) != set(st.target):
+            st.target = target
+            st.target_since = now
+        if st.epoch is not None and lost_set & set(st.epoch.members):
+            self._restart(st, now)
+        self._plan(st, now)
+
+    def acknowledge_checkpoint(self, job: str, epoch: int, now: float) -> None:
+        """A checkpoint was completed in ``epoch`` (a report carried ``ckpt``)."""
+        st = self._jobs.get(job)
+        if st is None or st.epoch is None or st.epoch.number != epoch:
+            return
+        if st.ckpt_requested_at is not None:
+            st.ckpt_acked = True
+        st.failures = 0
+        self._plan(st, now)
+
+    def tick(self, now: float) -> None:
+        """Apply the checkpoint and join timeouts."""
+        for st in self._jobs.values():
+            self._plan(st, now)
+
+    # ----- the launchers' side -----------------------------------------------------------
+    def checkin(self, job: str, node: str, now: float, *, epoch: int | None = None,
+                state: str = "idle", rc: int | None = None, addr: str = "",
+                ckpt_seen: int = 0) -> Order:
+        """Record a launcher's check-in and return its order."""
+        if state not in LAUNCHER_STATES:
+            raise ValidationError("checkin", "state", f"{state!r}; use one of "
+                                  f"{', '.join(LAUNCHER_STATES)}")
+        st = self._get(job)
+        known = st.launchers.get(node)
+        addr = addr or (known.addr if known is not None else node)
+        st.launchers[node] = Launcher(node=node, addr=addr, epoch=epoch, state=state,
+                                      rc=rc, seen=now, ckpt_seen=int(ckpt_seen))
+        if epoch is not None and epoch >= st.next_epoch:
+            # A launcher from a lost coordinator state: never reuse its epoch number, nor a
+            # checkpoint request number it has already relayed.
+            st.next_epoch = epoch + 1
+        st.ckpt_request = max(st.ckpt_request, int(ckpt_seen))
+        cur = st.epoch
+        if cur is not None and epoch == cur.number and node in cur.members and state == "exited":
+            if rc == 0:
+                st.finished = True
+            elif st.failed_at is None:
+                st.failures += 1  # once per failed epoch, however many workers report it
+                if st.failures > self.max_failures:
+                    st.finished = st.failed = True
+                else:
+                    st.failed_at = now  # restart once the survivors are known (see _plan)
+        self._plan(st, now)
+        return self._order(st, st.launchers[node])
+
+    # ----- queries -----------------------------------------------------------------------
+    def jobs(self) -> list[str]:
+        return list(self._jobs)
+
+    def state(self, job: str) -> JobState:
+        return self._get(job)
+
+    def key(self, job: str) -> bytes:
+        """The job's per-launch key for report HMACs."""
+        return self._get(job).key
+
+    def owner(self, job: str) -> int | None:
+        st = self._jobs.get(job)
+        return None if st is None else st.uid
+
+    def current(self, job: str) -> Epoch | None:
+        return self._get(job).epoch
+
+    def draining(self, job: str) -> set[str]:
+        """Nodes that left the target but still train in the running epoch: release them
+        to the batch system only once they are gone from here (after the checkpoint)."""
+        st = self._get(job)
+        if st.epoch is None:
+            return set()
+        return set(st.epoch.members) - set(st.target)
+
+    def finished(self, job: str) -> bool:
+        return self._get(job).finished
+
+    # ----- internals ---------------------------------------------------------------------
+    def _get(self, job: str) -> JobState:
+        try:
+            return self._jobs[job]
+        except KeyError:
+            raise EpochError(f"unknown job {job!r}; the daemon registers jobs when it admits "
+                             "them") from None
+
+    def _ready(self, st: JobState) -> list[str]:
+        return [n for n in st.target if n in st.launchers]
+
+    def _plan(self, st: JobState, now: float) -> None:
+        if st.finished:
+            return
+        ready = self._ready(st)
+        if st.epoch is not None and st.failed_at is not None:
+            # A worker died: the survivors are the launchers heard from since. Wait until
+            # every ready node was heard from, or failure_settle_s, whichever comes first.
+            heard = [n for n in ready if st.launchers[n].seen >= st.failed_at]
+            if len(heard) == len(ready) or now - st.failed_at >= self.failure_settle_s:
+                self._restart(st, now)
+            return
+        everyone = len(ready) == len(st.target)
+        joined = everyone or now - st.target_since >= self.join_timeout_s
+        cur = st.epoch
+        if cur is None:
+            if ready and joined:
+                self._start(st, ready, now)
+            return
+        desired = [n for n in ready if n in cur.members or joined]
+        if set(desired) == set(cur.members):
+            st.ckpt_requested_at = None
+            return
+        if st.ckpt_requested_at is None:
+            st.ckpt_request += 1
+            st.ckpt_requested_at = now
+            st.ckpt_acked = False
+            return
+        if st.ckpt_acked or now - st.ckpt_requested_at >= self.checkpoint_timeout_s:
+            if desired:
+                self._start(st, desired, now)
+            else:
+                st.epoch = None
+                st.ckpt_requested_at = None
+
+    def _restart(self, st: JobState, now: float) -> None:
+        """Unplanned: the survivors (members still checking in) start the next epoch now."""
+        if st.epoch is None:
+            return
+        since = st.failed_at if st.failed_at is not None else now - self.launcher_timeout_s
+        alive = {n for n, la in st.launchers.items() if la.seen >= since}
+        survivors = [n for n in st.epoch.members if n in alive and n in st.target]
+        members = survivors + [n for n in self._ready(st) if n in alive and n not in survivors]
+        previous, st.epoch = st.epoch, None
+        st.ckpt_requested_at = None
+        st.failed_at = None
+        if members:
+            self._start(st, members, now, previous)
+
+    def _start(self, st: JobState, nodes: list[str], now: float,
+               previous: Epoch | None = None) -> None:
+        previous = previous or st.epoch
+        if previous is not None:
+            keep = [n for n in previous.members if n in nodes]
+            nodes = keep + sorted(n for n in nodes if n not in keep)
+        number = st.next_epoch
+        try:
+            port = self._free_port(exclude=previous.port if previous else None,
+                                   ignore_job=st.job)
+        except EpochError as exc:
+            st.problem = str(exc)  # retried at every event; a port frees when an epoch ends
+            return
+        st.problem = ""
+        master = st.launchers[nodes[0]].addr
+        st.epoch = Epoch(number=number, members=tuple(nodes), master=master, port=port,
+                         rdzv_id=f"mt-{st.job}-{number}-{self._random(4).hex()}",
+                         started=now)
+        st.next_epoch = number + 1
+        st.ckpt_requested_at = None
+        st.ckpt_acked = False
+
+    def _free_port(self, exclude: int | None, ignore_job: str) -> int:
+        lo, hi = self.port_range
+        busy = {s.epoch.port for s in self._jobs.values()
+                if s.epoch is not None and s.job != ignore_job}
+        if exclude is not None:
+            busy.add(exclude)
+        span = hi - lo + 1
+        for i in range(span):
+            port = lo + (self._port_cursor - lo + i) % span
+            if port not in busy:
+                self._port_cursor = lo + (port - lo + 1) % span
+                return port
+        raise EpochError(f"no free master port in {lo}-{hi}: every port is used by a running "
+                         "epoch; widen the coordinator's port range")
+
+    def _order(self, st: JobState, la: Launcher) -> Order:
+        if st.failed:
+            return Order("exit", rc=1, reason=f"more than {self.max_failures} epochs failed "
+                         "in a row; see the job's output")
+        if st.finished:
+            return Order("exit", rc=0, reason="training finished")
+        cur = st.epoch
+        running = la.epoch if la.state == "running" else None
+        if cur is not None and la.node in cur.members:
+            if running is not None and running != cur.number:
+                return Order("stop", epoch=running, reason=f"epoch {running} is over")
+            if running is not None and st.failed_at is not None:
+                return Order("stop", epoch=running, reason="a worker of this epoch failed")
+            if running == cur.number and st.ckpt_requested_at is not None \
+                    and la.node == cur.members[0] and la.ckpt_seen < st.ckpt_request:
+                return Order("checkpoint", epoch=cur.number, request=st.ckpt_request,
+                             reason="membership changes next")
+            if la.state == "exited" and la.epoch == cur.number:
+                return Order("wait", reason="waiting for the next epoch")
+            return Order("run", epoch=cur.number, rank=cur.members.index(la.node),
+                         world=len(cur.members), master=cur.master, port=cur.port,
+                         rdzv_id=cur.rdzv_id)
+        if running is not None:
+            why = "the job left this node" if la.node not in st.target else \
+                f"not a member of epoch {cur.number if cur else 'none'}"
+            return Order("stop", epoch=running, reason=why)
+        return Order("wait", reason=st.problem or "no epoch for this node yet")
+
+    # ----- persistence -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able snapshot of the whole state (keys as hex)."""
+        jobs = {}
+        for job, st in self._jobs.items():
+            d = asdict(st)
+            d["key"] = st.key.hex()
+            d["target"] = list(st.target)
+            if st.epoch is not None:
+                d["epoch"]["members"] = list(st.epoch.members)
+            jobs[job] = d
+        return {"version": 1, "port_range": list(self.port_range),
+                "checkpoint_timeout_s": self.checkpoint_timeout_s,
+                "join_timeout_s": self.join_timeout_s,
+                "launcher_timeout_s": self.launcher_timeout_s, "max_failures": self.max_failures,
+                "failure_settle_s": self.failure_settle_s,
+                "port_cursor": self._port_cursor,
+                "jobs": jobs}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any],
+                  random: Callable[[int], bytes] = os.urandom) -> EpochCoordinator:
+        """Rebuild a coordinator from :meth:`to_dict` output."""
+        if data.get("version") != 1:
+            raise EpochError(f"epoch state version {data.get('version')!r} is not supported; "
+                             "remove the state file to start afresh")
+        lo, hi = data["port_range"]
+        co = cls((int(lo), int(hi)), float(data["checkpoint_timeout_s"]),
+                 float(data["join_timeout_s"]), float(data["launcher_timeout_s"]),
+                 int(data["max_failures"]), float(data["failure_settle_s"]), random)
+        co._port_cursor = int(data["port_cursor"])
+        for job, d in data["jobs"].items():
+            d = dict(d)
+            epoch = d.pop("epoch")
+            launchers = d.pop("launchers")
+            st = JobState(**{**d, "key": bytes.fromhex(d["key"]), "target": tuple(d["target"])})
+            if epoch is not None:
+                st.epoch = Epoch(**{**epoch, "members": tuple(epoch["members"])})
+            st.launchers = {n: Launcher(**la) for n, la in launchers.items()}
+            co._jobs[job] = st
+        return co

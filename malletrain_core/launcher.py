@@ -1,0 +1,383 @@
+"""``malletrain-run``: the launcher that runs inside each one-node task of an elastic job.
+
+    malletrain-run [options] [--] python train.py ARGS
+
+It runs as the job's user inside its Slurm array task (the daemon never runs user code). It
+authenticates to the daemon over TCP with a munge credential, checks in, and follows orders:
+for each epoch it runs ::
+
+    torchrun --nnodes=W --node-rank=r --nproc-per-node=1 --master-addr=A --master-port=P
+             --rdzv-backend=static --rdzv-id=ID --max-restarts=0 --no-python python train.py ARGS
+
+with the training environment of :mod:`malletrain_core.training`; it relays checkpoint
+requests by touching the control flag, stops the workers when told (or reports their exit when
+a peer was lost: torchrun exits), keeps its epoch running and reconnects with backoff while the
+daemon is away, and exits at once on SIGTERM, killing the workers' process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psutil
+
+from . import config, training
+from .api import ApiError, ApiUnavailable, TcpClient, parse_address
+from .epochs import EpochError, Order
+from .errors import MalleTrainError
+from .munge import Munge
+
+log = logging.getLogger("malletrain-run")
+
+ENV_DAEMON = "MALLETRAIN_DAEMON"
+ENV_NODE_ADDR = "MALLETRAIN_NODE_ADDR"
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which job, array task and node this launcher stands for."""
+
+    job: str
+    task: str
+    node: str
+
+
+def identity_from_env(env: Mapping[str, str]) -> Identity:
+    """Read the Slurm task's identity (array job id, task id, node name)."""
+    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
+    if not job:
+        raise MalleTrainError("malletrain-run must run inside a Slurm job (no SLURM_ARRAY_JOB_ID "
+                              "or SLURM_JOB_ID); submit with sbatch --qos=malletrain")
+    node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return Identity(job=job, task=env.get("SLURM_ARRAY_TASK_ID", "0"), node=node)
+
+
+def torchrun_argv(order: Order, command: Sequence[str], nproc_per_node: int = 1,
+                  rdzv_timeout_s: int = 300, torchrun: Sequence[str] = TORCHRUN,
+                  log_dir: str | None = None) -> list[str]:
+    """The torchrun command for one epoch: a static rendezvous for exactly this membership."""
+    logs = [f"--log-dir={log_dir}"] if log_dir else []
+    return [*torchrun, *logs, f"--nnodes={order.world}", f"--node-rank={order.rank}",
+            f"--nproc-per-node={nproc_per_node}", f"--master-addr={order.master}",
+            f"--master-port={order.port}", "--rdzv-backend=static",
+            f"--rdzv-id={order.rdzv_id}", f"--rdzv-conf=timeout={int(rdzv_timeout_s)}",
+            "--max-restarts=0", "--no-python", *command]
+
+
+def worker_env(base: Mapping[str, str], job: str, order: Order, key_hex: str,
+               report_addr: str, checkpoint_dir: str, control_dir: str) -> dict[str, str]:
+    """The environment of the training processes (the contract of ``training.Session``)."""
+    env = dict(base)
+    env.update({training.ENV_JOB: job, training.ENV_EPOCH: str(order.epoch),
+                training.ENV_REPORT_ADDR: report_addr, training.ENV_REPORT_KEY: key_hex,
+                training.ENV_CHECKPOINT_DIR: checkpoint_dir,
+                training.ENV_CONTROL_DIR: control_dir})
+    return env
+
+
+class Workers:
+    """The torchrun of one epoch and everything it starts.
+
+    torchrun puts each worker in a session of its own, so signalling torchrun's process group
+    is not enough: :meth:`stop` signals every descendant it can see, then kills the rest.
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str], epoch: int) -> None:
+        self.epoch = epoch
+        self.proc = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, grace_s: float = 3.0) -> int:
+        """SIGTERM the workers (they exit at once), SIGKILL torchrun itself (nothing to save,
+        and no shutdown traceback in the user's output), SIGKILL what is left after
+        ``grace_s``."""
+        procs = self._tree()
+        for i, proc in enumerate(procs):
+            try:
+                proc.send_signal(signal.SIGKILL if i == 0 else signal.SIGTERM)
+            except psutil.Error:
+                pass
+        alive = _wait_gone(procs, grace_s)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        _wait_gone(alive, 5.0)
+        try:
+            return self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            return -9
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until every process has exited (a zombie counts: its parent is gone and init
+    reaps it when it will); returns those still alive after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    alive = list(procs)
+    while True:
+        still = []
+        for proc in alive:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    still.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        alive = still
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.02)
+
+
+class Launcher:
+    """Check in, follow orders, run epochs; :meth:`run` returns the exit code."""
+
+    def __init__(self, ident: Identity, command: Sequence[str], client: Any, munge: Munge,
+                 checkpoint_dir: str, control_dir: str, poll_s: float = 2.0,
+                 max_backoff_s: float = 30.0, nproc_per_node: int = 1,
+                 node_addr: str = "", torchrun: Sequence[str] = TORCHRUN,
+                 base_env: Mapping[str, str] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.ident = ident
+        self.command = list(command)
+        self.client = client
+        self.munge = munge
+        self.checkpoint_dir = checkpoint_dir
+        self.control_dir = control_dir
+        self.poll_s = poll_s
+        self.max_backoff_s = max_backoff_s
+        self.nproc_per_node = nproc_per_node
+        self.node_addr = node_addr
+        self.torchrun = tuple(torchrun)
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.sleep = sleep
+        self.workers: Workers | None = None
+        self.state = "idle"
+        self.epoch: int | None = None
+        self.rc: int | None = None
+        self.ckpt_seen = 0
+        self.refusals = 0
+
+    # ----- one round -----------------------------------------------------------------------
+    def _observe(self) -> None:
+        if self.workers is not None and self.state == "running":
+            rc = self.workers.poll()
+            if rc is not None:
+                log.info("epoch %s: workers exited with %s", self.epoch, rc)
+                self.state, self.rc, self.workers = "exited", rc, None
+
+    def checkin(self) -> dict[str, Any]:
+        if not self.node_addr and hasattr(self.client, "connect"):
+            self.client.connect()
+            self.node_addr = self.client.local_address() or ""
+        reply = self.client.call("checkin", job=self.ident.job, node=self.ident.node,
+                                 task=self.ident.task, epoch=self.epoch, state=self.state,
+                                 rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen)
+        if not isinstance(reply, dict):
+            raise ApiError("malformed check-in reply")
+        return reply
+
+    def act(self, reply: dict[str, Any]) -> int | None:
+        """Carry out one order; returns an exit code when the launcher must exit."""
+        order = Order.from_dict(reply.get("order"))
+        if order.kind == "run" and not (self.state == "running" and self.epoch == order.epoch):
+            if self.workers is not None:
+                self._stop(f"epoch {order.epoch} replaces epoch {self.epoch}")
+            self._start(order, reply)
+        elif order.kind == "checkpoint" and order.request is not None \
+                and order.request > self.ckpt_seen:
+            self._request_checkpoint(order.request)
+        elif order.kind == "stop" and self.workers is not None:
+            self._stop(order.reason)
+        elif order.kind == "stop":
+            self.state, self.epoch, self.rc = "idle", None, None
+        elif order.kind == "exit":
+            if self.workers is not None:
+                self._stop(order.reason)
+            log.info("exit: %s", order.reason)
+            return int(order.rc or 0)
+        return None
+
+    def _start(self, order: Order, reply: dict[str, Any]) -> None:
+        wrapped, report_addr = reply.get("key"), reply.get("report_addr", "")
+        if not isinstance(wrapped, str):
+            raise ApiError("run order without a key; asking again")
+        key_hex = self.munge.decode(wrapped).payload.strip()
+        if len(key_hex) != 64 or any(c not in "0123456789abcdef" for c in key_hex):
+            raise ApiError("the daemon sent a malformed report key")
+        env = worker_env(self.base_env, self.ident.job, order, key_hex, str(report_addr),
+                         self.checkpoint_dir, self.control_dir)
+        argv = torchrun_argv(order, self.command, self.nproc_per_node, torchrun=self.torchrun,
+                             log_dir=str(Path(self.control_dir) / "torchrun"))
+        log.info("epoch %s: rank %s of %s, master %s:%s", order.epoch, order.rank, order.world,
+                 order.master, order.port)
+        self.workers = Workers(argv, env, int(order.epoch or 0))
+        self.state, self.epoch, self.rc = "running", order.epoch, None
+
+    def _stop(self, reason: str) -> None:
+        assert self.workers is not None
+        log.info("epoch %s: stopping workers (%s)", self.epoch, reason)
+        self.workers.stop()
+        self.workers = None
+        self.state, self.epoch, self.rc = "idle", None, None
+
+    def _request_checkpoint(self, request: int) -> None:
+        flag = Path(self.control_dir) / training.REQUEST_NAME
+        flag.write_text(f"{request}\n")
+        now_ns = time.time_ns()
+        os.utime(flag, ns=(now_ns, now_ns))
+        self.ckpt_seen = request
+        log.info("epoch %s: checkpoint requested (%d)", self.epoch, request)
+
+    # ----- the loop ------------------------------------------------------------------------
+    def _nap(self, seconds: float) -> None:
+        """Sleep, but wake early when the workers exit (their exit is news for the daemon)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.state == "running" and self.workers is not None \
+                    and self.workers.poll() is not None:
+                return
+            self.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def run(self) -> int:
+        backoff = self.poll_s
+        away_since: float | None = None
+        while True:
+            self._observe()
+            try:
+                reply = self.checkin()
+                code = self.act(reply)
+            except ApiUnavailable as exc:
+                if away_since is None:
+                    away_since = time.monotonic()
+                    log.warning("%s; epoch %s keeps running, retrying", exc, self.epoch)
+                if self.state == "exited" and self.rc == 0 \
+                        and time.monotonic() - away_since > 60:
+                    return 0
+                self._nap(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, self.max_backoff_s)
+                continue
+            except (ApiError, EpochError, MalleTrainError) as exc:
+                self.refusals += 1
+                log.warning("%s", exc)
+                if self.refusals >= 10 and self.state != "running":
+                    log.error("giving up after %d refusals in a row", self.refusals)
+                    self.shutdown()
+                    return 2
+                self._nap(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+                continue
+            if away_since is not None:
+                log.info("reconnected to the daemon")
+            away_since, backoff, self.refusals = None, self.poll_s, 0
+            if code is not None:
+                return code
+            self._nap(self.poll_s)
+
+    def shutdown(self) -> None:
+        if self.workers is not None:
+            self.workers.stop(grace_s=0.2)
+            self.workers = None
+
+
+def _daemon_address(flag: str | None, env: Mapping[str, str]) -> tuple[tuple[str, int], str]:
+    cfg = config.load(env={k: v for k, v in env.items() if k != ENV_DAEMON})
+    text = flag or env.get(ENV_DAEMON, "")
+    if not text:
+        if cfg.daemon.api_host in ("", "0.0.0.0", "::"):
+            raise MalleTrainError(f"where is the daemon? set {ENV_DAEMON}=HOST:PORT or pass "
+                                  "--daemon (the config's api_host is a wildcard)")
+        text = f"{cfg.daemon.api_host}:{cfg.daemon.api_port}"
+    return parse_address(text, cfg.daemon.api_port), cfg.munge.socket
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="malletrain-run",
+        description="Run one node of an elastic MalleTrain job: epochs of torchrun directed "
+                    "by the daemon.",
+        epilog="example: malletrain-run python train.py --epochs 10")
+    p.add_argument("--daemon", help=f"daemon HOST:PORT (default: ${ENV_DAEMON}, else the "
+                   "config file's api_host:api_port)")
+    p.add_argument("--munge-socket", help="munged socket (default: the config's munge.socket)")
+    p.add_argument("--checkpoint-dir", help="shared checkpoint folder (default: "
+                   "$MALLETRAIN_CHECKPOINT_DIR, else malletrain-<job> in the submit folder)")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="workers per node (GPUs)")
+    p.add_argument("--poll-s", type=float, default=2.0, help="seconds between check-ins")
+    p.add_argument("--torchrun", help="the torchrun command, split like a shell would "
+                   "(default: this Python's torch.distributed.run)")
+    p.add_argument("--debug", action="store_true", help="debug logging")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
+                        format="malletrain-run: %(message)s")
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    env = os.environ
+    control = ""
+    try:
+        if not command:
+            raise MalleTrainError("no training command; usage: malletrain-run [options] -- "
+                                  "python train.py ARGS")
+        if args.poll_s <= 0 or args.nproc_per_node < 1:
+            raise MalleTrainError("--poll-s must be > 0 and --nproc-per-node ≥ 1")
+        ident = identity_from_env(env)
+        (host, port), cfg_socket = _daemon_address(args.daemon, env)
+        munge = Munge(args.munge_socket or cfg_socket)
+        ckpt = args.checkpoint_dir or env.get(training.ENV_CHECKPOINT_DIR) or str(
+            Path(env.get("SLURM_SUBMIT_DIR", ".")) / f"malletrain-{ident.job}")
+        control = tempfile.mkdtemp(prefix=f"malletrain-{ident.job}-{ident.task}-")
+        torchrun = shlex.split(args.torchrun) if args.torchrun else TORCHRUN
+        launcher = Launcher(ident, command, TcpClient(host, port, munge), munge,
+                            checkpoint_dir=str(Path(ckpt).resolve()), control_dir=control,
+                            poll_s=args.poll_s, nproc_per_node=args.nproc_per_node,
+                            node_addr=env.get(ENV_NODE_ADDR, ""), torchrun=torchrun)
+    except MalleTrainError as exc:
+        print(f"malletrain-run: error: {exc}", file=sys.stderr)
+        return 2
+
+    def _terminate(signum: int, _frame: FrameType | None) -> None:
+        launcher.shutdown()
+        shutil.rmtree(control, ignore_errors=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    try:
+        return launcher.run()
+    finally:
+        launcher.shutdown()
+        shutil.rmtree(control, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
