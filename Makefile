@@ -3,13 +3,17 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup test check lint demo bench bench-quick clean
+.PHONY: setup setup-full test check lint demo bench bench-quick clean
 
 setup:
 	@bash scripts/setup-machine.sh
 
+# The whole suite also runs the local cluster's accounting mode (MariaDB + slurmdbd + QOS).
+setup-full:
+	@MALLETRAIN_ACCOUNTING=1 bash scripts/setup-machine.sh
+
 ## Whole suite: unit, property, simulator, PBS (fake), real-Slurm and real-torch tests.
-test: setup
+test: setup-full
 	$(PYTEST) -q || [ $$? -eq 5 ]
 
 ## Quick development loop: everything that needs neither Slurm nor torch, plus lint.

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Install what MalleTrain needs on a fresh Debian 12 machine, as root; idempotent.
 #   Debian: Slurm 22.05 (slurmctld, slurmd, client, basic plugins with job_submit/lua), munge,
-#           lua-socket (the job_submit.lua datagram).
+#           lua-socket (the job_submit.lua datagram), lua5.1 (tests of job_submit.lua's logic).
+#           With MALLETRAIN_ACCOUNTING=1 also MariaDB + slurmdbd (the local cluster's
+#           accounting mode, `slurm_conf/local/start.sh --accounting`).
 #   PyPI:   this package in editable mode with the training (CPU torch 2.13.0) and dev extras.
-# MALLETRAIN_SKIP_APT=1 skips the Debian part (no root, or already provisioned).
+# MALLETRAIN_SKIP_APT=1 skips the Debian part (no root, or already provisioned);
+# MALLETRAIN_SKIP_PIP=1 skips the PyPI part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-apt_pkgs=(slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins lua-socket)
+apt_pkgs=(slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins lua-socket lua5.1)
+if [ "${MALLETRAIN_ACCOUNTING:-0}" = 1 ]; then
+  apt_pkgs+=(mariadb-server slurmdbd slurm-wlm-mysql-plugin)
+fi
 if [ "${MALLETRAIN_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${apt_pkgs[@]}"; do
@@ -23,7 +29,7 @@ if [ "${MALLETRAIN_SKIP_APT:-0}" != 1 ]; then
 fi
 
 stamp=.setup-stamp
-if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
+if [ "${MALLETRAIN_SKIP_PIP:-0}" != 1 ] && { [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; }; then
   echo "setup: pip install -e .[train,dev] (torch pinned to the 2.13.0 CPU wheel)"
   "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
   "$PY" -m pip install -q --disable-pip-version-check -e ".[train,dev]"

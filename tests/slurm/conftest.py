@@ -1,0 +1,77 @@
+"""The real local Slurm cluster for the integration tests.
+
+One cluster per session (8 virtual nodes of 2 CPUs, test-friendly timings) in a fresh temp
+directory on its own free ports, so that other clusters on the host do not matter; stopped at
+the end. Every test in this directory is marked ``slurm``. After each test every job is
+cancelled; after a failed test sinfo, squeue and the daemon logs are printed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slurm_helpers import after_test, cluster_root, start_cluster
+
+from malletrain_core.localcluster import LocalCluster
+from malletrain_core.protocol import HookListener
+
+HERE = Path(__file__).resolve().parent
+TEST_USER = "mtuser1"
+NODES = int(os.environ.get("MALLETRAIN_TEST_NODES", "8"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[LocalCluster]:
+    """The session's cluster: partition mode, test-friendly timings."""
+    with cluster_root("slurm") as root:
+        cluster = start_cluster(root, nodes=NODES)
+        try:
+            yield cluster
+        finally:
+            elapsed = cluster.stop()
+            print(f"local cluster stopped in {elapsed:.2f} s")
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, slurm_cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The session cluster, emptied after the test (dumped first if the test failed)."""
+    yield slurm_cluster
+    after_test(request, slurm_cluster)
+
+
+@pytest.fixture(scope="session")
+def test_user() -> str:
+    """A second real (non-root) user to submit as: ``cluster.run(argv, user=test_user)``.
+    Created with useradd when missing and kept (other test sessions may use it too)."""
+    try:
+        subprocess.run(["id", TEST_USER], check=True, capture_output=True)
+    except subprocess.CalledProcessError:
+        proc = subprocess.run(["useradd", "-m", TEST_USER], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode not in (0, 9):  # 9: created by a concurrent session meanwhile
+            pytest.skip(f"cannot create user {TEST_USER}: {proc.stderr.strip()}")
+    return TEST_USER
+
+
+@pytest.fixture
+def hook_listener(slurm_cluster: LocalCluster) -> Iterator[HookListener]:
+    """The daemon's side of the hook socket that the cluster's EpilogSlurmctld sends to."""
+    with HookListener(slurm_cluster.hook_socket) as listener:
+        yield listener
