@@ -18,6 +18,7 @@ from ..errors import MalleTrainError
 # Each module defines ``register(subparsers)``, which adds its sub-command and sets ``func``.
 SUBCOMMANDS = (
     "allocate",
+    "simulate",
 )
 
 

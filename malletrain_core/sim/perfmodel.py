@@ -1,0 +1,199 @@
+"""How a simulated training job progresses: its true curve, noise, rescale and preemption costs.
+
+Two ledgers are kept. **Trained samples** are what the job really does and reports: after a
+rescale or a preemption its workers restart, training nothing for (1 − ``warmup_share``) of the
+rescale cost in seconds (``scale_up_s`` for a grow, ``scale_down_s`` for a shrink or a
+preemption) and at half speed for twice the rest (the warm-up), so a restart costs exactly
+that many seconds at the new rate; starting from 0 nodes is free. **Net samples** follow the
+FreeTrain prototype's cost model, so figures compare with research/allocation.md: the
+integral of the rate as if rescales were instant, minus ``cost × rate before`` per rescale.
+Both ledgers also lose, on a preemption, the progress since the last checkpoint; checkpoints
+are taken every ``checkpoint_interval_s`` of running and before every planned rescale
+(``checkpoint_interval_s = 0``: after every step, the prototype's assumption). Throughput
+carries multiplicative log-normal noise with mean 1, redrawn at every report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .workloads import SimJob
+
+
+@dataclass(frozen=True)
+class PerfParams:
+    """Knobs of the performance model and of the simulated reporter."""
+
+    noise: float = 0.03
+    """σ of the log-normal throughput noise per report period (0: none)."""
+    checkpoint_interval_s: float = 0.0
+    """Periodic checkpoints while running; 0 checkpoints continuously (no rollback loss)."""
+    warmup_share: float = 0.25
+    """Share of a restart's cost paid at half speed after the stall."""
+    report_fast_s: float = 10.0
+    """Report period just after a (re)start, while the monitor measures the new scale."""
+    report_slow_s: float = 300.0
+    """Report period once the scale has run for ``fast_window_s``."""
+    fast_window_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("noise", "checkpoint_interval_s", "fast_window_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be ≥ 0")
+        if not 0 <= self.warmup_share <= 1:
+            raise ValueError("warmup_share must lie in [0, 1]")
+        if not (self.report_fast_s > 0 and self.report_slow_s > 0):
+            raise ValueError("report periods must be > 0")
+
+
+class JobModel:
+    """One job's true progress; the simulator's backend drives it, the engine never sees it."""
+
+    def __init__(self, spec: SimJob, params: PerfParams, rng: np.random.Generator) -> None:
+        self.spec = spec
+        self.params = params
+        self.rng = rng
+        table = spec.curve.table(spec.max_nodes)
+        table[:spec.min_nodes] = 0.0
+        self._rates = table.tolist()
+        self.world = 0
+        self.t = spec.submit_time
+        self.factor = 1.0
+        self.progress = 0.0
+        self.stall_until = self.t
+        self.warm_until = self.t
+        self.ckpt = 0.0
+        self.ckpt_t = self.t
+        self.restart_t = self.t
+        self.epoch = 0
+        self.ideal = 0.0
+        self.charged = 0.0
+        self.rolled_back = 0.0
+        self.node_s = 0.0
+        self.rescales = 0
+        self.rescale_loss = 0.0
+        self.preemptions = 0
+        self.preemption_loss = 0.0
+        self.done_time: float | None = None
+
+    # -- rates and time ---------------------------------------------------------------------
+
+    def true_rate(self, world: int | None = None) -> float:
+        """The true mean throughput at ``world`` nodes (now: the current world size)."""
+        k = self.world if world is None else world
+        if k < len(self._rates):
+            return self._rates[k]
+        return self.spec.curve.at(k)
+
+    def rate(self) -> float:
+        return self.true_rate() * self.factor
+
+    @property
+    def restarting(self) -> bool:
+        """Still in the stall after a rescale: the workers are not training yet."""
+        return self.t < self.stall_until
+
+    @property
+    def net(self) -> float:
+        """Net samples under the prototype's cost model."""
+        return self.ideal - self.charged - self.rolled_back
+
+    def _effective_s(self, t0: float, t1: float) -> float:
+        """Seconds of full-speed training between ``t0`` and ``t1`` (stall 0, warm-up ½)."""
+        full = max(0.0, t1 - max(t0, self.warm_until))
+        half = max(0.0, min(t1, self.warm_until) - max(t0, self.stall_until))
+        return full + half / 2
+
+    def advance(self, t: float) -> None:
+        """Train from the last update up to ``t`` at the current scale."""
+        dt = t - self.t
+        if dt <= 0:
+            return
+        self.node_s += self.world * dt
+        r = self.rate()
+        if r > 0:
+            self.ideal += r * dt
+            interval = self.params.checkpoint_interval_s
+            if interval > 0:
+                last = self.ckpt_t + interval * math.floor((t - self.ckpt_t) / interval)
+                if last > self.t:
+                    self.ckpt = self.progress + r * self._effective_s(self.t, last)
+                    self.ckpt_t = last
+            self.progress += r * self._effective_s(self.t, t)
+            if interval == 0:
+                self.ckpt = self.progress
+        self.t = t
+
+    def time_to_progress(self, target: float) -> float:
+        """Seconds from now until ``progress`` reaches ``target`` at the current rate (inf if
+        it never does)."""
+        need = target - self.progress
+        if need <= 0:
+            return 0.0
+        r = self.rate()
+        if r <= 0:
+            return math.inf
+        t = max(self.t, self.stall_until)
+        warm_s = max(0.0, self.warm_until - t)
+        if need <= r * warm_s / 2:
+            return t - self.t + 2 * need / r
+        return t - self.t + warm_s + (need - r * warm_s / 2) / r
+
+    # -- what happens to the job ------------------------------------------------------------
+
+    def redraw_noise(self) -> None:
+        s = self.params.noise
+        self.factor = float(np.exp(s * self.rng.standard_normal() - s * s / 2)) if s > 0 else 1.0
+
+    def checkpoint(self, t: float) -> None:
+        self.advance(t)
+        self.ckpt = self.progress
+        self.ckpt_t = t
+
+    def _restart(self, t: float, world: int, cost_s: float) -> None:
+        was_running = self.world > 0
+        self.world = world
+        self.epoch += 1
+        self.restart_t = t
+        self.ckpt_t = t
+        if was_running and world > 0:
+            w = self.params.warmup_share
+            self.stall_until = t + (1 - w) * cost_s
+            self.warm_until = self.stall_until + 2 * w * cost_s
+        else:
+            self.stall_until = self.warm_until = t
+
+    def rescale(self, t: float, world: int) -> None:
+        """A planned change to ``world`` nodes: checkpoint, then restart at the new size."""
+        self.checkpoint(t)
+        if world == self.world:
+            return
+        r_before = self.rate()
+        cost = self.spec.scale_up_s if world > self.world else self.spec.scale_down_s
+        if r_before > 0:
+            self.charged += cost * r_before
+            self.rescale_loss += cost * r_before
+            self.rescales += 1
+        self._restart(t, world, cost)
+
+    def preempt(self, t: float, world: int) -> None:
+        """The batch system took nodes back: roll back to the checkpoint, restart the
+        survivors (``world`` nodes, possibly 0)."""
+        self.advance(t)
+        r_before = self.rate()
+        lost = self.progress - self.ckpt
+        self.progress = self.ckpt
+        self.rolled_back += lost
+        self.preemptions += 1
+        cost = self.spec.scale_down_s
+        self.charged += cost * r_before
+        self.preemption_loss += lost + cost * r_before
+        self._restart(t, world, cost)
+
+    def finish(self, t: float) -> None:
+        self.advance(t)
+        self.world = 0
+        self.done_time = t

@@ -1,0 +1,96 @@
+"""The policies the simulator compares, and what each one is told about the jobs.
+
+Every policy runs the same Engine; they differ only in the allocation function and in the
+curves the jobs bring at submission:
+
+* ``malletrain`` — no curve, profiling on: the JPA measures each job (declared model names
+  let later jobs of a model reuse the measured curve); the engine never sees a true curve;
+* ``freetrain-exact`` — the true curve, supplied by the user, trusted (profiling off);
+* ``freetrain-linear`` — the user assumes P(k) = k·P(1) from a one-node measurement;
+* ``freetrain-mismatched`` — another model's true curve (picked by the seed), scaled to this
+  job's P(1), as a user who copies a colleague's profile would;
+* ``equal``, ``greedy``, ``rigid`` — the baselines of :mod:`malletrain_core.allocator.baselines`
+  on the true curves;
+* ``oracle`` — no run: the upper bound UB_oracle of :mod:`.bounds`.
+
+FreeTrain variants and baselines declare the true rescale costs; MalleTrain measures them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..allocator.baselines import BASELINES
+from ..errors import ConfigError
+from ..events import JobRequest
+from ..model import Curve
+from .workloads import SimJob
+
+POLICIES = ("malletrain", "freetrain-exact", "freetrain-linear", "freetrain-mismatched",
+            "equal", "greedy", "rigid", "oracle")
+RUN_POLICIES = tuple(p for p in POLICIES if p != "oracle")
+
+
+def parse_policies(text: str) -> list[str]:
+    """A comma-separated policy list, checked; ``all`` names every policy."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if names == ["all"]:
+        return list(POLICIES)
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise ConfigError(f"--policies: unknown policy {', '.join(unknown) or '(none)'}; "
+                          f"choose from {','.join(POLICIES)} or 'all'")
+    return list(dict.fromkeys(names))
+
+
+def linear_curve(curve: Curve, max_nodes: int) -> Curve:
+    """P(k) = k·P(1) up to ``max_nodes``."""
+    p1 = curve.at(1)
+    return Curve.of([1, max_nodes], [p1, p1 * max_nodes]) if max_nodes > 1 else \
+        Curve.of([1], [p1])
+
+
+def mismatched_curves(jobs: Sequence[SimJob], catalogue: dict[str, Curve],
+                      seed: int) -> list[Curve]:
+    """For each job another model's curve from ``catalogue``, scaled to the job's P(1)."""
+    rng = np.random.default_rng([seed, 11])
+    names = sorted(catalogue)
+    out = []
+    for job in jobs:
+        others = [m for m in names if m != job.model]
+        if not others:
+            raise ConfigError("freetrain-mismatched needs curves of at least two models")
+        other = catalogue[others[int(rng.integers(len(others)))]]
+        p_other = other.at(1)
+        out.append(other.scaled(job.curve.at(1) / p_other) if p_other > 0 else other)
+    return out
+
+
+def job_requests(policy: str, jobs: Sequence[SimJob], seed: int,
+                 catalogue: dict[str, Curve] | None = None) -> list[JobRequest]:
+    """What each job declares at submission under ``policy``."""
+    if policy == "malletrain":
+        return [JobRequest(id=j.id, min_nodes=j.min_nodes, max_nodes=j.max_nodes, model=j.model,
+                           curve=None, profile=True, work=j.work) for j in jobs]
+    if policy == "freetrain-linear":
+        curves = [linear_curve(j.curve, j.max_nodes) for j in jobs]
+    elif policy == "freetrain-mismatched":
+        curves = mismatched_curves(jobs, catalogue or {}, seed)
+    elif policy in RUN_POLICIES:
+        curves = [j.curve for j in jobs]
+    else:
+        raise ConfigError(f"policy {policy!r} is not simulated; choose from {RUN_POLICIES}")
+    return [JobRequest(id=j.id, min_nodes=j.min_nodes, max_nodes=j.max_nodes, model=j.model,
+                       curve=c, profile=False, scale_up_s=j.scale_up_s,
+                       scale_down_s=j.scale_down_s, work=j.work) for j, c in zip(jobs, curves)]
+
+
+def make_engine(policy: str, lookahead_s: float, **config: Any) -> Any:
+    """The Engine that plays ``policy`` (profiling only for ``malletrain``)."""
+    from ..engine import Engine, EngineConfig
+
+    cfg = EngineConfig(lookahead_s=lookahead_s, profiling=policy == "malletrain", **config)
+    return Engine(cfg, policy=BASELINES.get(policy), name=policy)
