@@ -1,0 +1,56 @@
+"""malletraind's wiring: the backend comes from daemon.batch_system, the engine from the file."""
+
+from __future__ import annotations
+
+from malletrain_core.backends.pbs import PbsBackend
+from malletrain_core.backends.slurm import SlurmBackend
+from malletrain_core.config import load
+from malletrain_core.daemon import main as daemon_main
+from malletrain_core.model import Objective
+
+
+def config_file(tmp_path, text):
+    path = tmp_path / "malletrain.toml"
+    path.write_text(text)
+    return load(path, env={})
+
+
+def test_slurm_backend_by_default(tmp_path):
+    backend = daemon_main.make_backend(config_file(tmp_path, "[slurm]\npartition = \"elastic\"\n"))
+    assert isinstance(backend, SlurmBackend) and backend.partition == "elastic"
+
+
+def test_pbs_backend_from_config(tmp_path):
+    cfg = config_file(tmp_path, "[daemon]\nbatch_system = \"pbs\"\n[pbs]\nqueue = \"mt_q\"\n")
+    backend = daemon_main.make_backend(cfg)
+    assert isinstance(backend, PbsBackend) and backend.queue == "mt_q"
+
+
+def test_engine_config_from_file(tmp_path):
+    cfg = config_file(tmp_path, "[allocator]\nlookahead_s = 600\nobjective = \"speedup\"\n"
+                                "max_running_jobs = 4\nuser_max_nodes = { alice = 8 }\n"
+                                "[profiler]\nenabled = false\nwindow_s = 30\n")
+    ec = daemon_main.engine_config(cfg)
+    assert (ec.lookahead_s, ec.objective, ec.max_running_jobs, ec.profiling,
+            ec.profile_window_s) == (600.0, Objective.SPEEDUP, 4, False, 30.0)
+    assert dict(ec.constraints.user_max_nodes) == {"alice": 8}
+    assert daemon_main.engine_config(load(env={})).max_running_jobs is None
+
+
+def test_bad_config_is_one_line_exit_2(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text("[daemon]\nbatch_systen = \"pbs\"\n")
+    assert daemon_main.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("malletraind: error:") and "batch_systen" in err and "\n" not in err
+
+
+def test_once_runs_one_cycle_against_a_missing_slurm(tmp_path, capsys, monkeypatch):
+    # No Slurm commands on PATH: the poll fails with a typed error, the cycle is skipped,
+    # the daemon exits cleanly and its state directory exists.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    path = tmp_path / "cfg.toml"
+    path.write_text(f"[daemon]\nstate_dir = \"{tmp_path / 'state'}\"\n"
+                    f"hook_socket = \"{tmp_path / 'hook.sock'}\"\n")
+    assert daemon_main.main(["--config", str(path), "--once"]) == 0
+    assert (tmp_path / "state" / "state.db").exists()
