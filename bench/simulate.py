@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from malletrain_core.sim.compare import SimOptions, compare  # noqa: E402
 from malletrain_core.sim.policies import parse_policies  # noqa: E402
-from malletrain_core.sim.traces import load_trace  # noqa: E402
+from malletrain_core.sim.sources import load_trace  # noqa: E402
 
 TARGET_S = 60.0
 

@@ -112,3 +112,13 @@ def test_workloads_saturated_and_with_arrivals() -> None:
     assert {j.model for j in hpo} == {"shufflenet"}
     with pytest.raises(ConfigError, match="only 1001"):
         make_workload("imagenet", 5000)
+
+
+@pytest.mark.parametrize("policy", [equal_share, greedy, rigid])
+def test_baseline_objective_is_the_freetrain_objective(policy) -> None:
+    from malletrain_core.allocator.objective import evaluate
+
+    for nodes, current in ((5, (0, 0, 0)), (7, (2, 1, 3)), (3, (3, 0, 0))):
+        problem = _problem(nodes, current)
+        solution = policy(problem)
+        assert solution.objective == pytest.approx(evaluate(problem, dict(solution.counts)))

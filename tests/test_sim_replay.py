@@ -12,7 +12,7 @@ from malletrain_core.sim.bounds import BoundJob, compute_bounds
 from malletrain_core.sim.perfmodel import PerfParams
 from malletrain_core.sim.policies import RUN_POLICIES, job_requests
 from malletrain_core.sim.replay import replay
-from malletrain_core.sim.traces import synthetic
+from malletrain_core.sim.sources import synthetic
 from malletrain_core.sim.workloads import SimJob
 
 FRAGMENTS = np.array([200, 400, 900, 1800, 3600])

@@ -9,13 +9,8 @@ import numpy as np
 import pytest
 
 from malletrain_core.errors import InputFileError
-from malletrain_core.sim.traces import (
-    from_transitions,
-    load_trace,
-    read_idle_csv,
-    read_swf,
-    synthetic,
-)
+from malletrain_core.sim.sources import load_trace, read_swf, synthetic
+from malletrain_core.sim.traces import from_transitions, read_idle_csv
 
 
 @pytest.fixture(autouse=True)
@@ -176,3 +171,13 @@ def test_unknown_and_missing_traces(tmp_path: Path) -> None:
         load_trace(str(other))
     with pytest.raises(InputFileError, match="no such trace file"):
         load_trace(str(tmp_path / "gone.csv"))
+
+
+def test_named_traces_say_where_the_data_should_be(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLETRAIN_SHARED", str(tmp_path))
+    for name in ("summit", "swf"):
+        with pytest.raises(InputFileError, match="set MALLETRAIN_SHARED"):
+            load_trace(name)
+    with pytest.raises(InputFileError, match="fragment lengths"):
+        load_trace("synthetic")

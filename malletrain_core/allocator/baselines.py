@@ -19,14 +19,18 @@ from collections.abc import Callable
 import numpy as np
 
 from ..model import Job, Problem, Solution, objective_curve
-from .objective import value_tables
 
 
 def _solution(problem: Problem, counts: dict[str, int], solver: str, t0: float) -> Solution:
-    tables = value_tables(problem)
+    """Wrap ``counts`` with their FreeTrain objective (look-ahead gain minus rescale losses)."""
     value = 0.0
-    for job, table in zip(problem.jobs, tables):
-        value += float(table[counts[job.id]])
+    for job in problem.jobs:
+        assert job.curve is not None
+        k = counts[job.id]
+        value += problem.lookahead_s * objective_curve(job.curve, problem.objective).at(k)
+        rate = job.rate(problem.objective)
+        if rate > 0 and k != job.current_nodes:
+            value -= rate * (job.scale_up_s if k > job.current_nodes else job.scale_down_s)
     return Solution(counts=counts, objective=value, solver=solver,
                     solve_ms=(time.perf_counter() - t0) * 1e3)
 

@@ -20,7 +20,7 @@ from ..sim.compare import Progress, SimOptions, compare
 from ..sim.perfmodel import PerfParams
 from ..sim.policies import POLICIES, parse_policies
 from ..sim.report import format_table, to_json, write_plots, write_results
-from ..sim.traces import THETA_NODES
+from ..sim.sources import THETA_NODES
 
 
 def _positive_int(text: str) -> int:

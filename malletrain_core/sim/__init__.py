@@ -1,6 +1,7 @@
 """The trace-driven simulator: the production Engine on a simulated cluster.
 
-* :mod:`.traces` — idle-node traces (Summit per-node trace, SWF logs, synthetic);
+* :mod:`.traces`, :mod:`.sources` — idle-node traces (Summit per-node trace, SWF logs,
+  synthetic);
 * :mod:`.workloads` — job sets from the measured scaling profiles;
 * :mod:`.perfmodel` — how a job progresses: true curve, noise, rescale and preemption costs;
 * :mod:`.backend` — :class:`~.backend.SimBackend`, the Backend protocol over a trace;

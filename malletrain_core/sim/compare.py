@@ -17,7 +17,8 @@ from .perfmodel import PerfParams
 from .policies import RUN_POLICIES
 from .replay import RunResult, replay
 from .report import aggregate
-from .traces import THETA_NODES, Trace, load_trace
+from .sources import THETA_NODES, load_trace
+from .traces import Trace
 from .workloads import SimJob, make_workload, model_curves
 
 

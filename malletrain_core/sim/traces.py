@@ -1,19 +1,15 @@
 """Idle-node traces: when each node of a machine is left idle by the batch system.
 
 A :class:`Trace` is a start state (the nodes idle at ``start``) and a sequence of steps, each a
-time with the nodes that became idle and the nodes the batch system took back. Three sources:
-
-* the Summit per-node trace (``unix_time,node,idle`` rows, gzip or plain CSV), the data set of
-  BFTrainer/FreeTrain and MalleTrain (any file in that format works as ``PATH``);
-* an SWF batch log: a job runs from submit + wait to that + run time on nodes placed
-  deterministically (lowest free node numbers first) on a machine of a given size; nodes no job
-  holds are idle;
-* synthetic traces: per-node alternation of idle fragments drawn from the real fragment-length
-  distribution and busy periods sized for a chosen idle fraction.
+time with the nodes that became idle and the nodes the batch system took back. This module
+holds the type, its normalisation, the parse cache and the reader of per-node idle CSVs
+(``unix_time,node,idle`` rows, gzip or plain: the Summit trace of BFTrainer/FreeTrain and
+MalleTrain, or any file in that format); :mod:`.sources` adds SWF logs and synthetic traces.
 
 Transitions are normalised when a trace is built: several transitions of one node at one time
-collapse to the last, and transitions that do not change a node's state are dropped, so every
-step's ``added`` nodes were busy before and every ``removed`` node was idle.
+collapse to the last, transitions at or before the start fold into the start state, and
+transitions that do not change a node's state are dropped, so every step's ``added`` nodes
+were busy before and every ``removed`` node was idle.
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
-import heapq
 import io
 import os
 from collections.abc import Iterator
@@ -31,14 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from ..profiles import shared_dir
 
-SUMMIT_FILE = ("data", "summit", "summit_idle_events.csv.gz")
-FRAGMENTS_FILE = ("data", "summit", "fragments.npy")
-SWF_FILE = ("data", "swf", "theta_2023.swf")
 SUMMIT_SKIP_EVENTS = 1000
 """The BFTrainer replayer skips the trace's first 1,000 event times; so do the figures here."""
-THETA_NODES = 4360
 DAY_S = 86400.0
 _CACHE_VERSION = "2"
 
@@ -178,7 +168,7 @@ def from_transitions(name: str, node_names: list[str] | tuple[str, ...], initial
                  n_s.astype(np.int32), v_s)
 
 
-def _cache_path(path: Path, kind: str) -> Path:
+def cache_path(path: Path, kind: str) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{_CACHE_VERSION}|{kind}|{path.resolve()}|{st.st_size}|"
                          f"{st.st_mtime_ns}".encode()).hexdigest()[:20]
@@ -186,7 +176,7 @@ def _cache_path(path: Path, kind: str) -> Path:
     return base / "malletrain" / f"trace-{key}.npz"
 
 
-def _save(trace: Trace, cache: Path) -> None:
+def save_cached(trace: Trace, cache: Path) -> None:
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp.npz")
@@ -198,7 +188,7 @@ def _save(trace: Trace, cache: Path) -> None:
         pass  # a read-only home only costs the next run another parse
 
 
-def _load(name: str, cache: Path) -> Trace | None:
+def load_cached(name: str, cache: Path) -> Trace | None:
     try:
         with np.load(cache) as z:
             return Trace(name, tuple(str(s) for s in z["names"]), float(z["span"][0]),
@@ -225,9 +215,9 @@ def read_idle_csv(path: str | os.PathLike[str], name: str | None = None,
     if not path.is_file():
         raise InputFileError(str(path), "no such trace file; give --trace summit|swf|synthetic "
                              "or the path of a .swf or unix_time,node,idle .csv[.gz] file")
-    cache = _cache_path(path, "idle-csv") if use_cache else None
+    cache = cache_path(path, "idle-csv") if use_cache else None
     if cache is not None and cache.is_file():
-        cached = _load(name or path.name, cache)
+        cached = load_cached(name or path.name, cache)
         if cached is not None:
             return cached
     index: dict[str, int] = {}
@@ -269,172 +259,5 @@ def read_idle_csv(path: str | os.PathLike[str], name: str | None = None,
     trace = from_transitions(name or path.name, list(index), n_arr[at0], t_arr[~at0],
                              n_arr[~at0], v_arr[~at0], start=float(t0))
     if cache is not None:
-        _save(trace, cache)
+        save_cached(trace, cache)
     return trace
-
-
-def read_swf(path: str | os.PathLike[str], machine_nodes: int = THETA_NODES,
-             name: str | None = None, use_cache: bool = True) -> Trace:
-    """An SWF log replayed as idle nodes: a job holds ``allocated`` nodes (else ``requested``)
-    from submit + wait to that + run time; busy counts above ``machine_nodes`` are clipped."""
-    path = Path(path)
-    if machine_nodes < 1:
-        raise InputFileError(str(path), f"machine size {machine_nodes} must be ≥ 1")
-    cache = _cache_path(path, f"swf-{machine_nodes}") if use_cache and path.is_file() else None
-    if cache is not None and cache.is_file():
-        cached = _load(name or path.name, cache)
-        if cached is not None:
-            return cached
-    jobs: list[tuple[float, float, int]] = []
-    try:
-        with open(path, encoding="utf-8", errors="strict") as fh:
-            for line, text in enumerate(fh, start=1):
-                text = text.strip()
-                if not text or text.startswith(";"):
-                    continue
-                fields = text.split()
-                if len(fields) < 9:
-                    raise InputFileError(str(path), f"{len(fields)} fields; an SWF line has 18 "
-                                         "whitespace-separated fields", line)
-                try:
-                    submit, wait, run = float(fields[1]), float(fields[2]), float(fields[3])
-                    alloc, req = int(float(fields[4])), int(float(fields[7]))
-                except ValueError:
-                    raise InputFileError(str(path), "fields 2-5 and 8 must be numbers "
-                                         f"(got {' '.join(fields[1:8])!r})", line) from None
-                size = alloc if alloc > 0 else req
-                if submit < 0 or wait < 0 or run <= 0 or size <= 0:
-                    continue  # unknown (-1) or empty jobs hold no nodes
-                jobs.append((submit + wait, submit + wait + run, size))
-    except FileNotFoundError:
-        raise InputFileError(str(path), "no such SWF file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(str(path), f"cannot read: {exc}") from None
-    if not jobs:
-        raise InputFileError(str(path), "no job with a start, a run time and nodes")
-    width = len(str(machine_nodes - 1))
-    names = [f"nid{i:0{width}d}" for i in range(machine_nodes)]
-    # Ends before starts at equal times, so freed nodes can be reused at once.
-    timeline = sorted([(s, 1, j) for j, (s, _, _) in enumerate(jobs)] +
-                      [(e, 0, j) for j, (_, e, _) in enumerate(jobs)])
-    free = list(range(machine_nodes))
-    heapq.heapify(free)
-    held: dict[int, list[int]] = {}
-    t_out: list[float] = []
-    n_out: list[int] = []
-    v_out: list[bool] = []
-    for t, kind, j in timeline:
-        if kind == 0:
-            for n in held.pop(j, ()):
-                heapq.heappush(free, n)
-                t_out.append(t)
-                n_out.append(n)
-                v_out.append(True)
-        else:
-            take = [heapq.heappop(free) for _ in range(min(jobs[j][2], len(free)))]
-            held[j] = take
-            t_out.extend([t] * len(take))
-            n_out.extend(take)
-            v_out.extend([False] * len(take))
-    trace = from_transitions(name or path.name, names, np.arange(machine_nodes),
-                             np.array(t_out), np.array(n_out), np.array(v_out),
-                             start=timeline[0][0])
-    if cache is not None:
-        _save(trace, cache)
-    return trace
-
-
-def synthetic(nodes: int = 256, days: float = 2.0, seed: int = 0, idle_fraction: float = 0.083,
-              fragments: np.ndarray | None = None, grid_s: float = 10.0) -> Trace:
-    """A trace whose idle fragments are drawn from the Summit fragment lengths: each node
-    alternates idle fragments and exponential busy periods whose mean gives ``idle_fraction``."""
-    if nodes < 1 or days <= 0 or not 0 < idle_fraction < 1:
-        raise InputFileError("synthetic", "needs nodes ≥ 1, days > 0 and 0 < idle fraction < 1")
-    if fragments is None:
-        path = shared_dir().joinpath(*FRAGMENTS_FILE)
-        try:
-            fragments = np.load(path)
-        except (OSError, ValueError) as exc:
-            raise InputFileError(str(path), f"cannot read the fragment lengths: {exc}; set "
-                                 "MALLETRAIN_SHARED to the folder holding data/summit") from None
-    frags = np.asarray(fragments, dtype=np.float64)
-    frags = frags[frags > 0]
-    if not len(frags):
-        raise InputFileError("synthetic", "no positive fragment length to sample from")
-    rng = np.random.default_rng(seed)
-    span = days * DAY_S
-    busy_mean = frags.mean() * (1 - idle_fraction) / idle_fraction
-    width = len(str(nodes - 1))
-    names = [f"s{i:0{width}d}" for i in range(nodes)]
-    initial = []
-    t_out: list[np.ndarray] = []
-    n_out: list[np.ndarray] = []
-    v_out: list[np.ndarray] = []
-    cycles = int(np.ceil(span / (frags.mean() + busy_mean))) * 2 + 4
-    for n in range(nodes):
-        idle_first = rng.random() < idle_fraction
-        idle_len = rng.choice(frags, cycles)
-        busy_len = rng.exponential(busy_mean, cycles)
-        seq = np.empty(2 * cycles)
-        if idle_first:
-            seq[0::2], seq[1::2] = idle_len, busy_len
-            initial.append(n)
-        else:
-            seq[0::2], seq[1::2] = busy_len, idle_len
-        seq[0] *= rng.random()  # the first period began before the trace
-        edges = np.round(np.cumsum(seq) / grid_s) * grid_s
-        edges = edges[edges < span]
-        flags = np.resize(np.array([not idle_first, idle_first]), len(edges))
-        t_out.append(edges)
-        n_out.append(np.full(len(edges), n))
-        v_out.append(flags)
-    return from_transitions(f"synthetic(nodes={nodes},seed={seed})", names,
-                            np.array(initial, dtype=np.int64),
-                            np.concatenate(t_out) if t_out else np.zeros(0),
-                            np.concatenate(n_out) if n_out else np.zeros(0, np.int32),
-                            np.concatenate(v_out) if v_out else np.zeros(0, bool),
-                            start=0.0, end=span)
-
-
-def load_trace(spec: str, *, days: float | None = None, seed: int = 0,
-               machine_nodes: int = THETA_NODES, synthetic_nodes: int = 256,
-               skip_events: int | None = None) -> Trace:
-    """A trace by name (``summit``, ``swf``, ``synthetic``) or path (``.swf``; ``.csv`` or
-    ``.csv.gz`` in the ``unix_time,node,idle`` format), cut to ``days``.
-
-    ``skip_events`` defaults to 1,000 for the Summit trace (as BFTrainer's replayer) and to the
-    events of the first day for SWF logs (the log starts with an empty machine), else 0.
-    """
-    if spec == "summit":
-        trace = read_idle_csv(_shared_file(SUMMIT_FILE), name="summit")
-        return trace.window(days, SUMMIT_SKIP_EVENTS if skip_events is None else skip_events)
-    if spec == "synthetic":
-        trace = synthetic(nodes=synthetic_nodes, days=days or 2.0, seed=seed)
-        return trace.window(None, skip_events or 0)
-    if spec == "swf":
-        return _swf_window(read_swf(_shared_file(SWF_FILE), machine_nodes, "swf"),
-                           days, skip_events)
-    path = Path(spec)
-    if path.suffix == ".swf":
-        return _swf_window(read_swf(path, machine_nodes), days, skip_events)
-    if path.name.endswith((".csv", ".csv.gz")):
-        return read_idle_csv(path).window(days, skip_events or 0)
-    if not path.exists():
-        raise InputFileError(spec, "unknown trace; give summit, swf, synthetic or the path of a "
-                             ".swf or unix_time,node,idle .csv[.gz] file")
-    raise InputFileError(spec, "unknown trace format; use a .swf log or a unix_time,node,idle "
-                         ".csv/.csv.gz file")
-
-
-def _shared_file(parts: tuple[str, ...]) -> Path:
-    path = shared_dir().joinpath(*parts)
-    if not path.is_file():
-        raise InputFileError(str(path), "missing; set MALLETRAIN_SHARED to the folder that "
-                             "holds data/summit and data/swf, or give a trace file's path")
-    return path
-
-
-def _swf_window(trace: Trace, days: float | None, skip_events: int | None) -> Trace:
-    if skip_events is None:
-        skip_events = int(np.searchsorted(trace.times, trace.start + DAY_S))
-    return trace.window(days, skip_events)
