@@ -136,7 +136,7 @@ class ReportListener:
         return report
 
     def drain(self) -> list[reports.Report]:
-        out = []
+        out: list[reports.Report] = []
         while True:
             try:
                 data = self.sock.recv(reports.MAX_BYTES + 1)
