@@ -251,8 +251,11 @@ class HookListener:
         self.sock = sock
         return self
 
-    def receive(self, timeout_s: float | None = None) -> Received:
-        """The next datagram (``socket.timeout`` when none arrives within ``timeout_s``)."""
+    def receive_raw(self, timeout_s: float | None = None) -> tuple[bytes, int, int, int]:
+        """The next datagram undecoded, with the sender's (pid, uid, gid) from the kernel
+        (-1 when not given). ``socket.timeout`` when none arrives within ``timeout_s``;
+        ``BlockingIOError`` when ``timeout_s`` is 0 and none is waiting. A datagram longer
+        than :data:`MAX_DATAGRAM_BYTES` comes back one byte longer than that limit."""
         if self.sock is None:
             raise ProtocolError(f"{self.path}: listener not bound; call bind() first")
         self.sock.settimeout(timeout_s)
@@ -262,6 +265,11 @@ class HookListener:
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                 pid, uid, gid = struct.unpack("3i", payload[:struct.calcsize("3i")])
+        return data, pid, uid, gid
+
+    def receive(self, timeout_s: float | None = None) -> Received:
+        """The next datagram (``socket.timeout`` when none arrives within ``timeout_s``)."""
+        data, pid, uid, gid = self.receive_raw(timeout_s)
         return Received(decode(data), pid, uid, gid)
 
     def close(self) -> None:

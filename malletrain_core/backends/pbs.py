@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
 from ..events import (
@@ -49,8 +49,6 @@ from ..events import (
     JobEnded,
     JobRequest,
     JobSubmitted,
-    NodesIdle,
-    NodesReclaimed,
     Shrink,
     WorkerStarted,
     WorkerStopped,
@@ -58,6 +56,7 @@ from ..events import (
 from ..runner import CommandRunner
 from ..states import NodeState, TaskState
 from . import pbs_parse as pp
+from .base import PollEvents
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +73,6 @@ class _Launch:
     job_id: str
     node: str
     deadline: float
-
-
-@dataclass
-class _Poll:
-    submitted: list[Event] = field(default_factory=list)
-    reclaimed: list[str] = field(default_factory=list)
-    stopped: list[Event] = field(default_factory=list)
-    ended: list[Event] = field(default_factory=list)
-    started: list[Event] = field(default_factory=list)
 
 
 def job_request(array: pp.PbsJob, subjobs: Sequence[pp.PbsJob]) -> JobRequest | None:
@@ -164,7 +154,7 @@ class PbsBackend:
                 subjobs.setdefault(j.array_id, []).append(j)
         current = {j.id: j for group in subjobs.values() for j in group}
         our_ids = {j.id for j in jobs.values() if j.queue == self.queue}
-        out = _Poll()
+        out = PollEvents()
         self._admit(arrays, subjobs, now, out)
         self._reconcile_workers(current, now, out)
         self._reconcile_launches(current, now, out)
@@ -174,16 +164,10 @@ class PbsBackend:
         self._gone &= set(arrays)
         self._stopping &= set(current)
 
-        events: list[Event] = list(out.submitted)
-        if out.reclaimed:
-            events.append(NodesReclaimed(now, tuple(sorted(set(out.reclaimed)))))
-        events += out.stopped + out.ended
-        if idle:
-            events.append(NodesIdle(now, tuple(idle)))
-        return events + out.started
+        return out.ordered(now, idle)
 
     def _admit(self, arrays: dict[str, pp.PbsJob], subjobs: dict[str, list[pp.PbsJob]],
-               now: float, out: _Poll) -> None:
+               now: float, out: PollEvents) -> None:
         for aid in sorted(arrays, key=_job_number):
             if aid in self._jobs or aid in self._gone:
                 continue
@@ -194,7 +178,7 @@ class PbsBackend:
             self._jobs[aid] = req
             out.submitted.append(JobSubmitted(now, req))
 
-    def _reconcile_workers(self, current: dict[str, pp.PbsJob], now: float, out: _Poll) -> None:
+    def _reconcile_workers(self, current: dict[str, pp.PbsJob], now: float, out: PollEvents) -> None:
         unwanted = set(self._unwanted)
         for sid, until in list(self._unwanted.items()):
             seen = current.get(sid)
@@ -226,7 +210,7 @@ class PbsBackend:
             else:
                 out.stopped.append(WorkerStopped(now, aid, node))
 
-    def _reconcile_launches(self, current: dict[str, pp.PbsJob], now: float, out: _Poll) -> None:
+    def _reconcile_launches(self, current: dict[str, pp.PbsJob], now: float, out: PollEvents) -> None:
         for sid, launch in list(self._launching.items()):
             seen = current.get(sid)
             if seen is None or seen.state is TaskState.DONE or now >= launch.deadline:
@@ -237,7 +221,7 @@ class PbsBackend:
                                 self.grow_timeout_s)
 
     def _reconcile_jobs(self, subjobs: dict[str, list[pp.PbsJob]], now: float,
-                        out: _Poll) -> None:
+                        out: PollEvents) -> None:
         """A job ends when a worker exited 0 (training done) or the array is gone."""
         for aid in list(self._jobs):
             group = subjobs.get(aid)

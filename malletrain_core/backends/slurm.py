@@ -49,8 +49,6 @@ from ..events import (
     JobEnded,
     JobRequest,
     JobSubmitted,
-    NodesIdle,
-    NodesReclaimed,
     Shrink,
     WorkerStarted,
     WorkerStopped,
@@ -58,6 +56,7 @@ from ..events import (
 from ..runner import CommandRunner
 from ..states import NodeState, TaskState
 from . import slurm_parse as sp
+from .base import PollEvents
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +79,7 @@ def _recoverable(row: sp.TaskRow) -> bool:
 
 
 @dataclass
-class _PollEvents:
-    submitted: list[Event] = field(default_factory=list)
-    reclaimed: list[str] = field(default_factory=list)
-    stopped: list[Event] = field(default_factory=list)
-    ended: list[Event] = field(default_factory=list)
-    started: list[Event] = field(default_factory=list)
+class _PollEvents(PollEvents):
     to_hold: list[str] = field(default_factory=list)
     to_requeuehold: list[str] = field(default_factory=list)
 
@@ -190,13 +184,7 @@ class SlurmBackend:
         self._run_quietly("requeuehold", out.to_requeuehold)
         self._stopping.update(out.to_requeuehold)
 
-        events: list[Event] = list(out.submitted)
-        if out.reclaimed:
-            events.append(NodesReclaimed(now, tuple(sorted(set(out.reclaimed)))))
-        events += out.stopped + out.ended
-        if idle:
-            events.append(NodesIdle(now, tuple(idle)))
-        return events + out.started
+        return out.ordered(now, idle)
 
     def _admit(self, tagged: dict[str, list[sp.TaskRow]], now: float, out: _PollEvents) -> None:
         for aid, group in sorted(tagged.items(), key=lambda kv: int(kv[0])):

@@ -12,51 +12,36 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 from collections import Counter
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from .. import reports
+from .. import protocol, reports
 from ..events import ProgressReport
 
 log = logging.getLogger(__name__)
 
-_UCRED = struct.Struct("3i")  # pid, uid, gid
-MAX_DATAGRAM = 4096
 
 
 class HookListener:
-    """Receives hook datagrams on a unix datagram socket; only ``allowed_uids`` are heard."""
+    """The daemon's hook socket: drains every waiting datagram without blocking; only senders
+    whose kernel-reported uid is in ``allowed_uids`` are heard (root, SlurmUser)."""
 
     def __init__(self, path: str | os.PathLike[str], allowed_uids: Collection[int],
                  decode: Callable[[bytes], object] | None = None) -> None:
-        self.path = Path(path)
         self.allowed_uids = set(allowed_uids)
         self.decode = decode
         self.dropped: Counter[str] = Counter()
         self.received = 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        self.sock.bind(str(self.path))
-        # Hooks run as root or SlurmUser; the socket is writable by them only (uids checked too).
-        os.chmod(self.path, 0o660)
-        self.sock.setblocking(False)
+        self.listener = protocol.HookListener(Path(path), mode=0o660).bind()
+        self.path = self.listener.path
 
     def fileno(self) -> int:
-        return self.sock.fileno()
+        assert self.listener.sock is not None
+        return self.listener.sock.fileno()
 
     def close(self) -> None:
-        self.sock.close()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        self.listener.close()
 
     def _drop(self, reason: str) -> None:
         if not self.dropped[reason]:
@@ -68,18 +53,13 @@ class HookListener:
         out: list[object] = []
         while True:
             try:
-                data, ancdata, flags, _ = self.sock.recvmsg(MAX_DATAGRAM + 1,
-                                                            socket.CMSG_SPACE(_UCRED.size))
-            except (BlockingIOError, InterruptedError):
+                data, _, uid, _ = self.listener.receive_raw(timeout_s=0.0)
+            except (BlockingIOError, InterruptedError, socket.timeout):
                 return out
-            uid = None
-            for level, kind, payload in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                    _, uid, _ = _UCRED.unpack(payload[:_UCRED.size])
-            if uid is None or uid not in self.allowed_uids:
+            if uid not in self.allowed_uids:
                 self._drop(f"sender uid {uid} is not allowed")
                 continue
-            if len(data) > MAX_DATAGRAM or flags & socket.MSG_TRUNC:
+            if len(data) > protocol.MAX_DATAGRAM_BYTES:
                 self._drop("oversized datagram")
                 continue
             if self.decode is None:

@@ -48,7 +48,9 @@ def test_backend_drives_an_elastic_job(cluster: LocalCluster) -> None:
     backend = SlurmBackend(cluster.runner(), grow_timeout_s=60)
     first = backend.poll(time.time())
     idle = [n.name for e in first if isinstance(e, NodesIdle) for n in e.nodes]
-    assert idle == cluster.node_names
+    assert idle == cluster.node_names, (
+        idle, cluster.run(["sinfo", "-h", "-N", "-p", "preemptable", "-o", "%N|%T"]).stdout,
+        cluster.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%P"]).stdout)
 
     job = elastic(cluster, "1-4", "--comment=model=resnet50")
     ev = poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
