@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import selectors
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -68,6 +69,9 @@ class Daemon:
         self.selector = selectors.DefaultSelector()
         self._next_cycle = 0.0
         self._stopping = False
+        # Held by the cycle and by every API handler: the API server answers on its own
+        # threads, the engine and the epoch coordinator are not thread-safe.
+        self.lock = threading.RLock()
 
     # -- recovery ---------------------------------------------------------------------------
     def recover(self) -> int:
@@ -161,7 +165,8 @@ class Daemon:
             if wake:
                 self.wake()
         if time.monotonic() >= self._next_cycle:
-            self.cycle()
+            with self.lock:
+                self.cycle()
             self._next_cycle = time.monotonic() + self.poll_interval_s
 
     def run(self) -> None:
