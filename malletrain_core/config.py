@@ -36,6 +36,7 @@ class DaemonConfig:
     api_socket: str = "/run/malletrain/api.sock"
     api_host: str = "0.0.0.0"
     api_port: int = 7817
+    advertise_host: str = ""
     poll_interval_s: float = 5.0
     metrics_port: int = 9817
     log_level: str = "info"
@@ -82,6 +83,16 @@ class MungeConfig:
 
 
 @dataclass(frozen=True)
+class EpochsConfig:
+    checkpoint_timeout_s: float = 60.0
+    join_timeout_s: float = 20.0
+    launcher_timeout_s: float = 15.0
+    max_failures: int = 10
+    port_min: int = 29500
+    port_max: int = 29999
+
+
+@dataclass(frozen=True)
 class Config:
     """Every setting of ``malletraind``; see ``malletrain.toml`` beside this module."""
 
@@ -91,6 +102,7 @@ class Config:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     pbs: PbsConfig = field(default_factory=PbsConfig)
     munge: MungeConfig = field(default_factory=MungeConfig)
+    epochs: EpochsConfig = field(default_factory=EpochsConfig)
 
     def validate(self) -> Config:
         """Cross-field checks; returns self for chaining."""
@@ -115,6 +127,15 @@ class Config:
         for name, port in (("daemon.api_port", d.api_port), ("daemon.metrics_port", d.metrics_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name}: {port!r} is not a port number (0 turns it off)")
+        e = self.epochs
+        if not 1024 <= e.port_min <= e.port_max <= 65535:
+            raise ConfigError(f"epochs.port_min/port_max: {e.port_min}-{e.port_max} must be "
+                              "LO ≤ HI within 1024-65535")
+        if e.checkpoint_timeout_s <= 0 or e.launcher_timeout_s <= 0 or e.join_timeout_s < 0:
+            raise ConfigError("epochs: checkpoint_timeout_s and launcher_timeout_s must be > 0, "
+                              "join_timeout_s ≥ 0")
+        if e.max_failures < 1:
+            raise ConfigError(f"epochs.max_failures: {e.max_failures!r} must be ≥ 1")
         if not 0.0 <= self.allocator.min_share <= 1.0:
             raise ConfigError(f"allocator.min_share: {self.allocator.min_share!r} must lie in [0, 1]")
         return self

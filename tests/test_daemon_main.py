@@ -51,6 +51,7 @@ def test_once_runs_one_cycle_against_a_missing_slurm(tmp_path, capsys, monkeypat
     monkeypatch.setenv("PATH", str(tmp_path))
     path = tmp_path / "cfg.toml"
     path.write_text(f"[daemon]\nstate_dir = \"{tmp_path / 'state'}\"\n"
-                    f"hook_socket = \"{tmp_path / 'hook.sock'}\"\n")
+                    f"hook_socket = \"{tmp_path / 'hook.sock'}\"\n"
+                    f"api_socket = \"{tmp_path / 'api.sock'}\"\napi_port = 0\n")
     assert daemon_main.main(["--config", str(path), "--once"]) == 0
     assert (tmp_path / "state" / "state.db").exists()

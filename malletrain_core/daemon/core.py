@@ -11,6 +11,7 @@ daemon.
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import threading
 import time
@@ -64,6 +65,8 @@ class Daemon:
         self._last_tick = float("-inf")
         self.clock = clock
         self.on_actions = on_actions
+        # Called after every cycle (persisting state that is not in the journal).
+        self.after_cycle: list[Callable[[], None]] = []
         self.counters = Counters()
         self.pending: list[Event] = []
         self.selector = selectors.DefaultSelector()
@@ -72,6 +75,11 @@ class Daemon:
         # Held by the cycle and by every API handler: the API server answers on its own
         # threads, the engine and the epoch coordinator are not thread-safe.
         self.lock = threading.RLock()
+        # Other threads (API handlers) bring the next cycle forward through this pipe.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, (self._drain_wake, True))
 
     # -- recovery ---------------------------------------------------------------------------
     def recover(self) -> int:
@@ -94,6 +102,29 @@ class Daemon:
     def submit(self, events: list[Event]) -> None:
         """Queue events for the next cycle (reports, API-originated events)."""
         self.pending.extend(events)
+
+    def notify(self) -> None:
+        """Thread-safe :meth:`wake`: the selector returns and the cycle comes early."""
+        try:
+            os.write(self._wake_w, b"!")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending (or the daemon is closing)
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        """Release the selector and the wake-up pipe (the store is closed by its owner)."""
+        self.selector.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def wake(self) -> None:
         now = time.monotonic()
@@ -145,6 +176,8 @@ class Daemon:
                 self.on_actions(actions, now)
         self.counters.cycles += 1
         self.counters.last_cycle_ms = (time.perf_counter() - t0) * 1e3
+        for hook in self.after_cycle:
+            hook()
         return executed
 
     def run_once(self, timeout_s: float | None = None) -> None:
@@ -177,3 +210,4 @@ class Daemon:
     def stop(self, *_: Any) -> None:
         self._stopping = True
         self._next_cycle = 0.0
+        self.notify()

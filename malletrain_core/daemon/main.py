@@ -3,25 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import pwd
 import signal
+import socket
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from .. import __version__, protocol
+from ..api import Dispatcher, LauncherService, TcpApiServer, UnixApiServer
 from ..backends.base import Backend
 from ..config import Config, load
 from ..engine import Engine, EngineConfig
+from ..epochs import EpochCoordinator, EpochError
 from ..errors import MalleTrainError
+from ..events import Event
 from ..model import Constraints, Objective
+from ..munge import Munge
 from ..runner import CommandRunner
+from .bridge import EpochBridge
 from .core import Daemon
-from .intake import HookListener
+from .intake import HookListener, ReportListener, to_event
 from .store import Store
 
 log = logging.getLogger("malletraind")
+
+EPOCHS_KEY = "epochs"
 
 
 def engine_config(config: Config) -> EngineConfig:
@@ -65,22 +77,136 @@ def admin_uids(names: Sequence[str]) -> set[int]:
     return uids
 
 
-def build(config: Config) -> tuple[Daemon, list[HookListener]]:
-    """The daemon and its listeners, state recovered from the journal."""
-    store = Store(config.daemon.state_dir)
+def make_coordinator(config: Config, store: Store) -> EpochCoordinator:
+    """The epoch coordinator, with the running epochs of a previous run when there are any."""
+    saved = store.get(EPOCHS_KEY)
+    if saved:
+        try:
+            coordinator = EpochCoordinator.from_dict(saved)
+        except (EpochError, KeyError, TypeError, ValueError) as exc:
+            log.warning("saved epoch state is unusable (%s); launchers re-register", exc)
+        else:
+            log.info("recovered the epochs of %d jobs", len(coordinator.jobs()))
+            return coordinator
+    e = config.epochs
+    return EpochCoordinator((e.port_min, e.port_max), checkpoint_timeout_s=e.checkpoint_timeout_s,
+                            join_timeout_s=e.join_timeout_s,
+                            launcher_timeout_s=e.launcher_timeout_s, max_failures=e.max_failures)
+
+
+class Service:
+    """The running daemon and everything it serves; :meth:`close` releases it all."""
+
+    def __init__(self, daemon: Daemon, coordinator: EpochCoordinator, bridge: EpochBridge,
+                 dispatcher: Dispatcher) -> None:
+        self.daemon = daemon
+        self.coordinator = coordinator
+        self.bridge = bridge
+        self.dispatcher = dispatcher
+        self.closables: list[Any] = []
+        self._saved = ""
+
+    def save(self) -> None:
+        """Persist the coordinator (report keys, running epochs) when it changed."""
+        with self.daemon.lock:
+            state = self.coordinator.to_dict()
+        text = json.dumps(state, sort_keys=True)
+        if text != self._saved:
+            self.daemon.store.put(EPOCHS_KEY, state)
+            self._saved = text
+
+    def close(self) -> None:
+        for item in reversed(self.closables):
+            try:
+                item.close()
+            except Exception:  # noqa: BLE001 - closing must go on
+                log.exception("closing %s failed", type(item).__name__)
+        self.closables.clear()
+
+
+def build(config: Config) -> Service:
+    """The daemon, its listeners and API servers, state recovered from the store."""
+    d = config.daemon
+    store = Store(d.state_dir)
+    coordinator = make_coordinator(config, store)
     engine = Engine(engine_config(config))
-    daemon = Daemon(engine, make_backend(config), store,
-                    poll_interval_s=config.daemon.poll_interval_s,
+    bridge = EpochBridge(make_backend(config), coordinator)
+    daemon = Daemon(engine, bridge, store, poll_interval_s=d.poll_interval_s,
                     tick_interval_s=max(1.0, min(config.profiler.window_s / 4, 10.0)))
+    service = Service(daemon, coordinator, bridge, Dispatcher())
+    try:
+        _wire(config, service, admin_uids(d.admin_users))
+    except BaseException:
+        service.close()
+        store.close()
+        raise
     daemon.recover()
-    hooks = HookListener(config.daemon.hook_socket, admin_uids(config.daemon.admin_users),
-                         decode=protocol.decode)
+    return service
+
+
+def _wire(config: Config, service: Service, admins: set[int]) -> None:
+    d, daemon, bridge = config.daemon, service.daemon, service.bridge
+    coordinator = service.coordinator
+    service.closables.append(daemon)
+    hooks = HookListener(d.hook_socket, admins, decode=protocol.decode)
+    service.closables.append(hooks)
 
     def on_hook() -> None:
         hooks.drain()  # a hint: the woken poll reads the truth
 
     daemon.watch(hooks, on_hook, wake=True)
-    return daemon, [hooks]
+    daemon.after_cycle.append(service.save)
+    if d.api_socket:
+        Path(d.api_socket).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        unix = UnixApiServer(d.api_socket, service.dispatcher,
+                             group=getattr(d, "api_group", "") or None)
+        service.closables.append(unix)
+    if not d.api_port:
+        log.warning("daemon.api_port is 0: launchers cannot reach the daemon; elastic jobs "
+                    "will wait for orders")
+    else:
+        munge = Munge(config.munge.socket, ttl_s=config.munge.credential_ttl_s)
+
+        def key_for(job: str) -> bytes | None:
+            with daemon.lock:
+                return coordinator.key(job) if coordinator.owner(job) is not None else None
+
+        reports_in = ReportListener(d.api_host, d.api_port, key_for)
+        service.closables.append(reports_in)
+        host = d.advertise_host or socket.gethostname()
+        launchers = LauncherService(
+            coordinator, lambda key, uid: munge.encode(key, restrict_uid=uid),
+            f"{host}:{reports_in.address[1]}", time.time, lock=daemon.lock,
+            admin_uids=frozenset(admins))
+
+        def checkin(uid: int, args: dict[str, Any]) -> Any:
+            reply = launchers.checkin(uid, args)
+            with daemon.lock:
+                if bridge.deferred and bridge.releasable():
+                    daemon.notify()  # a shrink may go now: do not wait for the next poll
+            return reply
+
+        service.dispatcher.register("checkin", checkin)
+
+        def on_reports() -> list[Event]:
+            out: list[Event] = []
+            acked = False
+            with daemon.lock:
+                for report in reports_in.drain():
+                    if report.ckpt is not None:
+                        coordinator.acknowledge_checkpoint(report.job, report.epoch, time.time())
+                        acked = True
+                    out.append(to_event(report))
+                if acked and bridge.deferred and bridge.releasable():
+                    daemon.wake()
+            return out
+
+        daemon.watch(reports_in, on_reports)
+        tcp = TcpApiServer((d.api_host, d.api_port), service.dispatcher, munge)
+        service.closables.append(tcp)
+    for server in service.closables:
+        if hasattr(server, "start"):
+            server.start()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -107,12 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load(args.config, overrides={"daemon": flags} if flags else None)
         logging.basicConfig(level=config.daemon.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        daemon, listeners = build(config)
+        service = build(config)
     except MalleTrainError as err:
         if args.debug:
             raise
         print(f"malletraind: error: {err}", file=sys.stderr)
         return err.exit_code
+    daemon = service.daemon
     signal.signal(signal.SIGTERM, daemon.stop)
     signal.signal(signal.SIGINT, daemon.stop)
     log.info("malletraind %s started: %s backend, state in %s", __version__,
@@ -128,8 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"malletraind: error: {err}", file=sys.stderr)
         return err.exit_code
     finally:
-        for listener in listeners:
-            listener.close()
+        service.save()
+        service.close()
         daemon.store.close()
     log.info("malletraind stopped")
     return 0
