@@ -180,8 +180,8 @@ def _convert(value: Any, typ: Any, where: str) -> Any:
 
 
 def _bad(where: str, value: Any, expected: str) -> Any:
-    raise ConfigError(f"{where}: {value!r} is not {'an' if expected[0] in 'aeiou' else 'a'} "
-                      f"{expected}")
+    article = "" if expected.startswith("a ") else "an " if expected[0] in "aeiou" else "a "
+    raise ConfigError(f"{where}: {value!r} is not {article}{expected}")
 
 
 def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:

@@ -69,3 +69,30 @@ def test_explicit_missing_file(tmp_path):
 def test_bad_environment_value(tmp_path):
     with pytest.raises(ConfigError, match="poll_interval_s"):
         config.load(write(tmp_path, ""), env={"MALLETRAIN_DAEMON_POLL_INTERVAL_S": "soon"})
+
+
+def test_every_key_of_the_documented_file_has_its_own_comment():
+    lines = config.DOCUMENTED_DEFAULTS.read_text().splitlines()
+    undocumented = [line.split("=")[0].strip() for prev, line in zip([""] + lines, lines)
+                    if "=" in line and not line.startswith("#") and not prev.startswith("#")]
+    assert undocumented == []
+    keys = {k for section in config.to_mapping(config.Config()).values() for k in section}
+    documented = {line.split("=")[0].strip() for line in lines
+                  if "=" in line and not line.startswith("#")}
+    assert keys == documented
+
+
+def test_bad_type_in_every_kind_of_field(tmp_path):
+    cases = {'[daemon]\npoll_interval_s = "soon"\n': "daemon.poll_interval_s: 'soon' is not a float",
+             "[profiler]\nenabled = 3\n": "profiler.enabled: 3 is not a bool",
+             "[daemon]\nadmin_users = [1, 2]\n": "daemon.admin_users: [1, 2] is not a list of strings",
+             "[slurm]\npartition = 5\n": "slurm.partition: 5 is not a str"}
+    for text, message in cases.items():
+        with pytest.raises(ConfigError) as err:
+            config.load(write(tmp_path, text), env={})
+        assert message in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_unknown_environment_key_is_rejected_by_name(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'metrics_prot'"):
+        config.load(write(tmp_path, ""), env={"MALLETRAIN_DAEMON_METRICS_PROT": "1"})

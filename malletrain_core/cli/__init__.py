@@ -19,6 +19,11 @@ from ..errors import MalleTrainError
 SUBCOMMANDS = (
     "allocate",
     "simulate",
+    "status",
+    "jobs",
+    "nodes",
+    "profile",
+    "admin",
 )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, protocol
+from .. import __version__, logs, protocol
 from ..api import Dispatcher, LauncherService, TcpApiServer, UnixApiServer
 from ..backends.base import Backend
 from ..config import Config, load
@@ -29,6 +29,7 @@ from ..runner import CommandRunner
 from .bridge import EpochBridge
 from .core import Daemon
 from .intake import HookListener, ReportListener, to_event
+from .service import attach
 from .store import Store
 
 log = logging.getLogger("malletraind")
@@ -156,6 +157,9 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
 
     daemon.watch(hooks, on_hook, wake=True)
     daemon.after_cycle.append(service.save)
+    metrics = attach(daemon, service.dispatcher, d.metrics_port)
+    if metrics is not None:
+        service.closables.append(metrics)
     if d.api_socket:
         Path(d.api_socket).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         unix = UnixApiServer(d.api_socket, service.dispatcher,
@@ -231,8 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                ("log_level", args.log_level)) if v is not None}
     try:
         config = load(args.config, overrides={"daemon": flags} if flags else None)
-        logging.basicConfig(level=config.daemon.log_level.upper(),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logs.configure(config.daemon.log_level)
         service = build(config)
     except MalleTrainError as err:
         if args.debug:

@@ -1,0 +1,178 @@
+"""Read-only API ops for ``malletrain status|jobs|nodes|profile``, and the metrics endpoint.
+
+Every user may read (like ``squeue`` without ``PrivateData``). Handlers run on the API
+server's threads, so each holds the daemon's lock while it copies engine state into plain
+JSON values; formatting is the CLI's business.
+
+Wiring, from ``malletraind`` (:func:`attach`)::
+
+    metrics = service.attach(daemon, dispatcher, config.daemon.metrics_port)
+    ...
+    if metrics is not None:
+        metrics.close()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .. import __version__
+from ..api import ApiError, Dispatcher
+from ..engine.config import JobPhase, JobView
+from ..hostlist import fold
+from ..metrics import DaemonLike, MetricsServer, serve
+
+PHASES = tuple(phase.value for phase in JobPhase)
+
+
+def _engines(engine: Any) -> list[Any]:
+    """The engines behind ``daemon.engine`` (one, or a router's several)."""
+    inner = getattr(engine, "engines", None)
+    return list(inner.values()) if isinstance(inner, Mapping) else [engine]
+
+
+def _hole_ends(engine: Any) -> dict[str, float | None]:
+    ends: dict[str, float | None] = {}
+    for one in _engines(engine):
+        ends.update(getattr(one, "hole_ends", {}))
+    return ends
+
+
+def _throughput(view: JobView) -> float | None:
+    """Samples/s at the job's current scale: measured if it was, else the believed curve."""
+    k = len(view.nodes)
+    if k == 0:
+        return None
+    if k in view.measured:
+        return float(view.measured[k])
+    return None if view.curve is None else float(view.curve.at(k))
+
+
+def job_record(view: JobView) -> dict[str, Any]:
+    """One job as the ``jobs`` op returns it."""
+    rate = _throughput(view)
+    return {
+        "job": view.id, "state": view.phase.value, "owner": view.owner, "model": view.model,
+        "nodes": len(view.nodes), "node_list": fold(view.nodes) if view.nodes else "",
+        "min_nodes": view.min_nodes, "max_nodes": view.max_nodes,
+        "submitted": view.submitted, "throughput": rate,
+        "scale_up_s": view.scale_up_s, "scale_down_s": view.scale_down_s,
+    }
+
+
+class StatusService:
+    """The read-only ops ``status``, ``jobs``, ``nodes`` and ``profile`` over one daemon."""
+
+    def __init__(self, daemon: DaemonLike) -> None:
+        self.daemon = daemon
+        self.started = self._now()
+
+    def register(self, dispatcher: Dispatcher) -> None:
+        """Add the ops to the daemon's API dispatcher."""
+        dispatcher.register("status", self.status)
+        dispatcher.register("jobs", self.jobs)
+        dispatcher.register("nodes", self.nodes)
+        dispatcher.register("profile", self.profile)
+
+    def _now(self) -> float:
+        clock = getattr(self.daemon, "clock", time.time)
+        return float(clock())
+
+    def status(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
+        """Versions, node and job counts, the daemon's and the engine's counters."""
+        with self.daemon.lock:
+            engine = self.daemon.engine
+            phases = dict.fromkeys(PHASES, 0)
+            for view in engine.jobs.values():
+                phases[view.phase.value] += 1
+            c = self.daemon.counters
+            backend = getattr(self.daemon, "backend", None)
+            return {
+                "version": __version__,
+                "backend": str(getattr(backend, "name", "") or type(backend).__name__),
+                "now": self._now(),
+                "started": self.started,
+                "nodes": {"free": len(engine.idle_nodes), "held": len(engine.node_map)},
+                "jobs": phases,
+                "daemon": {"cycles": c.cycles, "events": c.events,
+                           "actions": dict(sorted(c.actions.items())),
+                           "command_failures": c.command_failures,
+                           "last_cycle_ms": c.last_cycle_ms,
+                           "last_poll_time": c.last_poll_time},
+                "engine": engine.stats.to_dict(),
+            }
+
+    def jobs(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
+        """Every job (``args``: optional ``state`` and ``user`` filters)."""
+        state = args.get("state")
+        user = args.get("user")
+        if state is not None and state not in PHASES:
+            raise ApiError(f"unknown job state {state!r}; use one of {', '.join(PHASES)}")
+        if user is not None and not isinstance(user, str):
+            raise ApiError("jobs: 'user' must be a user name")
+        with self.daemon.lock:
+            records = [job_record(view) for view in self.daemon.engine.jobs.values()
+                       if (state is None or view.phase.value == state)
+                       and (user is None or view.owner == user)]
+            return {"now": self._now(), "jobs": records}
+
+    def nodes(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
+        """Every offered idle node: free or held (by which job), and when its hole ends."""
+        with self.daemon.lock:
+            engine = self.daemon.engine
+            owner = dict(engine.node_map)
+            ends = _hole_ends(engine)
+            names = set(engine.idle_nodes) | set(owner)
+            records = [{"node": name, "state": "held" if name in owner else "free",
+                        "job": owner.get(name, ""), "hole_end": ends.get(name)}
+                       for name in names]
+            now = self._now()
+        records.sort(key=lambda r: _natural(r["node"]))
+        return {"now": now, "nodes": records}
+
+    def profile(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
+        """One job's believed curve and its measured points (``args``: ``{"job": ID}``)."""
+        job = args.get("job")
+        if isinstance(job, int) and not isinstance(job, bool):
+            job = str(job)
+        if not isinstance(job, str) or not job:
+            raise ApiError('profile needs a job id: {"job": "123"}')
+        with self.daemon.lock:
+            view = self.daemon.engine.jobs.get(job)
+            if view is None:
+                raise ApiError(f"job {job} is not known to malletraind; `malletrain jobs` "
+                               "lists the jobs it knows")
+            record = job_record(view)
+            curve = view.curve
+            record["measured"] = [[k, float(v)] for k, v in sorted(view.measured.items())]
+            top = max(view.max_nodes, max(view.measured, default=0))
+            # Only the scales the job can run at: the curve may extend beyond its maximum.
+            points = [] if curve is None else [
+                (k, float(p)) for k, p in zip(curve.nodes, curve.throughput) if k <= top]
+            record["curve"] = None if curve is None else {
+                "nodes": [k for k, _ in points], "throughput": [p for _, p in points]}
+            record["table"] = [] if curve is None else [
+                [k, float(p)] for k, p in enumerate(curve.table(top)) if k > 0]
+            record["now"] = self._now()
+        return record
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    """Sort key that puts n2 before n10."""
+    head = name.rstrip("0123456789")
+    tail = name[len(head):]
+    return (head, int(tail) if tail else -1, name)
+
+
+def attach(daemon: DaemonLike, dispatcher: Dispatcher, metrics_port: int,
+           metrics_addr: str = "") -> MetricsServer | None:
+    """Register the read-only ops and start the metrics endpoint (``metrics_port`` 0: off).
+
+    Raises :class:`~malletrain_core.errors.ConfigError` (one line) if the port is taken.
+    """
+    StatusService(daemon).register(dispatcher)
+    if not metrics_port:
+        return None
+    return serve(metrics_port, daemon, metrics_addr)

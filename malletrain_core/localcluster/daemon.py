@@ -1,0 +1,155 @@
+"""``malletraind`` beside a :class:`~malletrain_core.localcluster.LocalCluster`.
+
+Used by the integration tests, ``bench/e2e.py`` and the demo: a config file under the
+cluster's root (state, sockets and log there too), the API and the report listener on a free
+loopback port, the cluster's private munged, and helpers to start, kill and restart the
+daemon process and to write the batch scripts of elastic training jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import MalleTrainError
+from . import REPO, LocalCluster
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free for both TCP (API) and UDP (reports) on ``host``."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.bind((host, 0))
+            port = int(tcp.getsockname()[1])
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                    udp.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise MalleTrainError(f"no port free for both TCP and UDP on {host}")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class LocalDaemon:
+    """One ``malletraind`` process for ``cluster``; ``settings`` overrides config sections,
+    e.g. ``{"profiler": {"window_s": 5.0}}``."""
+
+    def __init__(self, cluster: LocalCluster, root: str | Path | None = None,
+                 settings: dict[str, dict[str, Any]] | None = None) -> None:
+        self.cluster = cluster
+        self.root = Path(root) if root is not None else cluster.root / "malletraind"
+        self.port = free_port()
+        self.api_socket = self.root / "api.sock"
+        self.log_path = self.root / "daemon.log"
+        self.config_path = self.root / "malletrain.toml"
+        sections: dict[str, dict[str, Any]] = {
+            "daemon": {"state_dir": str(self.root / "state"),
+                       "hook_socket": str(cluster.hook_socket),
+                       "api_socket": str(self.api_socket), "api_host": "127.0.0.1",
+                       "api_port": self.port, "advertise_host": "127.0.0.1",
+                       "poll_interval_s": 1.0, "metrics_port": 0, "log_level": "info"},
+            "profiler": {"window_s": 6.0},
+            "epochs": {"checkpoint_timeout_s": 20.0, "join_timeout_s": 6.0},
+            "munge": {"socket": str(cluster.munge_socket)},
+        }
+        for name, table in (settings or {}).items():
+            sections.setdefault(name, {}).update(table)
+        self.sections = sections
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # ------------------------------------------------------------------ the process
+    def write_config(self) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for name, table in self.sections.items():
+            lines.append(f"[{name}]")
+            lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+        self.config_path.write_text("\n".join(lines) + "\n")
+        return self.config_path
+
+    def start(self, timeout_s: float = 30.0) -> float:
+        """Start the daemon; returns the seconds until its API answered."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise MalleTrainError("malletraind is already running")
+        self.write_config()
+        env = self.cluster.env
+        env.pop("MALLETRAIN_CONFIG", None)
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "malletrain_core.daemon", "--config",
+                 str(self.config_path)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise MalleTrainError(f"malletraind exited with {self.proc.returncode}: "
+                                      f"{self.log_tail(5)}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
+                    return time.monotonic() - t0
+            except OSError:
+                time.sleep(0.1)
+        raise MalleTrainError(f"malletraind did not listen within {timeout_s:g} s: "
+                              f"{self.log_tail(5)}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL: a crash) and reap the process."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ elastic jobs
+    @property
+    def job_env(self) -> dict[str, str]:
+        """What a task's launcher needs to reach this daemon."""
+        return {"MALLETRAIN_DAEMON": f"127.0.0.1:{self.port}",
+                "MALLETRAIN_MUNGE_SOCKET": str(self.cluster.munge_socket)}
+
+    def training_script(self, command: list[str], checkpoint_dir: str | Path,
+                        poll_s: float = 1.0) -> str:
+        """A batch script whose tasks run ``malletrain-run -- command`` against this daemon."""
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.job_env.items())
+        launcher = shlex.join([sys.executable, "-m", "malletrain_core.launcher", "--poll-s",
+                               str(poll_s)])
+        ckpt = f'{shlex.quote(str(checkpoint_dir))}/ckpt-"$SLURM_ARRAY_JOB_ID"'
+        return (f"#!/bin/bash\n{exports}cd {shlex.quote(str(REPO))}\n"
+                f"exec {launcher} --checkpoint-dir {ckpt} -- {shlex.join(command)}\n")

@@ -1,0 +1,108 @@
+"""Real elastic torch training under real Slurm, directed by a real malletraind.
+
+Two jobs submitted with ``sbatch --qos=malletrain -N 1-3`` train examples/train_elastic.py
+(gloo DDP) on the idle nodes of the local cluster. The assertions read Slurm (squeue) and the
+workers' own output, never the daemon's view: each epoch's world size equals the job's
+RUNNING tasks, parameters are identical on all ranks after a step, and the step counter only
+ever rolls back to the last checkpoint — through profiling rescales, a preemption by prod jobs
+and the grow back when they end. At most 5 workers run at once on these 2 cores.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from training_logs import invariant_problems, read_job
+
+from malletrain_core.localcluster import LocalCluster
+from malletrain_core.localcluster.daemon import LocalDaemon
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "16",
+         "--step-sleep-s", "0.1", "--checkpoint-every-s", "8", "--log-every", "5"]
+
+
+@pytest.fixture
+def daemon(request: pytest.FixtureRequest, cluster: LocalCluster,
+           tmp_path: Path) -> Iterator[LocalDaemon]:
+    d = LocalDaemon(cluster, root=tmp_path / f"malletraind-{uuid.uuid4().hex[:8]}")
+    d.start()
+    yield d
+    d.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(f"\n==== malletraind log ====\n{d.log_tail(80)}")
+
+
+def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path) -> str:
+    script = daemon.training_script(TRAIN, outdir)
+    return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append",
+                          "-o", f"{outdir}/task-%A_%a.out", script=script)
+
+
+def running(cluster: LocalCluster, job: str) -> int:
+    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%i"]).stdout
+    return len(out.split())
+
+
+def wait_consistent(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
+                    at_least: int = 1) -> tuple[int, int]:
+    """Wait until the job's newest epoch trains with exactly its RUNNING tasks as ranks;
+    returns (tasks, epoch)."""
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        k = running(cluster, job)
+        latest = read_job(outdir, job).latest()
+        if latest is not None:
+            epoch, world, ranks = latest
+            seen = f"{k} RUNNING tasks, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
+            if k >= at_least and world == k and ranks == set(range(k)) \
+                    and running(cluster, job) == k:
+                return k, epoch
+        time.sleep(1.0)
+    raise AssertionError(f"job {job}: training never matched its RUNNING tasks within "
+                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})")
+
+
+def test_two_elastic_jobs_train_shrink_on_preemption_and_grow_back(
+        cluster: LocalCluster, daemon: LocalDaemon, tmp_path: Path) -> None:
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    outdir.chmod(0o777)
+    cluster.sbatch("-p", "prod", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 3000")
+    jobs = [submit(cluster, daemon, "1-3", outdir) for _ in range(2)]
+    for job in jobs:
+        wait_consistent(cluster, job, outdir, timeout_s=180)
+    before = {job: read_job(outdir, job).max_step() for job in jobs}
+
+    # Prod jobs take 4 of the 5 harvested nodes: Slurm preempts the workers there.
+    prod = cluster.sbatch("-p", "prod", "-N", "4", "-o", "/dev/null", "--wrap", "sleep 40")
+    cluster.wait_for(f"prod job {prod} running",
+                     lambda: cluster.run(["squeue", "-h", "-j", prod, "-t", "R",
+                                          "-o", "%i"]).stdout.strip() != "", 30)
+    survivors = [job for job in jobs if running(cluster, job) > 0]
+    assert sum(running(cluster, job) for job in jobs) <= 1, "workers left on prod's nodes"
+    for job in survivors:
+        k, _ = wait_consistent(cluster, job, outdir, timeout_s=120)
+        assert k == 1
+
+    # The prod job ends: the elastic jobs grow back onto its nodes.
+    cluster.wait_for(f"prod job {prod} ended", lambda: not cluster.run(
+        ["squeue", "-h", "-j", prod, "-o", "%i"], check=False).stdout.strip(), 90)
+    cluster.wait_for("5 harvested nodes again",
+                     lambda: sum(running(cluster, job) for job in jobs) == 5, 120)
+    for job in jobs:
+        wait_consistent(cluster, job, outdir, timeout_s=150)
+
+    for job in jobs:
+        log = read_job(outdir, job)
+        assert log.max_step() > before[job], f"job {job} made no progress after the preemption"
+        assert len(log.epochs) >= 2, f"job {job} never changed its membership"
+        assert not invariant_problems(log), "\n".join(invariant_problems(log))

@@ -1,0 +1,81 @@
+"""The read-only API ops over a real unix socket: answers, refusals, and the daemon's lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from cli_daemon import T0, build, serving
+
+from malletrain_core.api import ApiError, UnixClient
+from malletrain_core.daemon.service import StatusService
+from malletrain_core.engine import Engine, EngineConfig
+from malletrain_core.engine.router import Router
+from malletrain_core.events import IdleNode, NodesIdle
+
+
+@pytest.fixture
+def api(tmp_path):
+    daemon, backend, clock = build(tmp_path / "state")
+    sock = tmp_path / "api.sock"
+    with serving(daemon, sock), UnixClient(str(sock), timeout_s=10) as client:
+        yield daemon, client
+
+
+def test_ops_answer_plain_json(api):
+    daemon, client = api
+    status = client.call("status")
+    assert status["backend"] == "scripted" and status["now"] == T0 + 60
+    assert status["daemon"]["cycles"] == 2 and status["engine"]["admitted"] == 2
+    jobs = client.call("jobs")["jobs"]
+    assert [(j["job"], j["state"], j["nodes"]) for j in jobs] == [
+        ("101", "running", 4), ("102", "running", 3), ("103", "queued", 0)]
+    assert client.call("jobs", state="running", user="alice")["jobs"][0]["job"] == "101"
+    nodes = client.call("nodes")["nodes"]
+    assert [n["node"] for n in nodes] == [f"n0{i}" for i in range(1, 9)]
+    assert nodes[4] == {"node": "n05", "state": "free", "job": "", "hole_end": T0 + 5 * 3600}
+    profile = client.call("profile", job=101)  # a number is taken as the id
+    assert profile["measured"] == [[4, 390.0]] and profile["table"][0] == [1, 97.5]
+
+
+@pytest.mark.parametrize("op, args, message", [
+    ("jobs", {"state": "sleeping"}, "unknown job state 'sleeping'; use one of queued, "
+                                    "profiling, running, done"),
+    ("jobs", {"user": 7}, "jobs: 'user' must be a user name"),
+    ("profile", {}, 'profile needs a job id: {"job": "123"}'),
+    ("profile", {"job": "404"}, "job 404 is not known to malletraind"),
+])
+def test_refusals_are_one_line(api, op, args, message):
+    with pytest.raises(ApiError) as err:
+        api[1].call(op, **args)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_handlers_wait_for_the_daemon_lock(api):
+    daemon, client = api
+    answers: list[object] = []
+    with daemon.lock:  # a cycle in progress
+        caller = threading.Thread(target=lambda: answers.append(client.call("nodes")))
+        caller.start()
+        time.sleep(0.3)
+        assert answers == []
+    caller.join(10)
+    assert len(answers) == 1
+
+
+def test_a_router_of_engines_is_read_as_one(tmp_path):
+    engines = {"a": Engine(EngineConfig()), "b": Engine(EngineConfig())}
+    router = Router(engines, node_owner=lambda n: "a" if n < "n05" else "b",
+                    job_owner=lambda req: "a")
+    router.handle_many([NodesIdle(T0, (IdleNode("n01", T0 + 60, None),
+                                       IdleNode("n09", None, None)))])
+
+    class Holder:
+        engine = router
+        lock = threading.RLock()
+        counters = None
+
+    nodes = StatusService(Holder()).nodes(0, {})["nodes"]
+    assert nodes == [{"node": "n01", "state": "free", "job": "", "hole_end": T0 + 60},
+                     {"node": "n09", "state": "free", "job": "", "hole_end": None}]
