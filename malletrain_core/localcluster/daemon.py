@@ -8,6 +8,7 @@ daemon process and to write the batch scripts of elastic training jobs.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -136,6 +137,20 @@ class LocalDaemon:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def query(self, op: str, **args: Any) -> Any:
+        """One read-only API call over the unix socket (``status``, ``jobs``, ``nodes``)."""
+        from ..api import UnixClient
+
+        with UnixClient(str(self.api_socket), timeout_s=10.0) as client:
+            return client.call(op, **args)
+
+    def snapshot(self) -> str:
+        """The daemon's own view, for failure messages (never for assertions)."""
+        try:
+            return json.dumps({op: self.query(op) for op in ("jobs", "nodes")}, indent=1)
+        except MalleTrainError as exc:
+            return f"(no daemon view: {exc})"
 
     # ------------------------------------------------------------------ elastic jobs
     @property

@@ -34,8 +34,10 @@ def daemon(request: pytest.FixtureRequest, cluster: LocalCluster,
     d = LocalDaemon(cluster, root=tmp_path / f"malletraind-{uuid.uuid4().hex[:8]}")
     d.start()
     yield d
-    d.stop()
     rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(f"\n==== malletraind's view ====\n{d.snapshot()}")
+    d.stop()
     if rep is not None and rep.failed:
         print(f"\n==== malletraind log ====\n{d.log_tail(80)}")
 
@@ -106,3 +108,36 @@ def test_two_elastic_jobs_train_shrink_on_preemption_and_grow_back(
         assert log.max_step() > before[job], f"job {job} made no progress after the preemption"
         assert len(log.epochs) >= 2, f"job {job} never changed its membership"
         assert not invariant_problems(log), "\n".join(invariant_problems(log))
+
+
+def test_training_goes_on_while_the_daemon_is_killed_and_restarted(
+        cluster: LocalCluster, daemon: LocalDaemon, tmp_path: Path) -> None:
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    job = submit(cluster, daemon, "2-2", outdir)
+    _, epoch = wait_consistent(cluster, job, outdir, timeout_s=180, at_least=2)
+
+    daemon.kill()  # SIGKILL: no chance to save anything
+    at_kill = read_job(outdir, job).max_step()
+    queued = submit(cluster, daemon, "1-1", outdir)  # submissions still queue
+    prod = cluster.sbatch("-p", "prod", "-N", "1", "-o", "/dev/null", "--wrap", "sleep 1")
+    cluster.wait_for(f"prod job {prod} done", lambda: not cluster.run(
+        ["squeue", "-h", "-j", prod, "-o", "%i"], check=False).stdout.strip(), 30)
+    time.sleep(8)
+    log = read_job(outdir, job)
+    assert log.max_step() > at_kill, "training stopped with the daemon"
+    assert log.latest() is not None and log.latest()[0] == epoch, "the epoch changed"
+    assert running(cluster, queued) == 0, "a task started without the daemon's order"
+    ctld = (cluster.run_dir / "log" / "slurmctld.log").read_text(errors="replace")
+    assert not [line for line in ctld.splitlines()
+                if f"JobId={prod}" in line and "pilog" in line and "error" in line.lower()]
+
+    daemon.start()
+    wait_consistent(cluster, queued, outdir, timeout_s=150)
+    _, after = wait_consistent(cluster, job, outdir, timeout_s=60, at_least=2)
+    log = read_job(outdir, job)
+    assert after == epoch, "the restarted daemon should keep the running epoch"
+    assert log.max_step() > at_kill
+    for j in (job, queued):
+        problems = invariant_problems(read_job(outdir, j))
+        assert not problems, "\n".join(problems)
