@@ -45,28 +45,48 @@ def _job_in_message(record: logging.LogRecord) -> object | None:
     return args[index] if index < len(args) else None
 
 
-class JobFilter(logging.Filter):
-    """Gives every record ``job`` (the id, or ``None``) and ``jobtag`` (``"job=ID "`` or
-    ``""``); lets every record through.
+def _tag(record: logging.LogRecord) -> None:
+    """Set ``job`` and ``jobtag`` on ``record``, moving a ``job %s:`` prefix into the tag."""
+    job = getattr(record, "job", None)
+    if job is None and isinstance(record.msg, str) and record.msg.startswith(_PREFIX) \
+            and isinstance(record.args, tuple) and record.args:
+        rest = record.msg[len(_PREFIX):]
+        if rest.startswith(":") or rest.startswith(" ") or not rest:
+            job = record.args[0]
+            record.msg = rest.lstrip(": ").lstrip() or "-"
+            record.args = record.args[1:]
+    if job is None:
+        job = _job_in_message(record)
+    record.job = job
+    record.jobtag = "" if job is None else f"job={job} "
 
-    Without an explicit ``job``, a message that starts ``job %s:`` loses that prefix to the
-    tag, and one that mentions ``job %s`` (or ``task %s``) elsewhere is tagged as it is.
+
+class JobFilter(logging.Filter):
+    """Gives every record ``job`` (the id, or ``None``); lets every record through.
+
+    It never rewrites the message: records are shared by every handler (and by test
+    capture), so the prefix is moved into the tag by :class:`JobFormatter`, on a copy.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        job = getattr(record, "job", None)
-        if job is None and isinstance(record.msg, str) and record.msg.startswith(_PREFIX) \
-                and isinstance(record.args, tuple) and record.args:
-            rest = record.msg[len(_PREFIX):]
-            if rest.startswith(":") or rest.startswith(" ") or not rest:
-                job = record.args[0]
-                record.msg = rest.lstrip(": ").lstrip() or "-"
-                record.args = record.args[1:]
-        if job is None:
-            job = _job_in_message(record)
-        record.job = job
-        record.jobtag = "" if job is None else f"job={job} "
+        if getattr(record, "job", None) is None:
+            copy = logging.makeLogRecord(record.__dict__)
+            _tag(copy)
+            record.job = copy.job  # type: ignore[attr-defined]
         return True
+
+
+class JobFormatter(logging.Formatter):
+    """Formats a copy of each record with ``jobtag`` (``"job=ID "`` or ``""``); without an
+    explicit ``job``, a message that starts ``job %s:`` loses that prefix to the tag, and one
+    that mentions ``job %s`` (or ``task %s``) elsewhere is tagged as it is."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        copy = logging.makeLogRecord(record.__dict__)
+        if isinstance(copy.msg, str) and copy.msg.startswith(_PREFIX):
+            copy.job = None  # re-derived from the prefix, which moves into the tag
+        _tag(copy)
+        return super().format(copy)
 
 
 class JobAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -92,7 +112,7 @@ def configure(level: str | int = "info", stream: IO[str] | None = None,
         fmt = JOURNAL_FORMAT if stream is None and os.environ.get("JOURNAL_STREAM") else FORMAT
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.addFilter(JobFilter())
-    handler.setFormatter(logging.Formatter(fmt))
+    handler.setFormatter(JobFormatter(fmt))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

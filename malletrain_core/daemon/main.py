@@ -162,8 +162,7 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
         service.closables.append(metrics)
     if d.api_socket:
         Path(d.api_socket).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        unix = UnixApiServer(d.api_socket, service.dispatcher,
-                             group=getattr(d, "api_group", "") or None)
+        unix = UnixApiServer(d.api_socket, service.dispatcher)
         service.closables.append(unix)
     if not d.api_port:
         log.warning("daemon.api_port is 0: launchers cannot reach the daemon; elastic jobs "
