@@ -23,13 +23,15 @@ import socketserver
 import stat
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
 from typing import Any
 
 from . import reports
 from .epochs import EpochCoordinator, Order
 from .errors import MalleTrainError
 from .munge import Munge, MungeError
+from .security import API_SOCKET_GROUP, restrict_socket
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +57,27 @@ def _error(message: str) -> bytes:
 
 
 class Dispatcher:
-    """Maps op names to handlers and turns one request line into one reply line."""
+    """Maps op names to handlers and turns one request line into one reply line.
 
-    def __init__(self) -> None:
+    Ops registered with ``admin=True`` are refused to every caller whose uid is not in
+    ``admin_uids`` (root and the SlurmUser, as the daemon configures it) before their handler
+    runs; the others get the caller's uid and decide per job (a user: only their own).
+    """
+
+    def __init__(self, admin_uids: Collection[int] = frozenset({0})) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._admin_ops: set[str] = set()
+        self.admin_uids = frozenset(admin_uids)
 
-    def register(self, op: str, handler: Handler) -> None:
+    def register(self, op: str, handler: Handler, admin: bool = False) -> None:
         self._handlers[op] = handler
+        if admin:
+            self._admin_ops.add(op)
+        else:
+            self._admin_ops.discard(op)
+
+    def is_admin_op(self, op: str) -> bool:
+        return op in self._admin_ops
 
     def ops(self) -> list[str]:
         return sorted(self._handlers)
@@ -69,7 +85,7 @@ class Dispatcher:
     def dispatch(self, uid: int, line: bytes) -> bytes:
         try:
             request = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             return _error("malformed request: send one JSON object per line")
         if not isinstance(request, dict) or not isinstance(request.get("op"), str):
             return _error('malformed request: expected {"op": NAME, "args": {...}}')
@@ -79,6 +95,10 @@ class Dispatcher:
         handler = self._handlers.get(op)
         if handler is None:
             return _error(f"unknown op {op!r}; known ops: {', '.join(self.ops())}")
+        if op in self._admin_ops and uid not in self.admin_uids:
+            log.warning("api: uid %d refused admin op %r", uid, op)
+            return _error(f"{op!r} is an administrator's operation (root or the SlurmUser); "
+                          f"uid {uid} may not use it")
         try:
             result = handler(uid, args)
         except MalleTrainError as exc:
@@ -194,22 +214,37 @@ class _ServerMixin:
 
 
 class UnixApiServer(_ServerMixin, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """The local API: the caller's uid is the socket peer's, from ``SO_PEERCRED``."""
+    """The local API: the caller's uid is the socket peer's, from ``SO_PEERCRED``.
+
+    Who may connect is the socket's mode: with ``group`` (a name or gid, ``daemon.api_group``)
+    the socket belongs to that group, mode 0o660; without, it is private to the daemon's user
+    (0o600) and other users reach the daemon through the munge-authenticated TCP API.
+    ``mode`` overrides either default.
+    """
 
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, path: str, dispatcher: Dispatcher, mode: int = 0o666,
-                 idle_timeout_s: float = 60.0, max_connections: int = 256) -> None:
+    def __init__(self, path: str, dispatcher: Dispatcher, mode: int | None = None,
+                 idle_timeout_s: float = 60.0, max_connections: int = 256,
+                 group: str | int | None = None) -> None:
         self._init_common(dispatcher, idle_timeout_s, max_connections)
+        self.path = path
         try:
             if stat.S_ISSOCK(os.lstat(path).st_mode):
                 os.unlink(path)  # a stale socket from a previous run
         except FileNotFoundError:
             pass
-        super().__init__(path, _Connection)
-        os.chmod(path, mode)
-        self.path = path
+        try:
+            super().__init__(path, _Connection)
+        except OSError as exc:
+            raise ApiError(f"cannot listen on the API socket {path}: {exc.strerror}; check "
+                           "daemon.api_socket and its folder") from None
+        try:
+            self.mode = restrict_socket(path, group, API_SOCKET_GROUP, mode)
+        except MalleTrainError:
+            self.server_close()
+            raise
 
     def authenticate(self, conn: _Connection) -> int | None:
         return peer_uid(conn.request)
@@ -247,7 +282,7 @@ class TcpApiServer(_ServerMixin, socketserver.ThreadingMixIn, socketserver.TCPSe
             return None
         try:
             hello = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             hello = None
         if not isinstance(hello, dict) or hello.get("auth") != "munge" \
                 or not isinstance(hello.get("credential"), str):
@@ -438,7 +473,7 @@ class LauncherService:
 
     def __init__(self, coordinator: EpochCoordinator, wrap_key: Callable[[str, int], str],
                  report_addr: str, clock: Callable[[], float],
-                 lock: threading.Lock | None = None, admin_uids: frozenset[int] = frozenset({0})
+                 lock: AbstractContextManager[Any] | None = None, admin_uids: frozenset[int] = frozenset({0})
                  ) -> None:
         self.coordinator = coordinator
         self.wrap_key = wrap_key

@@ -47,12 +47,28 @@ def _request(data: dict[str, Any]) -> ev.JobRequest:
 
 
 def from_dict(data: dict[str, Any]) -> ev.Event | ev.Action:
-    """Inverse of :func:`to_dict`; raises ValueError on anything it does not know."""
-    data = dict(data)
-    name = data.pop("type", None)
-    cls = _TYPES.get(name)  # type: ignore[arg-type]
+    """Inverse of :func:`to_dict`; raises ValueError (one line) on anything it does not know."""
+    if not isinstance(data, dict):
+        raise ValueError(f"an event is a JSON object, not {type(data).__name__}")
+    name = data.get("type")
+    cls = _TYPES.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(f"unknown event or action type {name!r}")
+    time = data.get("time")
+    if issubclass(cls, ev.Event) and (isinstance(time, bool)
+                                      or not isinstance(time, (int, float))):
+        raise ValueError(f"{name}: 'time' must be a number, got {time!r}")
+    try:
+        return _build(cls, data)
+    except ValueError:
+        raise
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{name}: malformed fields ({type(exc).__name__}: {exc})") from None
+
+
+def _build(cls: type, data: dict[str, Any]) -> ev.Event | ev.Action:
+    data = dict(data)
+    data.pop("type")
     if cls is ev.NodesIdle:
         data["nodes"] = tuple(ev.IdleNode(**n) for n in data.get("nodes", ()))
     elif cls is ev.JobSubmitted:

@@ -10,6 +10,7 @@ and is checked against these defaults by the tests.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -41,6 +42,8 @@ class DaemonConfig:
     metrics_port: int = 9817
     log_level: str = "info"
     admin_users: tuple[str, ...] = ("root", "slurm")
+    api_group: str = ""
+    hook_group: str = "slurm"
 
 
 @dataclass(frozen=True)
@@ -121,9 +124,21 @@ class Config:
                               "or error")
         for name, value in (("daemon.poll_interval_s", d.poll_interval_s),
                             ("allocator.lookahead_s", self.allocator.lookahead_s),
-                            ("profiler.window_s", self.profiler.window_s)):
-            if value <= 0:
-                raise ConfigError(f"{name}: {value!r} must be > 0")
+                            ("profiler.window_s", self.profiler.window_s),
+                            ("slurm.command_timeout_s", self.slurm.command_timeout_s),
+                            ("slurm.default_time_limit_s", self.slurm.default_time_limit_s),
+                            ("pbs.command_timeout_s", self.pbs.command_timeout_s),
+                            ("munge.credential_ttl_s", self.munge.credential_ttl_s)):
+            if not value > 0 or not math.isfinite(value):
+                raise ConfigError(f"{name}: {value!r} must be a finite number > 0")
+        for name, value in (("profiler.default_scale_up_s", self.profiler.default_scale_up_s),
+                            ("profiler.default_scale_down_s",
+                             self.profiler.default_scale_down_s),
+                            ("allocator.max_running_jobs", self.allocator.max_running_jobs),
+                            *((f"allocator.user_max_nodes.{user}", cap) for user, cap
+                              in self.allocator.user_max_nodes.items())):
+            if not value >= 0 or not math.isfinite(value):
+                raise ConfigError(f"{name}: {value!r} must be a finite number ≥ 0")
         for name, port in (("daemon.api_port", d.api_port), ("daemon.metrics_port", d.metrics_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name}: {port!r} is not a port number (0 turns it off)")
@@ -152,8 +167,11 @@ def _convert(value: Any, typ: Any, where: str) -> Any:
     elif typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -243,8 +261,16 @@ def load(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | No
                               "in the package for every key) or point --config elsewhere") from None
         except PermissionError:
             raise ConfigError(f"{file}: permission denied; make it readable by the daemon") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{file}: is a directory; give the path of the TOML file") from None
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: not UTF-8 (byte {exc.start})") from None
+        except RecursionError:
+            raise ConfigError(f"{file}: not valid TOML: values nested too deeply") from None
         for name, table in data.items():
             merged[name] = dict(table) if isinstance(table, dict) else table
     source = str(file)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from .errors import MalleTrainError
 
@@ -39,7 +39,9 @@ MAX_DATAGRAM_BYTES = 4096
 DEFAULT_SOCKET = "/run/malletrain/hook.sock"
 SOCKET_ENV = "MALLETRAIN_HOOK_SOCKET"
 KINDS = ("job_end", "nodes_free", "node_change")
+MAX_HOSTLIST_NODES = 65536
 _EXIT = re.compile(r"^-?\d+:\d+$")
+_NOT_HOSTLIST = set("@!&^*? \t\r\n\x00")
 
 
 class ProtocolError(MalleTrainError):
@@ -114,14 +116,52 @@ def _count(obj: dict[str, Any], key: str) -> int | None:
     return value
 
 
+def _hostlist_bound(text: str) -> int:
+    """An upper bound of the names in a hostlist, computed without expanding it: a 4 KiB
+    datagram must not make the daemon build a hundred million names."""
+    total, depth, element = 0, 0, ""
+    for char in text + ",":
+        depth += (char == "[") - (char == "]")
+        if char != "," or depth:
+            element += char
+            continue
+        count = 1
+        for inner in re.findall(r"\[([^\]]*)\]", element):
+            size = 0
+            for piece in inner.split(","):
+                lo, _, hi = piece.split("/")[0].partition("-")
+                lo, hi = lo.strip(), hi.strip()
+                if lo.isdigit() and hi.isdigit():
+                    size += max(int(hi[:19]) - int(lo[:19]) + 1, 1) if len(hi) < 19 \
+                        else MAX_HOSTLIST_NODES + 1
+                else:
+                    size += 1
+            count *= size
+        total += count
+        element = ""
+    return total
+
+
 def expand_hostlist(text: str) -> tuple[str, ...]:
-    """``n[01-03],m5`` -> ``('m5', 'n01', 'n02', 'n03')`` (ProtocolError when malformed)."""
+    """``n[01-03],m5`` -> ``('m5', 'n01', 'n02', 'n03')`` (ProtocolError when malformed).
+
+    Only Slurm's hostlist syntax is read: ClusterShell's groups (``@name``, which may run a
+    site's group upcalls) and set operators are refused, and so is a list of more than
+    :data:`MAX_HOSTLIST_NODES` names."""
     if not text.strip():
         return ()
+    bad = sorted(_NOT_HOSTLIST.intersection(text))
+    if bad:
+        raise ProtocolError(f"hook datagram: hostlist {text[:60]!r} contains "
+                            f"{''.join(bad)!r}; only names like n[01-04,07] are accepted")
+    if _hostlist_bound(text) > MAX_HOSTLIST_NODES:
+        raise ProtocolError(f"hook datagram: hostlist {text[:60]!r} names more than "
+                            f"{MAX_HOSTLIST_NODES} nodes")
     try:
-        return tuple(NodeSet(text))
-    except NodeSetException as exc:
-        raise ProtocolError(f"hook datagram: bad hostlist {text!r}: {exc}") from None
+        return tuple(NodeSet(text, resolver=RESOLVER_NOGROUP))
+    except (NodeSetException, ValueError, OverflowError, AssertionError) as exc:
+        reason = " ".join(str(exc).split())[:80]
+        raise ProtocolError(f"hook datagram: bad hostlist {text[:60]!r}: {reason}") from None
 
 
 def decode(data: bytes) -> Message:
@@ -137,6 +177,8 @@ def decode(data: bytes) -> Message:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProtocolError(f"hook datagram: not JSON ({exc.msg} at char {exc.pos})") from None
+    except RecursionError:
+        raise ProtocolError("hook datagram: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"hook datagram: a JSON object expected, got {type(obj).__name__}")
     version = obj.get("v")
@@ -224,8 +266,11 @@ class Received:
 class HookListener:
     """The daemon side: a unix datagram socket that learns each sender's uid from the kernel.
 
-    ``bind()`` creates the socket, mode 0o622 by default: any local user may send, and the
-    daemon decides by the kernel-reported uid what to believe. ``receive()`` returns one :class:`Received` or raises ProtocolError for a bad datagram.
+    ``bind()`` creates the socket, mode 0o622 by default (any local user may send; the
+    receiver decides by the kernel-reported uid what to believe), which suits tests and tools.
+    The daemon binds its socket through :class:`malletrain_core.daemon.intake.HookListener`,
+    private or SlurmUser-group-only. ``receive()`` returns one :class:`Received` or raises
+    ProtocolError for a bad datagram.
     """
 
     def __init__(self, path: str | Path, mode: int = 0o622) -> None:

@@ -81,7 +81,7 @@ def parse(data: bytes) -> tuple[bytes, bytes, Report]:
         raise ReportError("malformed signature")
     try:
         body = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise ReportError("payload is not UTF-8 JSON") from None
     if not isinstance(body, dict):
         raise ReportError("payload is not a JSON object")

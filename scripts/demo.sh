@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The demo: for now a short live preview on a real local Slurm cluster (see demo_preview.py).
+# The demo: elastic NAS-cell training on the idle nodes of a 16-node local Slurm cluster
+# (see scripts/demo.py; results in demo-output/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-python3}" scripts/demo_preview.py "$@"
+exec "${PYTHON:-python3}" scripts/demo.py "$@"

@@ -20,3 +20,21 @@ def write_json(tmp_path: Path) -> Callable[[Any, str], str]:
         return str(path)
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Any:
+    """Commands under test (malletraind's main) install their own root log handler on the
+    stream of that test; put the root logger back so later tests do not write to it."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)

@@ -98,8 +98,9 @@ def munged(tmpdir_short):
 
 @pytest.fixture
 def unix_server(tmpdir_short):
+    # mode 0o666: any local user may connect, so that the peer-uid test can run as nobody
     server = UnixApiServer(str(Path(tmpdir_short) / "api.sock"), make_dispatcher(),
-                           idle_timeout_s=5)
+                           mode=0o666, idle_timeout_s=5)
     server.start()
     yield server
     server.close()

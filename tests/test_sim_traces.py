@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from malletrain_core.errors import InputFileError
-from malletrain_core.sim.sources import load_trace, read_swf, synthetic
+from malletrain_core.sim.sources import load_trace, read_alcf_csv, read_swf, synthetic
 from malletrain_core.sim.traces import from_transitions, read_idle_csv
 
 
@@ -181,3 +181,52 @@ def test_named_traces_say_where_the_data_should_be(tmp_path: Path,
             load_trace(name)
     with pytest.raises(InputFileError, match="fragment lengths"):
         load_trace("synthetic")
+
+
+GOLDEN = Path(__file__).parent / "golden" / "alcf_joblog.csv"
+
+
+def test_alcf_job_log_places_jobs_like_swf() -> None:
+    trace = read_alcf_csv(GOLDEN, machine_nodes=4, use_cache=False)
+    starts, counts = trace.idle_counts()
+    # 00:10 a takes 2 nodes; 00:20 b (NODES_USED 0: its 1 requested node); c never started;
+    # 00:50 b ends and d wants 3, gets the 2 free (clipped); 01:10 a ends; 02:00 d ends; e ends
+    # before it starts and holds nothing.
+    assert trace.start == 1693526400.0 + 600.0  # 2023-09-01 00:10 UTC
+    assert list(starts - trace.start) == [0, 600, 2400, 3600, 6600]
+    assert list(counts) == [2, 1, 0, 2, 4]
+    assert _state(trace, 0) == {"nid2", "nid3"}  # a took the lowest nodes at the start
+    assert _state(trace, 1) == {"nid3"} and _state(trace, 2) == set()
+
+
+def test_alcf_job_log_is_found_by_its_header(tmp_path: Path) -> None:
+    gz = tmp_path / "alcf.csv.gz"
+    gz.write_bytes(gzip.compress(GOLDEN.read_bytes()))
+    for path in (GOLDEN, gz):
+        trace = load_trace(str(path), machine_nodes=4, skip_events=0)
+        assert trace.steps == 4 and len(trace.node_names) == 4
+    idle = load_trace(str(_csv(tmp_path, ROWS)))  # the unix_time,node,idle format still works
+    assert list(idle.node_names) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("header, row, line, words", [
+    ("JOB_NAME,START_TIMESTAMP,END_TIMESTAMP", "x,2023-09-01 00:00:00,2023-09-01 01:00:00", 1,
+     "missing column NODES_USED or NODES_REQUESTED"),
+    ("JOB_NAME,START_TIMESTAMP,NODES_USED", "x,2023-09-01 00:00:00,4", 1,
+     "missing column END_TIMESTAMP"),
+    ("START_TIMESTAMP,END_TIMESTAMP,NODES_USED", "yesterday,2023-09-01 01:00:00,4", 3,
+     "START_TIMESTAMP 'yesterday'"),
+    ("START_TIMESTAMP,END_TIMESTAMP,NODES_USED", "2023-09-01 00:00:00,2023-09-01 01:00:00,four",
+     3, "NODES_USED 'four' is not a node count"),
+    ("START_TIMESTAMP,END_TIMESTAMP,NODES_USED", "2023-09-01 00:00:00,4", 3, "2 fields"),
+])
+def test_alcf_job_log_errors_name_the_column_and_line(tmp_path: Path, header: str, row: str,
+                                                      line: int, words: str) -> None:
+    good = "2023-09-01 00:00:00,2023-09-01 00:30:00,1"
+    path = tmp_path / "log.csv"
+    path.write_text("\n".join([header, good, row] if line == 3 else [header, row]) + "\n")
+    with pytest.raises(InputFileError, match=words) as err:
+        read_alcf_csv(path, use_cache=False)
+    assert err.value.line == line and "\n" not in str(err.value)
+    with pytest.raises(InputFileError, match=words):
+        load_trace(str(path))

@@ -15,7 +15,7 @@ import os
 import selectors
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,6 +46,17 @@ class Counters:
     command_failures: int = 0
     last_cycle_ms: float = 0.0
     last_poll_time: float = 0.0
+    # Milliseconds from a hook datagram's arrival to the batch-system command it led to
+    # (the most recent ones; cycles woken by a hook that changed nothing are not counted).
+    hook_to_action_ms: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
+
+    def hook_latency(self) -> dict[str, float | int]:
+        """Count, median and p95 of :attr:`hook_to_action_ms`."""
+        xs = sorted(self.hook_to_action_ms)
+        if not xs:
+            return {"count": 0}
+        return {"count": len(xs), "median": xs[len(xs) // 2],
+                "p95": xs[min(len(xs) - 1, int(0.95 * len(xs)))]}
 
 
 class Daemon:
@@ -72,6 +83,7 @@ class Daemon:
         self.selector = selectors.DefaultSelector()
         self._next_cycle = 0.0
         self._stopping = False
+        self._hook_at: float | None = None
         # Held by the cycle and by every API handler: the API server answers on its own
         # threads, the engine and the epoch coordinator are not thread-safe.
         self.lock = threading.RLock()
@@ -166,6 +178,10 @@ class Daemon:
                              ",".join(getattr(action, "nodes", ())) or "")
             try:
                 events = self.backend.execute(actions, now)
+                if self._hook_at is not None:
+                    self.counters.hook_to_action_ms.append(
+                        (time.perf_counter() - self._hook_at) * 1e3)
+                    self._hook_at = None
             except CommandError as exc:
                 self.counters.command_failures += 1
                 log.warning("executing %d actions failed; the next poll reconciles: %s",
@@ -174,6 +190,7 @@ class Daemon:
             executed.extend(actions)
             if self.on_actions is not None:
                 self.on_actions(actions, now)
+        self._hook_at = None
         self.counters.cycles += 1
         self.counters.last_cycle_ms = (time.perf_counter() - t0) * 1e3
         for hook in self.after_cycle:
@@ -196,6 +213,8 @@ class Daemon:
             if events:
                 self.pending.extend(events)
             if wake:
+                if self._hook_at is None and on_ready != self._drain_wake:
+                    self._hook_at = time.perf_counter()
                 self.wake()
         if time.monotonic() >= self._next_cycle:
             with self.lock:

@@ -17,24 +17,49 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from .. import protocol, reports
+from ..errors import MalleTrainError
 from ..events import ProgressReport
+from ..security import HOOK_SOCKET_GROUP, SOCKET_PRIVATE, restrict_socket
 
 log = logging.getLogger(__name__)
 
 
+MAX_DROP_REASONS = 32
+"""Distinct drop reasons counted one by one; the rest are counted as "other" so that a flood
+of varied garbage cannot grow the counters without bound."""
+
+
+def _count_drop(dropped: Counter[str], reason: str, detail: str, what: str) -> None:
+    if reason not in dropped and len(dropped) >= MAX_DROP_REASONS:
+        reason = "other"
+    if not dropped[reason]:
+        log.warning("%s dropped: %s (further drops of this kind are counted)", what, detail)
+    dropped[reason] += 1
+
 
 class HookListener:
     """The daemon's hook socket: drains every waiting datagram without blocking; only senders
-    whose kernel-reported uid is in ``allowed_uids`` are heard (root, SlurmUser)."""
+    whose kernel-reported uid is in ``allowed_uids`` are heard (root, SlurmUser).
+
+    Two locks keep users out: the socket's mode (``group``: the SlurmUser's group, mode 0o620,
+    so its members may send and nobody may read; no group: 0o600, the daemon's user only;
+    ``mode`` overrides) and the kernel's ``SCM_CREDENTIALS`` uid checked on every datagram.
+    """
 
     def __init__(self, path: str | os.PathLike[str], allowed_uids: Collection[int],
-                 decode: Callable[[bytes], object] | None = None) -> None:
+                 decode: Callable[[bytes], object] | None = None,
+                 group: str | int | None = None, mode: int | None = None) -> None:
         self.allowed_uids = set(allowed_uids)
         self.decode = decode
         self.dropped: Counter[str] = Counter()
         self.received = 0
-        self.listener = protocol.HookListener(Path(path), mode=0o660).bind()
+        self.listener = protocol.HookListener(Path(path), mode=SOCKET_PRIVATE).bind()
         self.path = self.listener.path
+        try:
+            self.mode = restrict_socket(self.path, group, HOOK_SOCKET_GROUP, mode)
+        except MalleTrainError:
+            self.listener.close()
+            raise
 
     def fileno(self) -> int:
         assert self.listener.sock is not None
@@ -43,10 +68,8 @@ class HookListener:
     def close(self) -> None:
         self.listener.close()
 
-    def _drop(self, reason: str) -> None:
-        if not self.dropped[reason]:
-            log.warning("hook datagram dropped: %s (further drops of this kind are counted)", reason)
-        self.dropped[reason] += 1
+    def _drop(self, reason: str, detail: str | None = None) -> None:
+        _count_drop(self.dropped, reason, detail or reason, "hook datagram")
 
     def drain(self) -> list[object]:
         """Every datagram waiting now, decoded; bad ones are dropped and counted."""
@@ -57,7 +80,7 @@ class HookListener:
             except (BlockingIOError, InterruptedError, socket.timeout):
                 return out
             if uid not in self.allowed_uids:
-                self._drop(f"sender uid {uid} is not allowed")
+                self._drop("sender not allowed", f"sender uid {uid} is not allowed")
                 continue
             if len(data) > protocol.MAX_DATAGRAM_BYTES:
                 self._drop("oversized datagram")
@@ -70,7 +93,7 @@ class HookListener:
                 out.append(self.decode(data))
                 self.received += 1
             except Exception as exc:  # noqa: BLE001 - any decoding failure drops the datagram
-                self._drop(f"malformed datagram: {exc}")
+                self._drop("malformed datagram", f"malformed datagram: {exc}")
 
 
 class ReportListener:
@@ -103,14 +126,12 @@ class ReportListener:
             _, _, unverified = reports.parse(data)
             key = self.key_for(unverified.job)
             if key is None:
-                raise reports.ReportError(f"no running launch of job {unverified.job!r}")
+                raise reports.ReportError(f"no running launch for job {unverified.job!r}")
             report = reports.verify(data, key)
             self.guard.check(report)
         except reports.ReportError as exc:
             reason = str(exc).split(" for job")[0].split(" (")[0]
-            if not self.dropped[reason]:
-                log.warning("report dropped: %s", exc)
-            self.dropped[reason] += 1
+            _count_drop(self.dropped, reason, str(exc), "report")
             return None
         self.received += 1
         return report

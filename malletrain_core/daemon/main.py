@@ -134,9 +134,10 @@ def build(config: Config) -> Service:
     bridge = EpochBridge(make_backend(config), coordinator)
     daemon = Daemon(engine, bridge, store, poll_interval_s=d.poll_interval_s,
                     tick_interval_s=max(1.0, min(config.profiler.window_s / 4, 10.0)))
-    service = Service(daemon, coordinator, bridge, Dispatcher())
+    admins = admin_uids(d.admin_users)
+    service = Service(daemon, coordinator, bridge, Dispatcher(admin_uids=admins))
     try:
-        _wire(config, service, admin_uids(d.admin_users))
+        _wire(config, service, admins)
     except BaseException:
         service.close()
         store.close()
@@ -149,7 +150,8 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
     d, daemon, bridge = config.daemon, service.daemon, service.bridge
     coordinator = service.coordinator
     service.closables.append(daemon)
-    hooks = HookListener(d.hook_socket, admins, decode=protocol.decode)
+    hooks = HookListener(d.hook_socket, admins, decode=protocol.decode,
+                         group=d.hook_group or None)
     service.closables.append(hooks)
 
     def on_hook() -> None:
@@ -162,7 +164,8 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
         service.closables.append(metrics)
     if d.api_socket:
         Path(d.api_socket).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        unix = UnixApiServer(d.api_socket, service.dispatcher)
+        unix = UnixApiServer(d.api_socket, service.dispatcher,
+                             group=d.api_group or None)
         service.closables.append(unix)
     if not d.api_port:
         log.warning("daemon.api_port is 0: launchers cannot reach the daemon; elastic jobs "

@@ -100,7 +100,8 @@ class StatusService:
                            "actions": dict(sorted(c.actions.items())),
                            "command_failures": c.command_failures,
                            "last_cycle_ms": c.last_cycle_ms,
-                           "last_poll_time": c.last_poll_time},
+                           "last_poll_time": c.last_poll_time,
+                           "hook_to_action_ms": c.hook_latency()},
                 "engine": engine.stats.to_dict(),
             }
 

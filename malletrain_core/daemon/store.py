@@ -55,6 +55,11 @@ class Store:
         self.path = self.dir / "state.db"
         try:
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            owner = self.dir.stat().st_uid
+            if owner != os.geteuid():
+                raise StateError(f"{self.dir}: owned by uid {owner}, not by the daemon's uid "
+                                 f"{os.geteuid()}; another user could read or replace the "
+                                 "state: chown it or choose another state_dir")
             os.chmod(self.dir, 0o700)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             os.close(fd)

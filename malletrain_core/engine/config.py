@@ -113,8 +113,6 @@ class EngineStats:
     profile_extensions: int = 0
     solver_failures: int = 0
     solve_ms: float = 0.0
-    solves: int = 0
-    held_node_s: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return dict(vars(self))

@@ -72,11 +72,6 @@ class Engine:
         return frozenset(self._pool.free)
 
     @property
-    def hole_ends(self) -> Mapping[str, float | None]:
-        """Offered node → end of its idle hole (``None`` when unknown); a live read-only view."""
-        return MappingProxyType(self._pool.hole_end)
-
-    @property
     def stats(self) -> EngineStats:
         """A copy of the engine's counters."""
         return EngineStats(**vars(self._stats))
@@ -100,8 +95,6 @@ class Engine:
                 raise ValidationError(f"engine {self.name!r}", "event",
                                       f"{event!r} is not a malletrain_core.events event with a "
                                       "finite time; send one of those classes")
-            if event.time > self._now > -math.inf:  # node-seconds harvested since then
-                self._stats.held_node_s += len(self._pool.owner) * (event.time - self._now)
             self._now = max(self._now, float(event.time))
             replan |= self._apply(event, actions)
         if replan:
@@ -245,7 +238,6 @@ class Engine:
             self._stats.solver_failures += 1
             return  # keep the current map
         self._stats.solve_ms += solution.solve_ms
-        self._stats.solves += 1
         counts = checked_counts(problem, solution)
         if all(counts[j.id] == j.current_nodes for j in jobs):
             return

@@ -1,0 +1,289 @@
+"""End-to-end timings of MalleTrain on a real local Slurm cluster.
+
+    python bench/e2e.py --json                       # prints the figures as JSON
+    python bench/e2e.py --markdown BENCHMARKS.md     # and rewrites the e2e section there
+
+One run, one 16-node cluster (test timings: bf_interval=1, batch_sched_delay=0), one
+malletraind, in three phases:
+
+1. **rescales, real torch** — a prod job holds 12 nodes, so 4 stay idle; one elastic job
+   (``-N 1-4``, examples/train_elastic.py, gloo DDP, profiling off) trains on them. Each round a
+   2-node prod job preempts two workers: ``shrink_s`` runs from the prod job RUNNING to the
+   first training step at world size 2; when it ends, ``grow_s`` runs from its end to the first
+   step at world size 4. Times come from squeue and the workers' own output, polled every
+   0.2 s.
+2. **prod start with MalleTrain** — stand-in workers (a sleeping script) hold all 4 idle
+   nodes; one-node prod jobs are submitted one at a time and each must preempt a worker:
+   the delay from ``sbatch`` returning to squeue showing it RUNNING (polled every 50 ms).
+3. **prod start without** — the same submissions with the daemon stopped and no workers.
+
+``hook_to_action_ms`` is the daemon's own measurement (``malletrain status``): from a hook
+datagram's arrival to the batch-system command it led to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from malletrain_core.localcluster import LocalCluster  # noqa: E402
+from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
+
+BEGIN, END = "<!-- e2e:begin -->", "<!-- e2e:end -->"
+STEP = re.compile(r"^step=\d+ epoch=(\d+) world=(\d+) ")
+TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "16",
+         "--step-sleep-s", "0.05", "--checkpoint-every-s", "20", "--log-every", "1"]
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class EpochWatcher:
+    """When each (epoch, world size) first printed a training step, from the output files."""
+
+    def __init__(self, outdir: Path, job: str) -> None:
+        self.outdir, self.job = outdir, job
+        self.offsets: dict[Path, int] = {}
+        self.first: dict[int, tuple[int, float]] = {}  # epoch -> (world, first seen)
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        for path in self.outdir.glob(f"task-{self.job}_*.out"):
+            with open(path, "rb") as fh:
+                fh.seek(self.offsets.get(path, 0))
+                data = fh.read()
+            cut = data.rfind(b"\n") + 1
+            self.offsets[path] = self.offsets.get(path, 0) + cut
+            for line in data[:cut].decode(errors="replace").splitlines():
+                m = STEP.match(line)
+                if m and int(m.group(1)) not in self.first:
+                    self.first[int(m.group(1))] = (int(m.group(2)), now)
+
+    def wait_world(self, world: int, after: float, timeout_s: float) -> float:
+        """The monotonic time the first epoch with ``world`` started after ``after``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll()
+            hits = [t for w, t in self.first.values() if w == world and t >= after]
+            if hits:
+                return min(hits)
+            time.sleep(0.2)
+        raise TimeoutError(f"no training at world size {world} within {timeout_s:g} s")
+
+
+def state_of(cluster: LocalCluster, job: str) -> str:
+    return cluster.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip()
+
+
+def wait(what: str, check: Any, timeout_s: float, interval_s: float = 0.05) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return time.monotonic()
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+
+
+def running_tasks(cluster: LocalCluster, job: str) -> int:
+    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%i"],
+                      check=False).stdout
+    return len(out.split())
+
+
+def rescales(cluster: LocalCluster, daemon: LocalDaemon, work: Path, rounds: int,
+             idle: int) -> tuple[list[float], list[float]]:
+    outdir = work / "out"
+    outdir.mkdir()
+    script = daemon.training_script(TRAIN, outdir)
+    job = cluster.sbatch("--qos=malletrain", f"-N1-{idle}", "--comment=profile=no",
+                         "--open-mode=append", "-o", f"{outdir}/task-%A_%a.out", script=script)
+    watch = EpochWatcher(outdir, job)
+    t0 = time.monotonic()
+    watch.wait_world(idle, t0, 300)
+    say(f"elastic job {job} trains on {idle} nodes after {time.monotonic() - t0:.1f} s")
+    grows, shrinks = [], []
+    for r in range(rounds):
+        prod = cluster.sbatch("-p", "prod", "-N", "2", "-o", "/dev/null", "--wrap", "sleep 25")
+        t_run = wait("prod running", lambda p=prod: state_of(cluster, p) == "RUNNING", 60)
+        shrinks.append(watch.wait_world(idle - 2, t_run, 180) - t_run)
+        t_end = wait("prod ended", lambda p=prod: state_of(cluster, p) in ("", "COMPLETED"),
+                     90)
+        grows.append(watch.wait_world(idle, t_end, 180) - t_end)
+        say(f"round {r + 1}/{rounds}: shrink {shrinks[-1]:.1f} s, grow {grows[-1]:.1f} s")
+    cluster.run(["scancel", job])
+    wait("training job gone", lambda: not state_of(cluster, job), 60, 0.5)
+    return grows, shrinks
+
+
+STARTED = ("RUNNING", "COMPLETING", "COMPLETED", "")
+
+
+def prod_starts(cluster: LocalCluster, n: int, before: Any = None) -> list[float]:
+    delays = []
+    for i in range(n):
+        if before is not None:
+            before()
+        t0 = time.monotonic()
+        prod = cluster.sbatch("-p", "prod", "-N", "1", "-o", "/dev/null", "--wrap", "sleep 1")
+        t1 = wait("prod running", lambda p=prod: state_of(cluster, p) in STARTED, 60)
+        delays.append(t1 - t0)
+        wait("prod ended", lambda p=prod: state_of(cluster, p) in ("", "COMPLETED"), 60, 0.2)
+        if (i + 1) % 10 == 0:
+            say(f"  {i + 1}/{n} prod jobs, median start {statistics.median(delays):.2f} s")
+    return delays
+
+
+def p95(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(0.95 * len(s)))]
+
+
+def run(nodes: int, submissions: int, rounds: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="malletrain-e2e-"))
+    work.chmod(0o755)
+    cluster = LocalCluster(nodes=nodes, root=work / "cluster")
+    say(f"starting a {nodes}-node local cluster in {work}")
+    cluster.start()
+    daemon = LocalDaemon(cluster, root=work / "daemon")
+    try:
+        daemon.start()
+        idle = 4
+        blocker = cluster.sbatch("-p", "prod", "-N", str(nodes - idle), "-o", "/dev/null",
+                                 "--wrap", "sleep 100000")
+        wait("blocker running", lambda: state_of(cluster, blocker) == "RUNNING", 60)
+        say("phase 1: rescales of a real torch job")
+        grows, shrinks = rescales(cluster, daemon, work, rounds, idle)
+
+        say(f"phase 2: {submissions} prod jobs preempting stand-in workers")
+        standin = cluster.sbatch("--qos=malletrain", f"-N1-{idle}", "--comment=profile=no",
+                                 "-o", "/dev/null", "--chdir=/tmp",
+                                 script="#!/bin/sh\nexec sleep 100000\n")
+
+        def harvested() -> None:
+            wait("all idle nodes harvested", lambda: running_tasks(cluster, standin) == idle,
+                 90, 0.2)
+
+        with_mt = prod_starts(cluster, submissions, before=harvested)
+        status = daemon.query("status")
+        cluster.run(["scancel", standin])
+        daemon.stop()
+        wait("workers gone", lambda: not state_of(cluster, standin), 60, 0.5)
+        say(f"phase 3: {submissions} prod jobs without MalleTrain")
+        without = prod_starts(cluster, submissions)
+    finally:
+        daemon.stop()
+        cluster.stop()
+    hook = status["daemon"].get("hook_to_action_ms", {})
+    return {
+        "nodes": nodes,
+        "grow_s": statistics.median(grows), "shrink_s": statistics.median(shrinks),
+        "hook_to_action_ms": hook.get("median"),
+        "prod_start_s": {"with_malletrain": statistics.median(with_mt),
+                         "without": statistics.median(without),
+                         "with_malletrain_p95": p95(with_mt), "without_p95": p95(without)},
+        "grow_s_all": [round(x, 2) for x in grows],
+        "shrink_s_all": [round(x, 2) for x in shrinks],
+        "hook_to_action_ms_p95": hook.get("p95"), "hook_to_action_count": hook.get("count"),
+        "submissions": submissions, "rounds": rounds,
+    }
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1).strip() if m else cpu
+        load = Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        load = "n/a"
+    slurm = subprocess.run(["sinfo", "--version"], capture_output=True, text=True,
+                           check=False).stdout.strip()
+    return (f"{cpu}, {os.cpu_count()} cores (1-min load {load} at the end), {slurm}, "
+            f"Python {platform.python_version()}")
+
+
+def section(r: dict[str, Any], command: str) -> str:
+    p = r["prod_start_s"]
+    date = r.get("date") or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        BEGIN,
+        f"Measured {date} on {r.get('machine') or machine()}, with `{command}` (one run; test timings "
+        "bf_interval=1, batch_sched_delay=0).",
+        "",
+        "| what | median | p95 / all |",
+        "|---|---|---|",
+        f"| node idle → training at the larger world size (grow) | {r['grow_s']:.1f} s | "
+        f"{', '.join(f'{x:.1f}' for x in r['grow_s_all'])} s |",
+        f"| preemption → training resumed at the smaller size (shrink) | {r['shrink_s']:.1f} s"
+        f" | {', '.join(f'{x:.1f}' for x in r['shrink_s_all'])} s |",
+        f"| hook datagram → batch-system command (daemon's own count, n = "
+        f"{r['hook_to_action_count']}) | {r['hook_to_action_ms']:.0f} ms | "
+        f"{r['hook_to_action_ms_p95']:.0f} ms |",
+        f"| prod job start, workers on its node (n = {r['submissions']}) | "
+        f"{p['with_malletrain']:.2f} s | {p['with_malletrain_p95']:.2f} s |",
+        f"| prod job start, idle node, no MalleTrain (n = {r['submissions']}) | "
+        f"{p['without']:.2f} s | {p['without_p95']:.2f} s |",
+        "",
+        f"Prod jobs waited {p['with_malletrain'] - p['without']:+.2f} s (median) longer with "
+        "MalleTrain's workers on their nodes: Slurm preempts them itself (REQUEUE, GraceTime "
+        "0). Grow and shrink include a torchrun restart of every worker from the last "
+        "checkpoint (gloo, a small CNN on CPU); a grow also waits for the checkpoint the "
+        "running epoch takes before the membership changes. The elastic job runs without "
+        "profiling (`--comment=profile=no`) so that its size follows the idle nodes only.",
+        END])
+
+
+def write_markdown(path: Path, body: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + body + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## End to end on a local Slurm cluster\n\n" + body + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=16)
+    p.add_argument("--submissions", type=int, default=30, help="prod jobs per phase")
+    p.add_argument("--rounds", type=int, default=3, help="preempt/grow rounds of phase 1")
+    p.add_argument("--json", action="store_true", help="print only the JSON")
+    p.add_argument("--markdown", metavar="FILE", help="rewrite the e2e section of FILE")
+    p.add_argument("--from-json", metavar="FILE", help="no run: take the figures from the "
+                   "JSON a previous --json run printed (with its command in \"command\")")
+    args = p.parse_args(argv)
+    if args.nodes < 8 or args.submissions < 1 or args.rounds < 1:
+        p.error("--nodes must be ≥ 8, --submissions and --rounds ≥ 1")
+    if args.from_json:
+        result = json.loads(Path(args.from_json).read_text())
+    else:
+        result = run(args.nodes, args.submissions, args.rounds)
+        flags = [a for a in (argv if argv is not None else sys.argv[1:])]
+        result["command"] = "python bench/e2e.py " + shlex.join(flags)
+        result["machine"] = machine()
+        result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if args.markdown:
+        write_markdown(Path(args.markdown), section(result, result["command"].strip()))
+    print(json.dumps(result, indent=None if args.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Elastic training of a random NAS-Bench-101 cell on random 32×32 images.
+
+A cell of the NAS-Bench-101 search space (Ying et al., 2019) is a DAG of at most 7 vertices:
+vertex 0 is the input, vertex 6 the output, and the 5 interior vertices each apply one of
+conv3×3-BN-ReLU, conv1×1-BN-ReLU or max-pool 3×3. The adjacency matrix is upper-triangular
+with at most 9 edges, and vertices on no input→output path are pruned. :func:`random_cell`
+draws one such cell from a seed; :class:`Network` stacks it like the benchmark does (stem
+conv, stacks of cells separated by down-sampling, global pooling, a linear classifier), shrunk
+so that one CPU step takes about 0.05–0.2 s.
+
+Run by ``malletrain-run`` (one ``torchrun`` per epoch) it trains with gloo DDP, resumes from the
+last checkpoint at any world size, reports progress through :class:`training.Session`,
+checkpoints periodically and when the daemon asks, and rank 0 keeps a counter file
+(``counters.json`` beside the checkpoint, replaced atomically about once a second) with the
+samples trained (every step computed, also those redone after resuming from an older
+checkpoint), the epochs and world sizes seen and the number of restarts. Without MalleTrain
+it runs as a one-process training::
+
+    python examples/nas_cell.py --cell-seed 3 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from malletrain_core import training  # noqa: E402
+
+INPUT, OUTPUT = "input", "output"
+OPS = ("conv3x3-bn-relu", "conv1x1-bn-relu", "maxpool3x3")
+VERTICES = 7
+MAX_EDGES = 9
+COUNTERS_NAME = "counters.json"
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """A pruned cell: ``matrix[i][j]`` is an edge i → j (i < j); ``ops[0]`` is the input and
+    ``ops[-1]`` the output."""
+
+    matrix: tuple[tuple[int, ...], ...]
+    ops: tuple[str, ...]
+
+    @property
+    def edges(self) -> int:
+        return sum(map(sum, self.matrix))
+
+    def describe(self) -> str:
+        """One line: the ops and the edge list."""
+        n = len(self.ops)
+        edges = [f"{i}>{j}" for i in range(n) for j in range(i + 1, n) if self.matrix[i][j]]
+        return f"ops={','.join(self.ops[1:-1]) or '-'} edges={' '.join(edges)}"
+
+
+def prune(matrix: list[list[int]], ops: list[str]) -> CellSpec | None:
+    """Drop vertices on no input→output path; None when the output is unreachable."""
+    n = len(ops)
+    fwd = {0}
+    for j in range(1, n):
+        if any(matrix[i][j] and i in fwd for i in range(j)):
+            fwd.add(j)
+    back = {n - 1}
+    for i in range(n - 2, -1, -1):
+        if any(matrix[i][j] and j in back for j in range(i + 1, n)):
+            back.add(i)
+    keep = sorted(fwd & back)
+    if 0 not in keep or n - 1 not in keep:
+        return None
+    sub = tuple(tuple(matrix[i][j] for j in keep) for i in keep)
+    return CellSpec(sub, tuple(ops[i] for i in keep))
+
+
+def random_cell(seed: int, edge_prob: float = 0.5, min_ops: int = 2) -> CellSpec:
+    """A valid random cell (input reaches output, ≤ 9 edges after pruning, at least ``min_ops``
+    interior vertices so that the cell computes something), fixed by ``seed``."""
+    if not 0 <= min_ops <= VERTICES - 2:
+        raise ValueError(f"min_ops={min_ops}: give between 0 and {VERTICES - 2}")
+    rng = random.Random(seed)
+    while True:
+        matrix = [[int(j > i and rng.random() < edge_prob) for j in range(VERTICES)]
+                  for i in range(VERTICES)]
+        ops = [INPUT, *(rng.choice(OPS) for _ in range(VERTICES - 2)), OUTPUT]
+        spec = prune(matrix, ops)
+        if spec is not None and spec.edges <= MAX_EDGES and len(spec.ops) - 2 >= min_ops:
+            return spec
+
+
+def _op(name: str, channels: int) -> nn.Module:
+    if name == "conv3x3-bn-relu":
+        return nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+                             nn.BatchNorm2d(channels), nn.ReLU())
+    if name == "conv1x1-bn-relu":
+        return nn.Sequential(nn.Conv2d(channels, channels, 1, bias=False),
+                             nn.BatchNorm2d(channels), nn.ReLU())
+    if name == "maxpool3x3":
+        return nn.MaxPool2d(3, stride=1, padding=1)
+    raise ValueError(f"unknown op {name!r}; choose one of {', '.join(OPS)}")
+
+
+class Cell(nn.Module):
+    """One cell: interior vertices sum their inputs (the cell input through a 1×1 projection);
+    the output concatenates the vertices feeding it, projects back to ``channels`` and adds the
+    projected input when there is an input→output edge."""
+
+    def __init__(self, spec: CellSpec, in_channels: int, channels: int) -> None:
+        super().__init__()
+        self.spec = spec
+        n = len(spec.ops)
+        self.proj = nn.ModuleDict({str(j): nn.Conv2d(in_channels, channels, 1, bias=False)
+                                   for j in range(1, n) if spec.matrix[0][j]})
+        self.ops = nn.ModuleDict({str(j): _op(spec.ops[j], channels) for j in range(1, n - 1)})
+        feeders = [i for i in range(1, n - 1) if spec.matrix[i][n - 1]]
+        self.feeders = feeders
+        self.out = nn.Conv2d(channels * max(1, len(feeders)), channels, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = len(self.spec.ops)
+        m = self.spec.matrix
+        values: dict[int, torch.Tensor] = {}
+        for j in range(1, n - 1):
+            parts = [values[i] for i in range(1, j) if m[i][j]]
+            if m[0][j]:
+                parts.append(self.proj[str(j)](x))
+            values[j] = self.ops[str(j)](torch.stack(parts).sum(0))
+        out: torch.Tensor | None = None
+        if self.feeders:
+            out = self.out(torch.cat([values[i] for i in self.feeders], dim=1))
+        if m[0][n - 1]:
+            skip = self.proj[str(n - 1)](x)
+            out = skip if out is None else out + skip
+        assert out is not None  # pruning guarantees the output has an input
+        return out
+
+
+class Network(nn.Module):
+    """Stem conv, ``stacks`` stacks of ``cells`` cells (channels double and the map halves
+    between stacks), global average pooling and a 10-way classifier."""
+
+    def __init__(self, spec: CellSpec, stem_channels: int = 16, stacks: int = 2,
+                 cells: int = 2, classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, stem_channels, 3, padding=1, bias=False),
+                                   nn.BatchNorm2d(stem_channels), nn.ReLU()]
+        channels = stem_channels
+        for s in range(stacks):
+            if s > 0:
+                layers.append(nn.MaxPool2d(2))
+            out = stem_channels * 2 ** s
+            for _ in range(cells):
+                layers.append(Cell(spec, channels, out))
+                channels = out
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean(dim=(2, 3)))
+
+
+class Counters:
+    """Rank 0's running totals, kept across epochs and restarts in ``counters.json``."""
+
+    def __init__(self, path: Path, job: str, spec: CellSpec) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"job": job, "cell": spec.describe(), "samples": 0,
+                                     "steps": 0, "starts": 0, "restarts": 0,
+                                     "epochs": [], "world_sizes": []}
+        try:
+            self.data.update(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+        self._last_write = 0.0
+
+    def started(self, epoch: int, world: int) -> None:
+        d = self.data
+        d["starts"] += 1
+        d["restarts"] = d["starts"] - 1
+        if epoch not in d["epochs"]:
+            d["epochs"].append(epoch)
+        d["world_sizes"].append(world)
+        self.write()
+
+    def add(self, samples: int) -> None:
+        self.data["samples"] += samples
+        self.data["steps"] += 1
+        if time.monotonic() - self._last_write >= 1.0:
+            self.write()
+
+    def write(self) -> None:
+        """Replace the file atomically (temporary file, fsync, rename)."""
+        self.data["updated"] = time.time()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w") as fh:
+            json.dump(self.data, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        self._last_write = time.monotonic()
+
+
+def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random images and labels, different on every rank and step, reproducible."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    return torch.randn(size, 3, 32, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cell-seed", type=int, default=0, help="which random cell to train")
+    p.add_argument("--steps", type=int, default=0, help="train until this step (0: forever)")
+    p.add_argument("--batch", type=int, default=16, help="samples per worker and step")
+    p.add_argument("--lr", type=float, default=0.05, help="learning rate at --reference-batch")
+    p.add_argument("--reference-batch", type=int, default=16)
+    p.add_argument("--checkpoint-every-s", type=float, default=30.0)
+    p.add_argument("--log-every", type=int, default=20, help="print every N steps")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    session = training.Session(checkpoint_every_s=args.checkpoint_every_s)
+    rank, world = session.rank, session.world_size
+    if world > 1:
+        dist.init_process_group("gloo")
+    spec = random_cell(args.cell_seed)
+    torch.manual_seed(args.cell_seed)
+    model = Network(spec)
+    lr = training.scale_lr(args.lr, global_batch=args.batch * world,
+                           reference_batch=args.reference_batch)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    step = 0
+    resumed = session.resume()
+    if resumed is not None:
+        model.load_state_dict(resumed["state"]["model"])
+        optimizer.load_state_dict(resumed["state"]["optimizer"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        step = int(resumed["step"])
+    counters = Counters(session.checkpoint_dir / COUNTERS_NAME, session.job_id, spec) \
+        if session.is_chief else None
+    if counters is not None:
+        counters.started(session.epoch, world)
+    print(f"start cell={args.cell_seed} {spec.describe()} step={step} epoch={session.epoch} "
+          f"world={world} rank={rank} resumed={'yes' if resumed is not None else 'no'}",
+          flush=True)
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    loss_fn = nn.CrossEntropyLoss()
+    while args.steps <= 0 or step < args.steps:
+        x, y = batch(args.cell_seed, step, rank, args.batch)
+        loss = loss_fn(net(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        session.report(samples=args.batch * world)
+        if counters is not None:
+            counters.add(args.batch * world)
+        if step % args.log_every == 0:
+            print(f"step={step} epoch={session.epoch} world={world} rank={rank} "
+                  f"loss={loss.item():.4f}", flush=True)
+        if session.should_checkpoint():
+            session.checkpoint({"model": model.state_dict(),
+                                "optimizer": optimizer.state_dict()}, step)
+    if session.is_chief:
+        session.checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                           step)
+    if counters is not None:
+        counters.write()
+    print(f"done step={step} world={world} rank={rank}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The whole demo, short: a 16-node local cluster, malletraind, the Summit-gap workload and
+real NAS-cell training; the summary must show trained samples and harvested node-seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from malletrain_core.demo.summary import KEYS
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.torch,
+              pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster runs as root")]
+
+
+def test_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--json",
+                           "--duration-s", "60", "--out", str(out), "--seed", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout)
+    saved = json.loads((out / "summary.json").read_text())
+    assert printed == saved
+    assert list(saved)[:len(KEYS)] == list(KEYS)
+    assert saved["samples"] > 0
+    assert 0 < saved["harvested_share"] <= 1
+    assert saved["harvested_node_seconds"] <= saved["idle_node_seconds"]
+    assert saved["prod_jobs_started"] > 10 and saved["prod_start_delay_s"] is not None
+    assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    counters = list((out / "jobs").glob("checkpoints-*/counters.json"))
+    assert counters and sum(json.loads(p.read_text())["samples"] for p in counters) \
+        >= saved["samples"]

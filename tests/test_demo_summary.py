@@ -1,0 +1,169 @@
+"""The demo summary from canned squeue/sinfo samples, scontrol records and counter files."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from malletrain_core.demo import summary, timeline
+
+NODES = 4
+SINFO_UP = "\n".join(f"n0{i}|idle" for i in range(1, 5))
+
+# t=0: prod on n01; elastic job 10 runs on n02, n03; n04 idle.
+SQ0 = """5|5|N/A|prod|RUNNING|n01
+10_0|10|0|preemptable|RUNNING|n02
+10_1|10|1|preemptable|RUNNING|n03
+10_[2]|10|N/A|preemptable|PENDING|"""
+# t=2: job 10 grows to n04 (a rescale); a prod job waits.
+SQ1 = """5|5|N/A|prod|RUNNING|n01
+7|7|N/A|prod|PENDING|
+10_0|10|0|preemptable|RUNNING|n02
+10_1|10|1|preemptable|RUNNING|n03
+10_2|10|2|preemptable|RUNNING|n04"""
+# t=6: prod job 7 took n03 and n04 back (two preemptions, job 10 shrinks to 1: a rescale);
+# n01 is down.
+SQ2 = """7|7|N/A|prod|RUNNING|n[03-04]
+10_0|10|0|preemptable|RUNNING|n02
+10_1|10|1|preemptable|PENDING|
+10_2|10|2|preemptable|PENDING|"""
+SINFO_DOWN = "n01|down*\nn02|allocated\nn03|allocated\nn04|allocated"
+# t=10: everything ended.
+SQ3 = ""
+
+
+def stamp(t):
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+T0 = 1_800_000_000.0
+
+
+def record(job, name, nodes, submit, start, end, state="COMPLETED", eligible=None):
+    return (f"JobId={job} JobName={name} UserId=root(0) JobState={state} Reason=None "
+            f"Restarts=0 SubmitTime={stamp(T0 + submit)} "
+            f"EligibleTime={stamp(T0 + (submit if eligible is None else eligible))} "
+            f"AccrueTime=Unknown StartTime={stamp(T0 + start)} EndTime={stamp(T0 + end)} "
+            f"Partition=prod AllocNode:Sid=localhost:1 ReqNodeList={nodes} NodeList={nodes} "
+            f"NumNodes=2 Command=(null) WorkDir=/tmp Comment=a b c")
+
+
+@pytest.fixture
+def samples():
+    return [summary.Sample.parse(T0, SQ0, SINFO_UP), summary.Sample.parse(T0 + 2, SQ1, SINFO_UP),
+            summary.Sample.parse(T0 + 6, SQ2, SINFO_DOWN),
+            summary.Sample.parse(T0 + 10, SQ3, SINFO_UP)]
+
+
+def test_samples_classify_nodes(samples):
+    s0, s1, s2, _ = samples
+    assert s0.prod == {"n01"} and s0.harvested == {"n02": "10", "n03": "10"}
+    assert s0.jobs == {"10": 2} and s0.pending_prod == 0
+    assert s1.pending_prod == 1 and s1.jobs == {"10": 3}
+    assert s2.prod == {"n03", "n04"} and s2.down == {"n01"} and s2.jobs == {"10": 1}
+
+
+def test_node_seconds_and_scale_changes(samples):
+    idle, harvested = summary.node_seconds(samples, NODES)
+    # idle: 3 nodes × 2 s + 3 × 4 s + (4 - 3 prod/down) × 4 s
+    assert idle == pytest.approx(3 * 2 + 3 * 4 + 1 * 4)
+    assert harvested == pytest.approx(2 * 2 + 3 * 4 + 1 * 4)
+    assert summary.scale_changes(samples) == (2, 2)
+    # one queued elastic job: at most cap nodes of the idle ones could be held
+    assert summary.idle_within_cap(samples, NODES, 1) == pytest.approx(1 * 2 + 1 * 4 + 1 * 4)
+    assert summary.idle_within_cap(samples, NODES, 2) == pytest.approx(2 * 2 + 2 * 4 + 1 * 4)
+
+
+def test_prod_start_delay_measures_from_the_release_of_the_last_node():
+    records = "\n".join([
+        record(5, "prod-fill-000", "n01", 0, 0, 8),
+        record(6, "prod-fill-001", "n02", 0, 1, 4),
+        # big job 7: submitted at 2, n02 free at 4, n01 at 8: startable at 8, started at 11
+        record(7, "prod-big-002", "n[01-02]", 2, 11, 20),
+        # fill 8 on an idle node: submitted at 5, eligible at 5, started at 6
+        record(8, "prod-fill-003", "n03", 5, 6, 30, state="RUNNING"),
+        # still pending: planned start only, not counted
+        record(9, "prod-big-004", "n[03-04]", 9, 30, 90, state="PENDING"),
+    ])
+    elastic = ("JobId=12 ArrayJobId=10 ArrayTaskId=0 JobName=nas JobState=RUNNING "
+               f"StartTime={stamp(T0)} EndTime={stamp(T0 + 99)} Partition=preemptable "
+               "NodeList=n04")
+    recs = summary.prod_records(records + "\n" + elastic)
+    assert [r["JobId"] for r in recs] == ["5", "6", "7", "8", "9"]
+    starts = {p.name: p.delay_s for p in summary.prod_starts(recs)}
+    assert starts == {"prod-fill-000": 0, "prod-fill-001": 1, "prod-big-002": 3,
+                      "prod-fill-003": 1}
+
+
+def test_counters_and_the_whole_summary(samples, tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "counters.json").write_text(json.dumps(
+        {"job": "10", "samples": 480, "steps": 20, "restarts": 2, "world_sizes": [2, 3, 1],
+         "cell": "ops=maxpool3x3"}))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "counters.json").write_text('{"job": "11", "samp')  # torn: skipped
+    counters = summary.read_counters(sorted(tmp_path.glob("*/counters.json")))
+    assert list(counters) == ["10"]
+    recs = summary.prod_records(record(7, "prod-big-002", "n[03-04]", 2, 5, 9))
+    out = summary.summarize(samples, recs, counters, NODES, cap_per_job=2)
+    assert list(out)[:len(summary.KEYS)] == list(summary.KEYS)
+    assert out["samples"] == 480 and out["rescales"] == 2 and out["preemptions"] == 2
+    assert out["harvested_share"] == pytest.approx(20 / 22, abs=1e-4)
+    assert out["prod_start_delay_s"] == 3.0 and out["prod_jobs_started"] == 1
+    assert out["jobs"]["10"]["max_running_tasks"] == 3 and out["worker_restarts"] == 2
+    assert out["idle_node_seconds_within_cap"] == 16.0
+    logged = summary.summarize(samples, recs, counters, NODES, logged_preemptions=5)
+    assert logged["preemptions"] == 5 and logged["preemptions_seen_in_samples"] == 2
+    table = summary.markdown(out, "bash scripts/demo.sh")
+    assert "| samples trained (workers' counters) | 480 |" in table
+    assert "| preemptions (slurmctld log) | 2 |" in table
+    text = summary.format_summary(out)
+    assert "90.9 % of idle" in text and "job 10: 480 samples" in text
+    again = [summary.Sample.from_json(json.loads(json.dumps(s.to_json()))) for s in samples]
+    assert again == samples
+
+
+def test_no_prod_job_and_no_idle_time():
+    s = [summary.Sample.parse(T0, "5|5|N/A|prod|RUNNING|n[01-04]"),
+         summary.Sample.parse(T0 + 2, "5|5|N/A|prod|COMPLETING|n[01-04]")]
+    out = summary.summarize(s, [], {}, NODES)
+    assert out["idle_node_seconds"] == 0 and out["harvested_share"] == 0.0
+    assert out["prod_start_delay_s"] is None and out["samples"] == 0
+    assert "n/a" in summary.format_summary(out)
+
+
+def test_preemptions_logged_by_slurmctld():
+    log = ("[2026-11-21T10:00:01.000] _preempt_jobs: preempted JobId=12 has been requeued to "
+           "reclaim resources for JobId=7\n[2026-11-21T10:00:02.000] sched: Allocate JobId=7")
+    assert summary.count_preemptions_in_log(log) == 1
+
+
+def test_timeline_png(samples, tmp_path):
+    path = timeline.draw(samples, NODES, tmp_path / "timeline.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    with pytest.raises(ValueError):
+        timeline.draw([], NODES, tmp_path / "empty.png")
+
+
+def test_live_view_plain_and_terminal(samples):
+    import io
+
+    from malletrain_core.demo import live
+
+    plain = io.StringIO()
+    view = live.LiveView([f"n0{i}" for i in range(1, 5)], out=plain, tty=False)
+    view.show(2.0, samples[1], 1, 0)
+    view.show(6.0, samples[2], 2, 2)
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 2 and "\x1b" not in plain.getvalue()
+    assert "prod  1  idle  3  harvested  3" in lines[0] and "a=10:3" in lines[0]
+    assert "preemptions 2" in lines[1] and "a=10:1" in lines[1]
+    term = io.StringIO()
+    view = live.LiveView([f"n0{i}" for i in range(1, 5)], out=term, tty=True)
+    assert view.strip(samples[0]) == "Paa." and view.strip(samples[2]) == "xaPP"
+    view.show(0.0, samples[0], 0, 0)
+    view.show(2.0, samples[1], 1, 0)
+    assert "\x1b[3F" in term.getvalue()  # redrawn in place
