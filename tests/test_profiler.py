@@ -7,16 +7,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_engine_fake import FakeCluster, curve_truth
 
+from malletrain_core.allocator import dp
 from malletrain_core.engine import Engine, EngineConfig, JobPhase
 from malletrain_core.engine.curves import (
     conservative_curve,
     corrected_curve,
     linear_curve,
+    measured_curve,
     merge_curves,
 )
 from malletrain_core.engine.profiler import Lender, choose_lender, choose_upward, plan_scales
 from malletrain_core.events import Grow, JobRequest, Shrink
-from malletrain_core.model import Curve
+from malletrain_core.model import Curve, Job, Problem
 
 TRUTH = Curve.of([1, 2, 4, 8, 16, 32], [10.0, 19.0, 36.0, 64.0, 100.0, 130.0])
 NODES = [f"n{i:02d}" for i in range(40)]
@@ -54,7 +56,10 @@ def test_conservative_interpolation() -> None:
     curve = conservative_curve({4: 40.0, 16: 100.0})
     assert curve is not None
     assert curve.at(8) == pytest.approx(60.0)  # linear between measured scales
-    assert curve.at(64) == curve.at(16) == 100.0  # flat above: never extrapolated upwards
+    # Above 16: the last slope (60/12 = 5 per node) halved per doubling, never above linear.
+    assert curve.at(32) == pytest.approx(100.0 + 2.5 * 16)
+    assert curve.at(64) == pytest.approx(140.0 + 1.25 * 32)
+    assert curve.at(64) < 100.0 * 64 / 16
     assert curve.at(2) == pytest.approx(20.0) and curve.at(1) == pytest.approx(10.0)
     assert conservative_curve({}) is None
 
@@ -94,7 +99,8 @@ def test_one_scale_up_then_halving_down() -> None:
     assert view.phase is JobPhase.RUNNING
     assert {k: round(v, 6) for k, v in view.measured.items()} == {
         k: TRUTH.at(k) for k in (16, 8, 4, 2, 1)}
-    assert view.curve is not None and view.curve.at(24) == pytest.approx(100.0)  # held flat
+    # Above the largest measured scale: the last slope (36/8 per node) halved.
+    assert view.curve is not None and view.curve.at(24) == pytest.approx(100.0 + 2.25 * 8)
     assert cluster.engine.stats.profiled == 1
 
 
@@ -284,7 +290,8 @@ def test_a_short_curve_is_extended_when_nodes_allow() -> None:
     engine = cluster.engine
     view = engine.jobs["p"]
     assert view.phase is JobPhase.RUNNING and set(view.measured) == {1, 2}
-    assert view.curve is not None and view.curve.at(16) == view.curve.at(2)  # flat: unknown
+    assert view.curve is not None and view.curve.at(4) == pytest.approx(19.0 + 4.5 * 2)
+    assert store["vgg"].nodes == (1, 2)  # the store keeps measurements, not extrapolations
     cluster.idle(NODES[2:16])
     assert engine.stats.profile_extensions == 1
     assert engine.jobs["p"].phase is JobPhase.PROFILING and len(engine.jobs["p"].nodes) == 16
@@ -296,3 +303,57 @@ def test_a_short_curve_is_extended_when_nodes_allow() -> None:
     assert store["vgg"].nodes[-1] == 16  # the stored curve grew too
     cluster.run(300.0)
     assert engine.stats.profile_extensions == 1  # nothing left to learn above 16
+
+
+def test_a_job_measured_small_grows_onto_a_scarce_node() -> None:
+    # p is profiled on the only 2 idle nodes; later ONE more node falls idle: too few for a
+    # profiling extension (which needs twice the known scale), so only the believed curve can
+    # make p take it. Held flat above 2 (the old curve), the node would stay unused.
+    cluster = FakeCluster(Engine(EngineConfig(profile_window_s=30.0)))
+    cluster.idle(NODES[:2])
+    cluster.submit(JobRequest("p", 1, 16, model="vgg"), curve_truth(TRUTH))
+    cluster.run(300.0)
+    engine = cluster.engine
+    assert set(engine.jobs["p"].measured) == {1, 2} and len(engine.jobs["p"].nodes) == 2
+    cluster.idle(NODES[2:3])
+    assert engine.stats.profile_extensions == 0
+    assert len(engine.jobs["p"].nodes) == 3
+    cluster.run(300.0)
+    assert engine.jobs["p"].measured[3] == pytest.approx(TRUTH.at(3))  # and now it is known
+
+
+def test_a_scale_measured_at_one_node_only_is_worth_growing() -> None:
+    # The allocator's view: a job measured at 1 node only beside a job with a known curve and
+    # one free node. With the measured points alone (flat above 1) it never gets a second node.
+    known = Job("k", 8, curve=Curve.of([1, 8], [10.0, 60.0]), scale_up_s=18.0,
+                scale_down_s=12.0, current_nodes=5)
+    for curve, expect in ((measured_curve({1: 10.0}), 1), (conservative_curve({1: 10.0}), 2)):
+        assert curve is not None
+        small = Job("s", 8, curve=curve, scale_up_s=18.0, scale_down_s=12.0, current_nodes=1)
+        counts, _ = dp.solve(Problem(7, (known, small), 120.0))
+        assert counts["s"] == expect
+
+
+def test_a_measured_plateau_stays_flat() -> None:
+    curve = conservative_curve({1: 10.0, 2: 19.0, 4: 19.0})
+    assert curve is not None and curve.at(64) == curve.at(4) == 19.0
+    falling = conservative_curve({4: 40.0, 8: 36.0})
+    assert falling is not None and falling.at(32) == 36.0
+    job = Job("p", 16, curve=curve, scale_up_s=18.0, scale_down_s=12.0, current_nodes=4)
+    counts, _ = dp.solve(Problem(16, (job,), 120.0))
+    assert counts["p"] == 4  # spare nodes, but nothing to gain above the plateau
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.integers(1, 64), st.floats(0.0, 1e4), min_size=1, max_size=6))
+def test_extrapolation_is_bounded_by_linear_scaling(points: dict[int, float]) -> None:
+    curve = conservative_curve(points)
+    assert curve is not None
+    top = max(points)
+    measured = measured_curve(points)
+    assert measured is not None
+    p_top = measured.at(top)
+    for k in (top, 2 * top, 3 * top, 8 * top, 1000 * top):
+        assert p_top - 1e-9 <= curve.at(k) <= p_top * k / top + 1e-6 * (1 + p_top)
+    values = curve.table(4 * top)
+    assert (values[top:][1:] >= values[top:][:-1] - 1e-9).all()  # never falls above the top

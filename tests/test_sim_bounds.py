@@ -105,9 +105,15 @@ def test_workloads_saturated_and_with_arrivals() -> None:
     assert [j.id for j in make_workload("imagenet", 20, seed=1)] == [
         j.id for j in make_workload("imagenet", 20, seed=1)]
     assert {j.id for j in make_workload("imagenet", 20, seed=2)} != {j.id for j in sat}
-    arr = make_workload("imagenet", 5, arrivals=True, start=0.0, end=100.0)
-    assert [j.submit_time for j in arr] == [0.0, 36.0, 72.0, 108.0, 144.0]
+    arr = make_workload("imagenet", 5, arrivals=True, seed=1, start=0.0, end=100.0)
+    times = [j.submit_time for j in arr]
+    assert times[0] == 0.0 and times == sorted(times)  # shifted to the trace, in order
+    assert all(t % 36.0 == 0.0 for t in times) and times[-1] > 4 * 36.0  # drawn, not the first
     assert all(j.work == 1.3e8 and 17 <= j.scale_up_s <= 19 for j in arr)
+    assert [j.id for j in arr] == [j.id for j in make_workload(
+        "imagenet", 5, arrivals=True, seed=1, start=0.0, end=100.0)]
+    assert {j.id for j in arr} != {j.id for j in make_workload(
+        "imagenet", 5, arrivals=True, seed=2, start=0.0, end=100.0)}
     hpo = make_workload("hpo", 3)
     assert {j.model for j in hpo} == {"shufflenet"}
     with pytest.raises(ConfigError, match="only 1001"):

@@ -62,6 +62,7 @@ def test_arrivals_complete_and_report_completion_times(trace) -> None:
     assert run.completed_jobs == 3
     assert run.mean_jct_s is not None and run.mean_jct_s > 2e5 / 600
     assert run.trained_samples == pytest.approx(3 * 2e5)
+    assert run.makespan_s is not None and run.makespan_s >= run.mean_jct_s
 
 
 def test_preemption_losses_are_charged_with_periodic_checkpoints(trace) -> None:
@@ -69,6 +70,7 @@ def test_preemption_losses_are_charged_with_periodic_checkpoints(trace) -> None:
     ckpt = replay(trace, _jobs(), "freetrain-exact", seed=0,
                   params=PerfParams(noise=0.0, checkpoint_interval_s=600.0))
     assert base.preemptions > 0
+    assert base.makespan_s is None  # saturated jobs never finish
     assert ckpt.preemption_loss > base.preemption_loss
     assert ckpt.net_samples < base.net_samples
 

@@ -1,48 +1,96 @@
 """The exact dynamic program on node counts (a multiple-choice knapsack).
 
-V_j(m) = max_{k ∈ K_j, k ≤ m} V_{j−1}(m − k) + v_j(k). Each stage is one vectorised numpy
-step over a sliding window of the previous stage, so the cost is O(|N| · Σ_j |K_j|) element
-operations with |J| Python-level steps; the counts are recovered by walking the stages back.
-Capacity is capped at min(|N|, Σ_j max_j).
+V_j(m) = max_{k ∈ K_j, k ≤ m} V_{j−1}(m − k) + v_j(k). Each stage is one vectorised max-plus
+step: a strided (k × m) view of the previous stage plus the job's table, reduced by column
+maxima, written into one preallocated grid (a few numpy calls per job, no per-stage
+allocation). Two exact savings keep the same values bit for bit:
+
+* a stage is constant beyond the nodes its jobs can use at all (Σ of their largest useful
+  counts), so only that prefix is computed and the rest is filled;
+* a count k whose value does not exceed that of a smaller count can never win (stages are
+  non-decreasing in m), so a job's rows stop at its last strict running maximum — a believed
+  curve held flat, or one past its peak, costs no more than its useful range.
+
+Counts are recovered by walking the stages back. Capacity is capped at min(|N|, Σ_j max_j).
+Value tables of unchanged jobs are reused between calls (keyed by the Job object, which the
+engine keeps while nothing the table depends on changes).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import InfeasibleError
-from ..model import Problem
-from .objective import value_tables
+from ..model import Job, Objective, Problem
+from .objective import job_values
+
+_ITEM = np.dtype(np.float64).itemsize
+_CACHE_LIMIT = 4096
+TAIL_STAGES = 2
+"""The last stage is first computed on its top TAIL_STAGES × (largest useful count) columns."""
+_tables: dict[int, tuple[Job, float, Objective, int, np.ndarray]] = {}
+
+
+def useful_top(table: np.ndarray) -> int:
+    """The largest count whose value beats every smaller count's: the last strict running
+    maximum, which is where the table first reaches its maximum."""
+    return int(table.argmax())
 
 
 def forward(tables: list[np.ndarray], capacity: int) -> list[np.ndarray]:
     """The DP's stages: ``stages[j][m]`` is the best value of the first j jobs on ≤ m nodes."""
     cap = min(capacity, sum(len(t) - 1 for t in tables))
-    best = np.zeros(cap + 1)
-    stages = [best]
-    for table in tables:
-        kmax = min(len(table) - 1, cap)
-        # Row i of the window view is best shifted by k = kmax − i (−inf where m < k): a
-        # (kmax+1) × (cap+1) block whose column maxima are the next stage.
-        padded = np.concatenate((np.full(kmax, -np.inf), best))
-        shifted = sliding_window_view(padded, cap + 1)
-        best = (shifted + table[kmax::-1, None]).max(axis=0)
-        stages.append(best)
-    return stages
+    return _forward(tables, cap, [min(useful_top(t), cap) for t in tables], None)[0]
 
 
-def backtrack(tables: list[np.ndarray], stages: list[np.ndarray], m: int) -> list[int]:
+def _forward(tables: list[np.ndarray], cap: int, tops: list[int],
+             tail: int | None) -> tuple[list[np.ndarray], list[int]]:
+    """Stages and, per stage, the first column computed (0 everywhere when ``tail`` is None).
+
+    With ``tail`` the last stage is computed only on its top ``tail`` columns, and each earlier
+    stage only where a later one reads it (``lows``); columns below are left unset.
+    """
+    reach = [0]
+    for top in tops:
+        reach.append(min(cap, reach[-1] + top))
+    lows = [0] * (len(tables) + 1)
+    if tail is not None:
+        low = max(0, reach[-1] - tail)
+        for j in range(len(tables), 0, -1):
+            lows[j] = min(low, reach[j])
+            low = max(0, lows[j] - tops[j - 1])
+    pad = max(tops, default=0)
+    width = pad + cap + 1
+    grid = np.empty((len(tables) + 1, width))
+    grid[:, :pad] = -np.inf
+    grid[0, pad:] = 0.0
+    work = np.empty((pad + 1, cap + 1))
+    for j, (table, top) in enumerate(zip(tables, tops)):
+        new = grid[j + 1, pad:]
+        a, b = lows[j + 1], reach[j + 1]
+        # Row i is the previous stage shifted right by k = top − i (−inf where m < k).
+        shifted = np.ndarray((top + 1, b - a + 1), np.float64, grid,
+                             (j * width + pad - top + a) * _ITEM, (_ITEM, _ITEM))
+        block = work[:top + 1, :b - a + 1]
+        np.add(shifted, table[top::-1, None], out=block)
+        np.maximum.reduce(block, axis=0, out=new[a:b + 1])
+        new[b + 1:] = new[b]
+    return [grid[j, pad:] for j in range(len(tables) + 1)], lows
+
+
+def backtrack(tables: list[np.ndarray], stages: list[np.ndarray], m: int,
+              tops: list[int] | None = None) -> list[int]:
     """Counts reaching ``stages[-1][m]``.
 
     Each stage's choice is recovered by redoing its (bit-identical) sums at the one m on the
-    path, instead of storing an argmax per stage.
+    path, instead of storing an argmax per stage. ``tops`` (each table's :func:`useful_top`)
+    limits the search to counts that can win; the first best count is the same either way.
     """
     m = min(m, len(stages[-1]) - 1)
     counts = [0] * len(tables)
     for j in range(len(tables) - 1, -1, -1):
         table = tables[j]
-        kmax = min(len(table) - 1, m)
+        kmax = min(len(table) - 1 if tops is None else tops[j], m)
         k = int(np.argmax(stages[j][m - kmax:m + 1][::-1] + table[:kmax + 1]))
         counts[j] = k
         m -= k
@@ -50,16 +98,52 @@ def backtrack(tables: list[np.ndarray], stages: list[np.ndarray], m: int) -> lis
 
 
 def solve_counts(tables: list[np.ndarray], capacity: int) -> tuple[list[int], float]:
-    """Maximise Σ_j tables[j][k_j] subject to Σ_j k_j ≤ capacity; returns (counts, value)."""
-    stages = forward(tables, capacity)
-    m = int(np.argmax(stages[-1]))
-    value = float(stages[-1][m])
+    """Maximise Σ_j tables[j][k_j] subject to Σ_j k_j ≤ capacity; returns (counts, value).
+
+    The optimum is the first m where the last stage reaches its maximum. Stages are computed
+    first only where the last :data:`TAIL_STAGES` × (largest useful count) columns of the last
+    stage need them; only if the maximum is already reached at the window's start (so the first
+    maximum may lie below it) are they computed in full.
+    """
+    cap = min(capacity, sum(len(t) - 1 for t in tables))
+    tops = [min(useful_top(t), cap) for t in tables]
+    stages, lows = _forward(tables, cap, tops, TAIL_STAGES * max(tops, default=0))
+    last, low = stages[-1], lows[-1]
+    m = low + int(np.argmax(last[low:]))
+    if low > 0 and last[low] == last[m]:
+        stages, _ = _forward(tables, cap, tops, None)
+        last = stages[-1]
+        m = int(np.argmax(last))
+    value = float(last[m])
     if value == -np.inf:
         raise InfeasibleError("no allocation satisfies the jobs' bounds")
-    return backtrack(tables, stages, m), value
+    return backtrack(tables, stages, m, tops), value
+
+
+def cached_values(job: Job, capacity: int, lookahead_s: float, objective: Objective) -> np.ndarray:
+    """``job_values(job, capacity, …)``, reused while the same Job object comes back.
+
+    A table for a larger capacity serves a smaller one by its prefix (each entry depends on k
+    only). The cache holds the Job itself, so its id cannot be reused while it is cached.
+    """
+    kmax = job.max_nodes if job.max_nodes < capacity else capacity
+    hit = _tables.get(id(job))
+    if hit is not None and hit[0] is job and hit[1] == lookahead_s and hit[2] is objective:
+        if hit[3] == kmax:
+            return hit[4]
+        if hit[3] > kmax:
+            return hit[4][:kmax + 1]
+    table = job_values(job, capacity, lookahead_s, objective)
+    table.flags.writeable = False
+    if len(_tables) >= _CACHE_LIMIT:
+        _tables.clear()
+    _tables[id(job)] = (job, lookahead_s, objective, kmax, table)
+    return table
 
 
 def solve(problem: Problem) -> tuple[dict[str, int], float]:
     """Exact optimum of the FreeTrain objective without side constraints."""
-    counts, value = solve_counts(value_tables(problem), problem.nodes)
+    tables = [cached_values(j, problem.nodes, problem.lookahead_s, problem.objective)
+              for j in problem.jobs]
+    counts, value = solve_counts(tables, problem.nodes)
     return {j.id: k for j, k in zip(problem.jobs, counts)}, value

@@ -53,8 +53,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"policies: {', '.join(POLICIES)} (or 'all')")
     p.add_argument("--trace", default="summit",
-                   help="summit, swf, synthetic, or a .swf / unix_time,node,idle .csv[.gz] "
-                        "file (default: summit)")
+                   help="summit, swf, synthetic, or a .swf, ALCF job-log .csv or "
+                        "unix_time,node,idle .csv[.gz] file (default: summit)")
     p.add_argument("--workload", default="imagenet", choices=("imagenet", "hpo"),
                    help="job mix from the measured profiles (default: imagenet)")
     p.add_argument("--jobs", type=_positive_int, default=50, help="number of jobs (default 50)")
@@ -88,6 +88,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--skip-events", type=int, default=None,
                    help="fold this many first event times into the start state (default: "
                         "1000 for summit, the first day for SWF, else 0)")
+    p.add_argument("--learn-days", type=float, default=None,
+                   help="learn reclaim statistics for malletrain-lifetime on the trace's first "
+                   "LEARN_DAYS, then replay the --days after them (default: learn from the "
+                   "Summit fragment lengths, replay from the start)")
     p.add_argument("--workers", type=_positive_int, default=1,
                    help="replay policies and seeds in this many processes (default 1; the "
                         "results do not depend on it)")
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         days=args.days, policies=tuple(parse_policies(args.policies)), seed=args.seed,
         seeds=args.seeds, lookahead_s=args.lookahead_s, node_order=args.node_order,
         machine_nodes=args.machine_nodes, synthetic_nodes=args.nodes,
-        skip_events=args.skip_events,
+        skip_events=args.skip_events, learn_days=args.learn_days,
         perf=PerfParams(noise=args.noise, checkpoint_interval_s=args.checkpoint_s))
     n_runs = sum(1 for p in opts.policies if p != "oracle") * opts.seeds
     comparison = compare(opts, Progress(n_runs, sys.stderr), workers=args.workers)

@@ -6,9 +6,13 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S, Constraints, Curve, Objective, Problem, Solution
+
+if TYPE_CHECKING:
+    from ..lifetime import LifetimePredictor
 
 Policy = Callable[[Problem], Solution]
 """An allocation policy: node counts for every job of a :class:`~malletrain_core.model.Problem`."""
@@ -38,6 +42,10 @@ class EngineConfig:
     default_scale_up_s: float = 20.0
     default_scale_down_s: float = 12.0
     default_time_limit_s: float = 72 * 3600.0
+    lifetime: LifetimePredictor | None = field(default=None, compare=False)
+    """When set, each idle node is worth its predicted remaining idle time instead of
+    ``lookahead_s`` (:mod:`malletrain_core.allocator.lifetime`); side constraints are then
+    not honoured."""
 
     def __post_init__(self) -> None:
         for name in ("lookahead_s", "profile_window_s", "default_scale_up_s",
@@ -101,7 +109,9 @@ class JobView:
 @dataclass
 class EngineStats:
     """Counters of what the engine did (``preemptions``: jobs that lost nodes to a reclaim;
-    ``profile_extensions``: extra measurements of running jobs at larger scales)."""
+    ``profile_extensions``: extra measurements of running jobs at larger scales; ``solves``:
+    policy calls, which took ``solve_ms`` in all; ``held_node_s``: node-seconds held by jobs,
+    integrated over event time)."""
 
     replans: int = 0
     grows: int = 0
@@ -113,6 +123,8 @@ class EngineStats:
     profile_extensions: int = 0
     solver_failures: int = 0
     solve_ms: float = 0.0
+    solves: int = 0
+    held_node_s: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return dict(vars(self))

@@ -1,11 +1,19 @@
-"""Believed curves from measurements: conservative interpolation, a prior's shape corrected by
-measurements, the users' linear assumption, and merging what several jobs measured.
+"""Believed curves from measurements: interpolation, a bounded optimistic extrapolation, a
+prior's shape corrected by measurements, the users' linear assumption, and merging what several
+jobs measured.
 
-Unmeasured scales are interpolated conservatively: linearly between measured scales, held
-flat beyond the largest one (never extrapolated upwards) and proportional to the node count
-below the smallest. A job that comes with a curve (its user's, or one measured for the same
-model) keeps that curve's shape, corrected by the ratio measured/believed at the scales
-measured since.
+Unmeasured scales are interpolated linearly between measured scales and proportionally to the
+node count below the smallest. Above the largest known scale K the curve is extrapolated
+optimistically but boundedly (:func:`extrapolated`): the last known marginal rate s (samples/s
+per added node, at most the mean rate P(K)/K, which is also s when only K is known) is halved
+for the first doubling of the scale and halved again for each further one, so every doubling
+adds s·K/2 samples/s, never more than linear scaling from K, for at most
+:data:`EXTRAPOLATED_DOUBLINGS` doublings. A job
+measured at one small scale therefore looks worth growing, gets to try a larger scale, and the
+monitor measures it there; a measured plateau (s ≤ 0) stays flat. A job that comes with a
+curve (its user's, or one measured for the same model) keeps that curve's shape, corrected by
+the ratio measured/believed at the scales measured since. Stored curves keep measured points
+only (:func:`measured_curve`), so an extrapolation is never taken for a measurement.
 """
 
 from __future__ import annotations
@@ -21,14 +29,55 @@ ASSUMED_RATE_PER_NODE = 1.0
 first reports replace)."""
 
 
-def conservative_curve(points: Mapping[int, float]) -> Curve | None:
-    """The curve through measured points: linear between them, flat beyond the largest,
+EXTRAPOLATED_DOUBLINGS = 8
+"""How many doublings beyond the largest known scale the extrapolation reaches (flat after)."""
+
+
+def measured_curve(points: Mapping[int, float]) -> Curve | None:
+    """The curve through measured points only: linear between them, flat beyond the largest,
     proportional to k below the smallest (``None`` without points)."""
     pts = {k: max(0.0, p) for k, p in points.items() if k >= 1}
     if not pts:
         return None
     ks = sorted(pts)
     return Curve(tuple(ks), tuple(pts[k] for k in ks))
+
+
+def extrapolated(curve: Curve) -> Curve:
+    """``curve`` continued above its largest scale K: the last segment's slope, at most P(K)/K
+    (which it is for a single point), halved per doubling of the scale, for at most
+    :data:`EXTRAPOLATED_DOUBLINGS` doublings; flat where that slope is not positive.
+
+    >>> extrapolated(Curve((1,), (10.0,))).table(4).tolist()
+    [0.0, 10.0, 15.0, 17.5, 20.0]
+    >>> extrapolated(Curve((2, 4), (20.0, 20.0))) == Curve((2, 4), (20.0, 20.0))
+    True
+    """
+    ks, ps = curve.nodes, curve.throughput
+    if not ks:
+        return curve
+    top, p_top = ks[-1], ps[-1]
+    slope = p_top / top
+    if len(ks) > 1:
+        slope = min(slope, (p_top - ps[-2]) / (top - ks[-2]))
+    if not slope > 0:
+        return curve
+    nodes, values = list(ks), list(ps)
+    k, p = top, p_top
+    for _ in range(EXTRAPOLATED_DOUBLINGS):
+        slope /= 2.0
+        p += slope * k
+        k *= 2
+        nodes.append(k)
+        values.append(p)
+    return Curve(tuple(nodes), tuple(values))
+
+
+def conservative_curve(points: Mapping[int, float]) -> Curve | None:
+    """The believed curve of measured points: :func:`measured_curve` continued upwards by
+    :func:`extrapolated` (``None`` without points)."""
+    curve = measured_curve(points)
+    return None if curve is None else extrapolated(curve)
 
 
 def linear_curve(k0: int, p0: float, max_nodes: int) -> Curve:
@@ -39,9 +88,12 @@ def linear_curve(k0: int, p0: float, max_nodes: int) -> Curve:
     return Curve((k0, top), (p0, p0 * top / k0))
 
 
-def corrected_curve(prior: Curve, measured: Mapping[int, float]) -> Curve:
+def corrected_curve(prior: Curve, measured: Mapping[int, float],
+                    extrapolate: bool = True) -> Curve:
     """``prior``'s shape scaled by the measured/prior ratio, interpolated linearly between the
-    measured scales and held flat outside them; measured scales take their measured value."""
+    measured scales and held flat outside them; measured scales take their measured value.
+    With ``extrapolate`` the result continues above the largest known scale
+    (:func:`extrapolated`); without measurements the prior is returned as it is."""
     if not measured:
         return prior
     rk = np.array(sorted(k for k in measured if k >= 1), dtype=float)
@@ -57,7 +109,8 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float]) -> Curve:
     for idx, k in enumerate(nodes):
         if int(k) in measured:
             values[idx] = measured[int(k)]
-    return Curve(tuple(int(k) for k in nodes), tuple(max(0.0, float(v)) for v in values))
+    curve = Curve(tuple(int(k) for k in nodes), tuple(max(0.0, float(v)) for v in values))
+    return extrapolated(curve) if extrapolate else curve
 
 
 def merge_curves(old: Curve | None, new: Curve) -> Curve:

@@ -19,9 +19,10 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from types import MappingProxyType
 
 from .. import events as ev
+from ..allocator.lifetime import solve as lifetime_solve
 from ..allocator.placement import place
 from ..errors import SolverError, ValidationError
-from ..model import Curve, Problem, Solution
+from ..model import Curve, Node, Problem, Solution
 from .config import EngineConfig, EngineStats, JobPhase, JobView, Policy
 from .jobs import JobRecord, Source
 from .monitor import Monitor
@@ -72,6 +73,11 @@ class Engine:
         return frozenset(self._pool.free)
 
     @property
+    def hole_ends(self) -> Mapping[str, float | None]:
+        """Offered node → end of its idle hole (``None`` when unknown); a live read-only view."""
+        return MappingProxyType(self._pool.hole_end)
+
+    @property
     def stats(self) -> EngineStats:
         """A copy of the engine's counters."""
         return EngineStats(**vars(self._stats))
@@ -95,6 +101,8 @@ class Engine:
                 raise ValidationError(f"engine {self.name!r}", "event",
                                       f"{event!r} is not a malletrain_core.events event with a "
                                       "finite time; send one of those classes")
+            if event.time > self._now > -math.inf:  # node-seconds harvested since then
+                self._stats.held_node_s += len(self._pool.owner) * (event.time - self._now)
             self._now = max(self._now, float(event.time))
             replan |= self._apply(event, actions)
         if replan:
@@ -106,7 +114,7 @@ class Engine:
             self._monitor.report(event)
             return self._advisor.report_due(event.job_id, event.time)
         if isinstance(event, ev.NodesIdle):
-            return self._pool.offer(event.nodes)
+            return self._pool.offer(event.nodes, event.time)
         if isinstance(event, ev.NodesReclaimed):
             return self._on_reclaimed(event)
         if isinstance(event, ev.JobSubmitted):
@@ -125,6 +133,11 @@ class Engine:
                               "malletrain_core.events classes")
 
     def _on_reclaimed(self, event: ev.NodesReclaimed) -> bool:
+        if self.config.lifetime is not None:  # each reclaim ends an idle fragment: learn it
+            for name in event.nodes:
+                since = self._pool.since.get(name)
+                if since is not None:
+                    self.config.lifetime.observe(event.time - since)
         hit = self._pool.reclaim(event.nodes)
         for jid in hit:
             job = self._jobs[jid]
@@ -232,12 +245,16 @@ class Engine:
             jobs.append(job.allocator_job(self._monitor, self.config, top))
         problem = Problem(len(self._pool.free) + held, tuple(jobs), self.config.lookahead_s,
                           self.config.objective, self.config.constraints)
+        lives = self._lives(now, running) if self.config.lifetime is not None else None
         try:
-            solution = self._policy(problem)
+            solution = self._policy(problem) if lives is None else lifetime_solve(
+                problem, {job.id: [lives[n] for n in job.nodes] for job in running},
+                [lives[n] for n in self._pool.free])
         except SolverError:
             self._stats.solver_failures += 1
             return  # keep the current map
         self._stats.solve_ms += solution.solve_ms
+        self._stats.solves += 1
         counts = checked_counts(problem, solution)
         if all(counts[j.id] == j.current_nodes for j in jobs):
             return
@@ -245,6 +262,9 @@ class Engine:
         known = {name: self._pool.node(name, now) for job in running
                  if counts[job.id] < len(job.nodes) for name in job.nodes}
         free = [self._pool.node(name, now) for name in self._pool.free]
+        if lives is not None:  # placement keeps and hands out the longest predicted lives
+            known = {n: Node(n, node.group, lives[n][0]) for n, node in known.items()}
+            free = [Node(node.name, node.group, lives[node.name][0]) for node in free]
         result = place(counts, current, free, known)
         targets = [(job.id, job, set(result.get(job.id, ()))) for job in running]
         for jid, job, new in targets:  # every release first: growers take released nodes
@@ -253,6 +273,18 @@ class Engine:
         for jid, job, new in targets:
             for name in new - job.nodes:
                 self._pool.assign(jid, name)
+
+    def _lives(self, now: float, running: Sequence[JobRecord]) -> dict[str, tuple[float, float]]:
+        """(life, risk) of every free or held node from the lifetime predictor."""
+        assert self.config.lifetime is not None
+        names = list(self._pool.free)
+        names.extend(n for job in running for n in job.nodes)
+        since = self._pool.since
+        ends = self._pool.hole_end
+        ages = [now - since.get(n, now) for n in names]
+        holes = [None if ends.get(n) is None else self._pool.remaining(n, now) for n in names]
+        life, risk = self.config.lifetime.predict(ages, holes)
+        return dict(zip(names, zip(life.tolist(), risk.tolist())))
 
     def _emit(self, now: float) -> list[ev.Action]:
         checkpoints: list[ev.Action] = []

@@ -28,19 +28,22 @@ class NodePool:
         self.owner: dict[str, str] = {}
         self.held: dict[str, set[str]] = {}
         self.delta: dict[str, Delta] = {}
+        self.since: dict[str, float] = {}
 
     def holding(self, job_id: str) -> set[str]:
         """The live set of nodes ``job_id`` holds (created empty on first use)."""
         return self.held.setdefault(job_id, set())
 
-    def offer(self, nodes: Iterable[IdleNode]) -> bool:
-        """Take idle nodes (new ones become free; known ones get their hole refreshed);
-        ``True`` when at least one was new."""
+    def offer(self, nodes: Iterable[IdleNode], now: float | None = None) -> bool:
+        """Take idle nodes (new ones become free, idle since ``now`` when given; known ones get
+        their hole refreshed); ``True`` when at least one was new."""
         new = False
         for node in nodes:
             if node.name not in self.hole_end:
                 new = True
                 self.free.add(node.name)
+                if now is not None:
+                    self.since[node.name] = now
             self.hole_end[node.name] = node.hole_end
             self.group[node.name] = node.group
         return new
@@ -53,6 +56,7 @@ class NodePool:
                 continue
             del self.hole_end[name]
             del self.group[name]
+            self.since.pop(name, None)
             self.free.discard(name)
             job_id = self.owner.pop(name, None)
             if job_id is not None:

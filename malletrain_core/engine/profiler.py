@@ -15,8 +15,9 @@ get even its minimum waits in the queue.
 
 A running job whose curve stops below its maximum (it was profiled when few nodes were free,
 or it reuses a model's curve measured on fewer nodes) is measured once more at the largest
-scale it can reach, when that is at least twice what is known, so that the conservative,
-flat-above curve does not hold it small forever. A user who opts out of profiling and brings
+scale it can reach, when that is at least twice what is known, so that the believed curve
+above it rests on a measurement rather than on the bounded extrapolation alone. The store
+keeps measured points only. A user who opts out of profiling and brings
 no curve gets one measurement at the largest scale available, and linear scaling is assumed
 from there.
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 from ..model import Curve
 from .config import EngineConfig, EngineStats, JobPhase
-from .curves import conservative_curve, merge_curves
+from .curves import corrected_curve, measured_curve, merge_curves
 from .jobs import JobRecord, Source
 from .monitor import Monitor
 from .pool import NodePool
@@ -210,6 +211,7 @@ class Advisor:
         """Measure one larger scale of at most one running job whose curve stops short."""
         if not self.config.profiling or (self.borrower is not None and not self.pool.free):
             return
+        spare_bound: int | None = None
         for job in self.jobs.values():
             if (job.phase is not JobPhase.RUNNING or job.id in self.pool.delta
                     or job.source not in (Source.PROFILED, Source.STORE)):
@@ -217,6 +219,12 @@ class Advisor:
             known = job.known_top(self.monitor)
             if known >= job.req.max_nodes:
                 continue
+            if spare_bound is None:  # what any one lender could give: bounds reachable()
+                spare_bound = 0 if self.borrower is not None else max(
+                    (lender.spare for lender in self._lenders("")), default=0)
+            need = max(2 * known, job.req.min_nodes)
+            if len(job.nodes) + len(self.pool.free) + spare_bound < need:
+                continue  # cannot reach twice what is known: skip the lender search
             top, lender = self.reachable(job)
             if top >= max(2 * known, job.req.min_nodes):
                 self._launch(job, ProfileRun(job.id, [top], extension=True), lender, now)
@@ -329,10 +337,17 @@ class Advisor:
             self.borrower = None
 
     def remember(self, job: JobRecord) -> None:
-        """Merge what the job measured into its model's stored curve."""
+        """Merge what the job measured (never an extrapolated point) into its model's stored
+        curve."""
         if not job.req.model or job.source not in (Source.PROFILED, Source.STORE):
             return
-        curve = (conservative_curve(self.monitor.throughput(job.id))
-                 if job.source == Source.PROFILED else job.believed(self.monitor, True))
+        measured = self.monitor.throughput(job.id)
+        curve: Curve | None
+        if job.source == Source.PROFILED:
+            curve = measured_curve(measured)
+        elif job.prior is not None and measured:
+            curve = corrected_curve(job.prior, measured, extrapolate=False)
+        else:
+            curve = job.prior
         if curve is not None:
             self.store[job.req.model] = merge_curves(self.store.get(job.req.model), curve)

@@ -56,13 +56,14 @@ class SimBackend:
 
     def __init__(self, trace: Trace, jobs: Sequence[SimJob], requests: Sequence[JobRequest],
                  params: PerfParams | None = None, seed: int = 0, samples: int = 400,
-                 confirmations: bool = True) -> None:
+                 confirmations: bool = True, hole_ends: bool = False) -> None:
         if len(jobs) != len(requests):
             raise ValueError("one request per job")
         self.trace = trace
         self.params = params or PerfParams()
         self.confirmations = confirmations
         self._names = trace.node_names
+        self._ends = reclaim_times(trace) if hole_ends else None
         self.idle: set[str] = set()
         self.owner: dict[str, str] = {}
         self.held: dict[str, set[str]] = {}
@@ -122,6 +123,12 @@ class SimBackend:
             candidates.append(self._heap[0][0])
         return min(candidates) if candidates else None
 
+    def _step_ends(self, s: int) -> list[float]:
+        """When each node that became idle at step ``s`` is taken back (the trace knows)."""
+        assert self._ends is not None
+        lo, hi = int(self.trace.offsets[s]), int(self.trace.offsets[s + 1])
+        return self._ends[0][lo:hi][self.trace.idle[lo:hi]].tolist()
+
     # -- the Backend protocol ----------------------------------------------------------------
 
     def poll(self, now: float) -> list[Event]:
@@ -133,7 +140,10 @@ class SimBackend:
             names = [self._names[i] for i in self.trace.initial.tolist()]
             self.idle.update(names)
             if names:
-                events.append(NodesIdle(self.trace.start, tuple(IdleNode(n) for n in names)))
+                ends = [None] * len(names) if self._ends is None else \
+                    self._ends[1][self.trace.initial].tolist()
+                events.append(NodesIdle(self.trace.start, tuple(
+                    IdleNode(n, _end(e)) for n, e in zip(names, ends))))
         trace = self.trace
         while self._step < trace.steps and trace.times[self._step] <= now:
             t, added, removed = trace.step(self._step)
@@ -145,7 +155,10 @@ class SimBackend:
             if len(added):
                 fresh = [self._names[i] for i in added.tolist()]
                 self.idle.update(fresh)
-                events.append(NodesIdle(t, tuple(IdleNode(n) for n in fresh)))
+                ends = [None] * len(fresh) if self._ends is None else self._step_ends(
+                    self._step - 1)
+                events.append(NodesIdle(t, tuple(
+                    IdleNode(n, _end(e)) for n, e in zip(fresh, ends))))
         while self._heap and self._heap[0][0] <= now:
             t, _, kind, job, version = heapq.heappop(self._heap)
             if kind == _SAMPLE:
@@ -264,3 +277,28 @@ class SimBackend:
         """End of the trace: account every job up to its end and take the last sample."""
         self.settle(self.trace.end)
         self._record(len(self.sample_times) - 1)
+
+
+def _end(t: float | None) -> float | None:
+    return None if t is None or math.isinf(t) else t
+
+
+def reclaim_times(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The true end of every idle hole of ``trace``: (for each transition, the time of the
+    node's next transition; for each node, its first transition), ``inf`` where none follows.
+
+    Given as hole ends to a clairvoyant engine, an upper reference for reclaim prediction.
+    """
+    t = np.repeat(trace.times, np.diff(trace.offsets))
+    nodes = np.asarray(trace.nodes)
+    order = np.lexsort((t, nodes))
+    following = np.full(len(nodes), np.inf)
+    if len(order) > 1:
+        same = nodes[order[1:]] == nodes[order[:-1]]
+        following[order[:-1][same]] = t[order[1:]][same]
+    first = np.full(len(trace.node_names), np.inf)
+    if len(order):
+        is_first = np.ones(len(order), dtype=bool)
+        is_first[1:] = nodes[order[1:]] != nodes[order[:-1]]
+        first[nodes[order[is_first]]] = t[order[is_first]]
+    return following, first

@@ -10,11 +10,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from ..errors import ConfigError
+from ..lifetime import learn_from_trace, split_trace
 from ..model import Curve
 from ..profiles import load_profiles
 from .bounds import BoundJob, Bounds, compute_bounds
 from .perfmodel import PerfParams
-from .policies import RUN_POLICIES
+from .policies import LIFETIME_POLICIES, RUN_POLICIES
 from .replay import RunResult, replay
 from .report import aggregate
 from .sources import THETA_NODES, load_trace
@@ -39,6 +40,8 @@ class SimOptions:
     machine_nodes: int = THETA_NODES
     synthetic_nodes: int = 256
     skip_events: int | None = None
+    learn_days: float | None = None
+    """Learn reclaim statistics on the first days of the trace, replay the ``days`` after."""
     perf: PerfParams = field(default_factory=PerfParams)
 
     def __post_init__(self) -> None:
@@ -96,9 +99,14 @@ class Progress:
 def compare(opts: SimOptions, progress: Progress | None = None, workers: int = 1) -> Comparison:
     """Replay every policy of ``opts`` on every seed and aggregate the figures; ``workers`` > 1
     runs the replays in that many processes (results do not depend on it)."""
-    trace = load_trace(opts.trace, days=opts.days, seed=opts.seed,
+    trace = load_trace(opts.trace, days=None if opts.learn_days else opts.days, seed=opts.seed,
                        machine_nodes=opts.machine_nodes, synthetic_nodes=opts.synthetic_nodes,
                        skip_events=opts.skip_events)
+    lifetime_options: dict[str, dict[str, Any]] = {}
+    if opts.learn_days is not None:
+        learn, trace = split_trace(trace, opts.learn_days, opts.days)
+        predictor = learn_from_trace(learn, opts.lookahead_s)
+        lifetime_options = {p: {"lifetime": predictor} for p in LIFETIME_POLICIES}
     if opts.node_order == "random":
         trace = trace.renamed(opts.seed)
     profiles = load_profiles(opts.workload)
@@ -120,13 +128,14 @@ def compare(opts: SimOptions, progress: Progress | None = None, workers: int = 1
         units.extend((policy, seed, jobs, catalogue) for policy in run_policies)
     done: list[RunResult] = []
     if workers > 1 and len(units) > 1:
-        done = _run_parallel(trace, opts, units, workers, progress)
+        done = _run_parallel(trace, opts, units, workers, progress, lifetime_options)
     else:
         for i, (policy, seed, jobs, catalogue) in enumerate(units):
             def note(share: float, _u: int = i, _p: str = policy, _s: int = seed) -> None:
                 if progress is not None:
                     progress.update(_u + share, f"{_p} seed {_s}")
             done.append(replay(trace, jobs, policy, seed=seed, lookahead_s=opts.lookahead_s,
+                               engine_options=lifetime_options.get(policy),
                                params=opts.perf, catalogue=catalogue, progress=note))
     runs: dict[str, list[RunResult]] = {p: [] for p in run_policies}
     for result in done:
@@ -139,6 +148,7 @@ def compare(opts: SimOptions, progress: Progress | None = None, workers: int = 1
         "workload": {"name": opts.workload, "jobs": opts.jobs, "arrivals": opts.arrivals},
         "seeds": seeds,
         "lookahead_s": opts.lookahead_s,
+        "learn_days": opts.learn_days,
         "node_order": opts.node_order,
         "perf_model": asdict(opts.perf),
     }
@@ -151,18 +161,21 @@ def compare(opts: SimOptions, progress: Progress | None = None, workers: int = 1
 
 
 def _run_unit(trace: Trace, opts: SimOptions, unit: tuple[str, int, list[SimJob],
-              dict[str, Curve]]) -> RunResult:
+              dict[str, Curve]], lifetime_options: dict[str, dict[str, Any]]) -> RunResult:
     policy, seed, jobs, catalogue = unit
     return replay(trace, jobs, policy, seed=seed, lookahead_s=opts.lookahead_s,
+                  engine_options=lifetime_options.get(policy),
                   params=opts.perf, catalogue=catalogue)
 
 
 def _run_parallel(trace: Trace, opts: SimOptions,
                   units: list[tuple[str, int, list[SimJob], dict[str, Curve]]], workers: int,
-                  progress: Progress | None) -> list[RunResult]:
+                  progress: Progress | None,
+                  lifetime_options: dict[str, dict[str, Any]]) -> list[RunResult]:
     results: list[RunResult | None] = [None] * len(units)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_unit, trace, opts, unit): i for i, unit in enumerate(units)}
+        futures = {pool.submit(_run_unit, trace, opts, unit, lifetime_options): i
+                   for i, unit in enumerate(units)}
         finished = 0
         for future in as_completed(futures):
             i = futures[future]

@@ -5,6 +5,11 @@ curves the jobs bring at submission:
 
 * ``malletrain`` — no curve, profiling on: the JPA measures each job (declared model names
   let later jobs of a model reuse the measured curve); the engine never sees a true curve;
+* ``malletrain-lifetime`` — the same, with each idle node valued at its predicted remaining
+  idle time (:mod:`malletrain_core.lifetime`; learned from the Summit fragments unless the
+  caller passes a ``lifetime`` predictor) instead of the fixed look-ahead;
+* ``malletrain-clairvoyant`` — the same, told every idle node's true reclaim time by the
+  trace: an upper reference for reclaim prediction;
 * ``freetrain-exact`` — the true curve, supplied by the user, trusted (profiling off);
 * ``freetrain-linear`` — the user assumes P(k) = k·P(1) from a one-node measurement;
 * ``freetrain-mismatched`` — another model's true curve (picked by the seed), scaled to this
@@ -29,9 +34,13 @@ from ..events import JobRequest
 from ..model import Curve
 from .workloads import SimJob
 
-POLICIES = ("malletrain", "freetrain-exact", "freetrain-linear", "freetrain-mismatched",
-            "equal", "greedy", "rigid", "oracle")
+POLICIES = ("malletrain", "malletrain-lifetime", "malletrain-clairvoyant", "freetrain-exact",
+            "freetrain-linear", "freetrain-mismatched", "equal", "greedy", "rigid", "oracle")
 RUN_POLICIES = tuple(p for p in POLICIES if p != "oracle")
+PROFILED = ("malletrain", "malletrain-lifetime", "malletrain-clairvoyant")
+"""The policies that measure the jobs (MalleTrain) rather than trust declared curves."""
+LIFETIME_POLICIES = ("malletrain-lifetime", "malletrain-clairvoyant")
+"""The policies that value idle nodes by their (predicted or true) remaining idle time."""
 
 
 def parse_policies(text: str) -> list[str]:
@@ -72,7 +81,7 @@ def mismatched_curves(jobs: Sequence[SimJob], catalogue: dict[str, Curve],
 def job_requests(policy: str, jobs: Sequence[SimJob], seed: int,
                  catalogue: dict[str, Curve] | None = None) -> list[JobRequest]:
     """What each job declares at submission under ``policy``."""
-    if policy == "malletrain":
+    if policy in PROFILED:
         return [JobRequest(id=j.id, min_nodes=j.min_nodes, max_nodes=j.max_nodes, model=j.model,
                            curve=None, profile=True, work=j.work) for j in jobs]
     if policy == "freetrain-linear":
@@ -89,8 +98,35 @@ def job_requests(policy: str, jobs: Sequence[SimJob], seed: int,
 
 
 def make_engine(policy: str, lookahead_s: float, **config: Any) -> Any:
-    """The Engine that plays ``policy`` (profiling only for ``malletrain``)."""
+    """The Engine that plays ``policy`` (profiling only for the MalleTrain policies)."""
     from ..engine import Engine, EngineConfig
 
-    cfg = EngineConfig(lookahead_s=lookahead_s, profiling=policy == "malletrain", **config)
+    if policy in LIFETIME_POLICIES:
+        config = dict(config)
+        config["lifetime"] = lifetime_predictor(policy, config.get("lifetime"), lookahead_s)
+    cfg = EngineConfig(lookahead_s=lookahead_s, profiling=policy in PROFILED, **config)
     return Engine(cfg, policy=BASELINES.get(policy), name=policy)
+
+
+def lifetime_predictor(policy: str, given: Any = None, lookahead_s: float = 120.0) -> Any:
+    """A private copy of the predictor ``policy`` uses (online learning must not leak from one
+    run into the next): ``given``, else the Summit fragment lengths for ``malletrain-lifetime``;
+    the plan only (true hole ends from the trace) for ``malletrain-clairvoyant``. The horizon
+    is ``given``'s, else the look-ahead."""
+    import copy
+
+    from ..lifetime import LifetimePredictor, SurvivalModel
+    from .sources import FRAGMENTS_FILE, _shared_file
+
+    horizon = given.horizon_s if given is not None else lookahead_s
+    if policy == "malletrain-clairvoyant":
+        return LifetimePredictor(None, horizon, learn_online=False)
+    if given is not None:
+        return copy.deepcopy(given)
+    path = _shared_file(FRAGMENTS_FILE)
+    try:
+        lengths = np.load(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"malletrain-lifetime: cannot read {path} ({exc}); set "
+                          "MALLETRAIN_SHARED to the shared data directory") from None
+    return LifetimePredictor(SurvivalModel.from_fragments(lengths), horizon)

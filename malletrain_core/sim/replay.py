@@ -42,6 +42,7 @@ class RunResult:
     mean_jct_s: float | None
     wall_s: float
     invalid_actions: int
+    makespan_s: float | None = None
     engine: dict[str, Any] = field(default_factory=dict)
     sample_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sample_net: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -56,7 +57,8 @@ def replay(trace: Trace, jobs: Sequence[SimJob], policy: str, *, seed: int = 0,
     wall0 = time.perf_counter()
     engine = make_engine(policy, lookahead_s, **(engine_options or {}))
     requests = job_requests(policy, jobs, seed, catalogue)
-    backend = SimBackend(trace, jobs, requests, params, seed)
+    backend = SimBackend(trace, jobs, requests, params, seed,
+                         hole_ends=policy == "malletrain-clairvoyant")
     span = max(trace.span_s, 1e-9)
     next_note = 0.0
     end = trace.end
@@ -84,6 +86,10 @@ def replay(trace: Trace, jobs: Sequence[SimJob], policy: str, *, seed: int = 0,
     models = list(backend.models.values())
     jcts = [m.done_time - m.spec.submit_time for m in models if m.done_time is not None
             and m.spec.work is not None]
+    finite = [m for m in models if m.spec.work is not None]
+    makespan = (max(m.done_time for m in finite if m.done_time is not None)
+                - min(m.spec.submit_time for m in finite)
+                if finite and len(jcts) == len(finite) else None)
     stats = engine.stats
     stats_dict = stats.to_dict() if hasattr(stats, "to_dict") else dict(vars(stats))
     return RunResult(
@@ -98,7 +104,7 @@ def replay(trace: Trace, jobs: Sequence[SimJob], policy: str, *, seed: int = 0,
         completed_jobs=len(jcts),
         mean_jct_s=float(np.mean(jcts)) if jcts else None,
         wall_s=time.perf_counter() - wall0,
-        invalid_actions=backend.invalid_actions,
+        invalid_actions=backend.invalid_actions, makespan_s=makespan,
         engine=stats_dict,
         sample_times=backend.sample_times, sample_net=backend.sample_net,
         sample_node_s=backend.sample_node_s)

@@ -14,8 +14,8 @@ from .bounds import Bounds
 from .replay import RunResult
 from .traces import Trace
 
-METRICS = ("net_samples", "trained_samples", "ub_oracle_share", "node_utilisation", "rescales", "preemption_loss",
-           "completed_jobs", "mean_jct_s", "wall_s")
+METRICS = ("net_samples", "trained_samples", "ub_oracle_share", "node_utilisation", "rescales",
+           "preemption_loss", "completed_jobs", "mean_jct_s", "makespan_s", "wall_s")
 WALL_FIELDS = ("wall_s",)
 """Fields that measure this machine, not the simulation: they differ between equal runs."""
 
@@ -44,6 +44,7 @@ def run_figures(run: RunResult, bounds: Bounds | None, idle_node_seconds: float)
         "preemption_loss": run.preemption_loss,
         "completed_jobs": run.completed_jobs,
         "mean_jct_s": run.mean_jct_s,
+        "makespan_s": run.makespan_s,
         "invalid_actions": run.invalid_actions,
         "wall_s": run.wall_s,
         "engine": run.engine,
@@ -93,7 +94,7 @@ def _num(x: float | None, sd: float | None, fmt: str, scale: float = 1.0) -> str
 def format_table(results: Mapping[str, Any]) -> str:
     """The comparison table: one row per policy, mean ± spread over the seeds."""
     header = ("POLICY", "NET_SAMPLES", "UB_SHARE_%", "UTIL_%", "RESCALES", "PREEMPT_LOSS",
-              "DONE", "MEAN_JCT_H", "WALL_S")
+              "DONE", "MEAN_JCT_H", "MAKESPAN_H", "WALL_S")
     rows = [header]
     for name, p in results["policies"].items():
         sd = p.get("spread", {})
@@ -106,6 +107,7 @@ def format_table(results: Mapping[str, Any]) -> str:
             _num(p["preemption_loss"], sd.get("preemption_loss"), ".3g"),
             _num(p["completed_jobs"], sd.get("completed_jobs"), ".1f"),
             _num(p["mean_jct_s"], sd.get("mean_jct_s"), ".1f", 1 / 3600),
+            _num(p.get("makespan_s"), sd.get("makespan_s"), ".1f", 1 / 3600),
             _num(p["wall_s"], None, ".1f"),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

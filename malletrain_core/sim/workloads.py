@@ -6,9 +6,10 @@ depends on the policy (see :mod:`.policies`). Two shapes:
 * saturated: N jobs, all submitted at the trace's start, that never finish (work is
   unbounded), so the job set is fixed and the upper bound UB_oracle is defined; the N jobs are
   drawn from the workload's profiles by the seed;
-* with arrivals: the first N jobs in submission order, each with its ``Pmax`` samples to train,
-  arriving at its ``Tsub`` (kept as is when it falls inside the trace, as the ImageNet and
-  Summit data are aligned; otherwise shifted so the first arrival is the trace's start).
+* with arrivals: N jobs drawn by the seed, each with its ``Pmax`` samples to train, arriving
+  at its ``Tsub`` (kept as is when the first arrival falls inside the trace, as the ImageNet
+  and Summit data are aligned; otherwise all shifted so the first arrival is the trace's
+  start). Each seed thus brings a different job mix arriving over the same hours.
 """
 
 from __future__ import annotations
@@ -49,11 +50,11 @@ def make_workload(name: str, jobs: int, *, arrivals: bool = False, seed: int = 0
         raise ConfigError(f"--jobs {jobs}: give at least 1 job")
     if jobs > len(pool):
         raise ConfigError(f"--jobs {jobs}: workload {name!r} has only {len(pool)} jobs")
+    rng = np.random.default_rng([seed, 7])
+    picked = sorted(rng.choice(len(pool), size=jobs, replace=False).tolist())
     if not arrivals:
-        rng = np.random.default_rng([seed, 7])
-        picked = sorted(rng.choice(len(pool), size=jobs, replace=False).tolist())
         return [_sim_job(pool[i], None, start) for i in picked]
-    chosen = sorted(pool, key=lambda p: p.submit_time)[:jobs]
+    chosen = sorted((pool[i] for i in picked), key=lambda p: p.submit_time)
     first = chosen[0].submit_time
     inside = end is None or start <= first < end
     shift = 0.0 if inside and first >= start else start - first

@@ -1,0 +1,95 @@
+"""The DP's exact savings: stages equal, bit for bit, to the plain max-plus recursion; value
+tables reused only for the same Job object."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from malletrain_core.allocator import dp
+from malletrain_core.allocator.objective import job_values
+from malletrain_core.model import Curve, Job, Objective, Problem
+
+
+def plain_stages(tables: list[np.ndarray], capacity: int) -> list[np.ndarray]:
+    """V_j(m) = max_{k ≤ min(m, K_j)} V_{j−1}(m − k) + v_j(k), element by element."""
+    cap = min(capacity, sum(len(t) - 1 for t in tables))
+    stages = [np.zeros(cap + 1)]
+    for table in tables:
+        prev = stages[-1]
+        new = np.full(cap + 1, -np.inf)
+        for m in range(cap + 1):
+            for k in range(min(m, len(table) - 1) + 1):
+                new[m] = max(new[m], prev[m - k] + table[k])
+        stages.append(new)
+    return stages
+
+
+finite = st.floats(-1e6, 1e6, allow_nan=False)
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> np.ndarray:
+    """Value tables as the engine makes them: rising, flat tails, peaks, −inf below a minimum."""
+    size = draw(st.integers(0, 12))
+    values = np.array(draw(st.lists(finite, min_size=size + 1, max_size=size + 1)))
+    shape = draw(st.sampled_from(["any", "rising", "flat-tail", "rounded"]))
+    if shape == "rising":
+        values = np.cumsum(np.abs(values))
+    elif shape == "flat-tail" and size > 1:
+        values[size // 2:] = values[size // 2]
+    elif shape == "rounded":
+        values = np.round(values / 1e5)
+    low = draw(st.integers(1, max(1, size)))
+    if size > 1 and draw(st.booleans()):
+        values[1:low] = -np.inf
+    return values
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(tables(), max_size=6), st.integers(0, 40))
+def test_stages_equal_the_plain_recursion_bit_for_bit(ts: list[np.ndarray], cap: int) -> None:
+    got = dp.forward(ts, cap)
+    want = plain_stages(ts, cap)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_a_flat_tail_is_not_searched_but_still_solved() -> None:
+    flat = np.array([0.0, 5.0, 9.0, 9.0, 9.0, 9.0])
+    assert dp.useful_top(flat) == 2
+    assert dp.useful_top(np.array([0.0, -np.inf, -np.inf])) == 0
+    counts, value = dp.solve_counts([flat, np.array([0.0, 4.0, 4.5])], 5)
+    assert (counts, value) == ([2, 2], 13.5)
+
+
+def test_value_tables_are_reused_only_for_the_same_job() -> None:
+    curve = Curve.of([1, 8], [10.0, 60.0])
+    job = Job("a", 8, curve=curve, scale_up_s=18.0, scale_down_s=12.0, current_nodes=3)
+    first = dp.cached_values(job, 16, 120.0, Objective.THROUGHPUT)
+    assert dp.cached_values(job, 16, 120.0, Objective.THROUGHPUT) is first
+    small = dp.cached_values(job, 5, 120.0, Objective.THROUGHPUT)
+    assert np.array_equal(small, job_values(job, 5, 120.0, Objective.THROUGHPUT))
+    assert not first.flags.writeable  # shared between calls: nobody may change it
+    twin = Job("a", 8, curve=curve, scale_up_s=18.0, scale_down_s=12.0, current_nodes=4)
+    assert np.array_equal(dp.cached_values(twin, 16, 120.0, Objective.THROUGHPUT),
+                          job_values(twin, 16, 120.0, Objective.THROUGHPUT))
+    other = dp.cached_values(job, 16, 60.0, Objective.THROUGHPUT)
+    assert np.array_equal(other, job_values(job, 16, 60.0, Objective.THROUGHPUT))
+
+
+@pytest.mark.parametrize("nodes", [0, 3, 40])
+def test_solve_matches_the_plain_recursion(nodes: int) -> None:
+    rng = np.random.default_rng(nodes)
+    jobs = tuple(Job(f"j{i}", int(rng.integers(1, 9)), curve=Curve.of(
+        [1, 4, 8], sorted(rng.uniform(1.0, 50.0, 3))), scale_up_s=18.0, scale_down_s=12.0,
+        current_nodes=int(rng.integers(0, 3)) if nodes >= 12 else 0) for i in range(6))
+    problem = Problem(nodes, jobs, 120.0)
+    counts, value = dp.solve(problem)
+    ts = [job_values(j, nodes, 120.0, Objective.THROUGHPUT) for j in jobs]
+    assert value == plain_stages(ts, nodes)[-1].max()
+    assert sum(counts.values()) <= nodes
+    assert value == sum(t[counts[j.id]] for t, j in zip(ts, jobs))
