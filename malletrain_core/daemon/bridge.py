@@ -146,17 +146,18 @@ class EpochBridge:
         return {n for d in self.deferred if isinstance(d.action, Shrink) for n in d.action.nodes}
 
     def releasable(self) -> bool:
-        """True when a deferred action could go now (the daemon's early-cycle test)."""
-        return any(self._may_go(d, float("inf"), set()) for d in self.deferred
+        """True when a deferred shrink's epoch has drained (the daemon's early-cycle test;
+        the bounded wait is applied at the next poll)."""
+        return any(self._may_go(d, None, set()) for d in self.deferred
                    if isinstance(d.action, Shrink))
 
-    def _may_go(self, d: _Deferred, now: float, blocked: set[str]) -> bool:
+    def _may_go(self, d: _Deferred, now: float | None, blocked: set[str]) -> bool:
         action = d.action
         if isinstance(action, Shrink):
             if not self._known(action.job_id):
                 return True
             draining = self.coordinator.draining(action.job_id) & set(action.nodes)
-            if draining and now - d.since >= self.max_defer_s:
+            if draining and now is not None and now - d.since >= self.max_defer_s:
                 log.warning("job %s: epoch did not leave %s within %g s; shrinking anyway",
                             action.job_id, ",".join(sorted(draining)), self.max_defer_s)
                 return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -21,6 +22,11 @@ from typing import Any
 
 from ..errors import MalleTrainError
 from . import REPO, LocalCluster
+
+EPOCH_PORTS = (61000, 65535)
+EPOCH_PORT_SPAN = 200
+"""torchrun master ports of one local daemon: a random window above Linux's ephemeral range
+(32768-60999) and the local clusters' ports, as every virtual node is this one host."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,6 +66,7 @@ class LocalDaemon:
         self.api_socket = self.root / "api.sock"
         self.log_path = self.root / "daemon.log"
         self.config_path = self.root / "malletrain.toml"
+        lo = random.randrange(EPOCH_PORTS[0], EPOCH_PORTS[1] - EPOCH_PORT_SPAN, EPOCH_PORT_SPAN)
         sections: dict[str, dict[str, Any]] = {
             "daemon": {"state_dir": str(self.root / "state"),
                        "hook_socket": str(cluster.hook_socket),
@@ -67,7 +74,10 @@ class LocalDaemon:
                        "api_port": self.port, "advertise_host": "127.0.0.1",
                        "poll_interval_s": 1.0, "metrics_port": 0, "log_level": "info"},
             "profiler": {"window_s": 6.0},
-            "epochs": {"checkpoint_timeout_s": 20.0, "join_timeout_s": 6.0},
+            # Every virtual node is this host: daemons side by side need disjoint master
+            # ports, above Linux's ephemeral range and the local clusters' ports.
+            "epochs": {"checkpoint_timeout_s": 20.0, "join_timeout_s": 6.0,
+                       "port_min": lo, "port_max": lo + EPOCH_PORT_SPAN - 1},
             "munge": {"socket": str(cluster.munge_socket)},
         }
         for name, table in (settings or {}).items():
