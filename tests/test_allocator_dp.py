@@ -93,3 +93,33 @@ def test_solve_matches_the_plain_recursion(nodes: int) -> None:
     assert value == plain_stages(ts, nodes)[-1].max()
     assert sum(counts.values()) <= nodes
     assert value == sum(t[counts[j.id]] for t, j in zip(ts, jobs))
+
+
+
+def plain_solve(tables: list[np.ndarray], capacity: int) -> tuple[list[int], float]:
+    """The first m reaching the maximum, then at each stage the smallest best count."""
+    stages = plain_stages(tables, capacity)
+    m = int(np.argmax(stages[-1]))
+    value = float(stages[-1][m])
+    counts = [0] * len(tables)
+    for j in range(len(tables) - 1, -1, -1):
+        sums = [stages[j][m - k] + tables[j][k] for k in range(min(m, len(tables[j]) - 1) + 1)]
+        counts[j] = int(np.argmax(sums))
+        m -= counts[j]
+    return counts, value
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(tables(), min_size=1, max_size=6), st.integers(0, 40), st.integers(0, 2))
+def test_solve_counts_equals_the_plain_dp_whatever_the_window(
+        ts: list[np.ndarray], cap: int, tail: int) -> None:
+    # TAIL_STAGES = 0 makes the first pass a single column, so the full pass runs whenever the
+    # optimum leaves nodes unused: both paths are checked against the plain recursion.
+    old, dp.TAIL_STAGES = dp.TAIL_STAGES, tail
+    try:
+        want = plain_solve(ts, cap)
+        if want[1] == -np.inf:
+            return
+        assert dp.solve_counts(ts, cap) == want
+    finally:
+        dp.TAIL_STAGES = old

@@ -3,13 +3,16 @@
 V_j(m) = max_{k ∈ K_j, k ≤ m} V_{j−1}(m − k) + v_j(k). Each stage is one vectorised max-plus
 step: a strided (k × m) view of the previous stage plus the job's table, reduced by column
 maxima, written into one preallocated grid (a few numpy calls per job, no per-stage
-allocation). Two exact savings keep the same values bit for bit:
+allocation). Three exact savings keep the same answer bit for bit:
 
 * a stage is constant beyond the nodes its jobs can use at all (Σ of their largest useful
   counts), so only that prefix is computed and the rest is filled;
 * a count k whose value does not exceed that of a smaller count can never win (stages are
   non-decreasing in m), so a job's rows stop at its last strict running maximum — a believed
-  curve held flat, or one past its peak, costs no more than its useful range.
+  curve held flat, or one past its peak, costs no more than its useful range;
+* the answer is the first m where the last stage reaches its maximum, so :func:`solve_counts`
+  first computes each stage only where the top columns of the last stage read it, and
+  computes everything only when the maximum is already reached at that window's start.
 
 Counts are recovered by walking the stages back. Capacity is capped at min(|N|, Σ_j max_j).
 Value tables of unchanged jobs are reused between calls (keyed by the Job object, which the
@@ -74,7 +77,8 @@ def _forward(tables: list[np.ndarray], cap: int, tops: list[int],
         block = work[:top + 1, :b - a + 1]
         np.add(shifted, table[top::-1, None], out=block)
         np.maximum.reduce(block, axis=0, out=new[a:b + 1])
-        new[b + 1:] = new[b]
+        if b < cap:
+            new[b + 1:] = new[b]
     return [grid[j, pad:] for j in range(len(tables) + 1)], lows
 
 
@@ -91,7 +95,7 @@ def backtrack(tables: list[np.ndarray], stages: list[np.ndarray], m: int,
     for j in range(len(tables) - 1, -1, -1):
         table = tables[j]
         kmax = min(len(table) - 1 if tops is None else tops[j], m)
-        k = int(np.argmax(stages[j][m - kmax:m + 1][::-1] + table[:kmax + 1]))
+        k = int((stages[j][m - kmax:m + 1][::-1] + table[:kmax + 1]).argmax())
         counts[j] = k
         m -= k
     return counts
@@ -109,11 +113,11 @@ def solve_counts(tables: list[np.ndarray], capacity: int) -> tuple[list[int], fl
     tops = [min(useful_top(t), cap) for t in tables]
     stages, lows = _forward(tables, cap, tops, TAIL_STAGES * max(tops, default=0))
     last, low = stages[-1], lows[-1]
-    m = low + int(np.argmax(last[low:]))
+    m = low + int(last[low:].argmax())
     if low > 0 and last[low] == last[m]:
         stages, _ = _forward(tables, cap, tops, None)
         last = stages[-1]
-        m = int(np.argmax(last))
+        m = int(last.argmax())
     value = float(last[m])
     if value == -np.inf:
         raise InfeasibleError("no allocation satisfies the jobs' bounds")

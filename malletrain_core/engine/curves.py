@@ -94,22 +94,22 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
     measured scales and held flat outside them; measured scales take their measured value.
     With ``extrapolate`` the result continues above the largest known scale
     (:func:`extrapolated`); without measurements the prior is returned as it is."""
-    if not measured:
+    ks = sorted(k for k in measured if k >= 1)
+    if not ks:
         return prior
-    rk = np.array(sorted(k for k in measured if k >= 1), dtype=float)
-    xs = np.concatenate(([0.0], np.asarray(prior.nodes, dtype=float)))
-    ys = np.concatenate(([0.0], np.asarray(prior.throughput, dtype=float)))
+    rk = np.array(ks, dtype=float)
+    xs = np.array((0.0,) + prior.nodes, dtype=float)
+    ys = np.array((0.0,) + prior.throughput, dtype=float)
     at_rk = np.interp(rk, xs, ys)
     keep = at_rk > 0
     if not keep.any():
         return prior
-    ratios = np.array([measured[int(k)] for k in rk])[keep] / at_rk[keep]
-    nodes = np.union1d(np.asarray(prior.nodes, dtype=float), rk)
-    values = np.interp(nodes, xs, ys) * np.interp(nodes, rk[keep], ratios)
-    for idx, k in enumerate(nodes):
-        if int(k) in measured:
-            values[idx] = measured[int(k)]
-    curve = Curve(tuple(int(k) for k in nodes), tuple(max(0.0, float(v)) for v in values))
+    ratios = np.array([measured[k] for k in ks])[keep] / at_rk[keep]
+    nodes = sorted(set(prior.nodes).union(ks))
+    at = np.array(nodes, dtype=float)
+    values = (np.interp(at, xs, ys) * np.interp(at, rk[keep], ratios)).tolist()
+    curve = Curve(tuple(nodes), tuple(max(0.0, float(measured[k] if k in measured else v))
+                                      for k, v in zip(nodes, values)))
     return extrapolated(curve) if extrapolate else curve
 
 
