@@ -161,7 +161,9 @@ def test_time_limit_and_requeue_of_a_timed_out_task(slurm: FakeSlurm,
     assert sorted(e.node for e in of(ev, WorkerStarted)) == ["n02", "n04"]
     assert of(ev, NodesIdle)[0].nodes == (IdleNode("n02"), IdleNode("n03"), IdleNode("n04"))
     slurm.load("09_timeout")
-    assert backend.poll(T + 80) == [WorkerStopped(T + 80, "1", "n04")]
+    # The engine drops a node whose worker it did not stop: it is offered again at once.
+    assert backend.poll(T + 80) == [WorkerStopped(T + 80, "1", "n04"),
+                                    NodesIdle(T + 80, (IdleNode("n04"),))]
     slurm.load("10_timeout_requeued")
     assert backend.poll(T + 82) == []
     slurm.load("11_cancelled")  # the user cancelled the whole array
@@ -222,7 +224,8 @@ def test_a_task_that_does_not_start_is_held_again(slurm: FakeSlurm,
     slurm.squeue = task(7, 7, 0, prio=100, reason="Resources") + task(7, 7, 1)
     assert backend.poll(T + 60) == []
     slurm.calls.clear()
-    assert backend.poll(T + 121) == [WorkerStopped(T + 121, "7", "n01")]
+    assert backend.poll(T + 121) == [WorkerStopped(T + 121, "7", "n01"),
+                                     NodesIdle(T + 121, (IdleNode("n01"),))]
     assert slurm.commands() == [["scontrol", "hold", "7_0"]]
 
 
@@ -315,7 +318,8 @@ def test_a_crashed_worker_stops_but_its_job_goes_on(slurm: FakeSlurm,
     backend.poll(T)
     slurm.squeue = task(20, 7, 0, "FAILED", "n01") + task(7, 7, 1)
     slurm.sinfo = nodes(n01="idle")
-    assert backend.poll(T + 1) == [WorkerStopped(T + 1, "7", "n01")]
+    assert backend.poll(T + 1) == [WorkerStopped(T + 1, "7", "n01"),
+                                   NodesIdle(T + 1, (IdleNode("n01"),))]
     assert "7" in backend.jobs and backend.offered == {"n01": None}
 
 

@@ -49,6 +49,7 @@ from ..events import (
     JobEnded,
     JobRequest,
     JobSubmitted,
+    NodesReclaimed,
     Shrink,
     WorkerStarted,
     WorkerStopped,
@@ -114,6 +115,7 @@ class SlurmBackend:
         self._gone: set[str] = set()                      # ended, finished or unreadable
         self._workers: dict[str, tuple[str, str]] = {}    # task key -> (array id, node)
         self._launching: dict[str, _Launch] = {}          # released, not yet running
+        self._dropped: list[tuple[str, str]] = []         # workers lost, not stopped by us
         self._stopping: set[str] = set()                  # requeue-held by us
         self._offered: dict[str, float | None] = {}       # node -> hole end, as told
         self._to_cancel: set[str] = set()                 # finished, scancel not yet done
@@ -177,6 +179,10 @@ class SlurmBackend:
         self._reconcile_workers(current, now, out)
         self._reconcile_tasks(current, now, out)
         self._reconcile_jobs(tagged, now, out)
+        for aid, node in self._dropped:
+            if aid in self._jobs:  # the engine drops that node: offer it again when usable
+                self._offered.pop(node, None)
+        self._dropped.clear()
         idle = self._reconcile_nodes(nodes, plan, out.reclaimed)
         self._rows = current
         self._gone &= set(tagged)  # a purged job id never comes back
@@ -230,7 +236,10 @@ class SlurmBackend:
                 out.reclaimed.append(node)
                 self._offered.pop(node, None)
             else:
+                # A worker we did not stop (it exited, or its task died): the engine drops
+                # the node, so it must be offered again once Slurm shows it usable.
                 out.stopped.append(WorkerStopped(now, aid, node))
+                self._dropped.append((aid, node))
 
     def _reconcile_tasks(self, current: dict[str, sp.TaskRow], now: float,
                          out: _PollEvents) -> None:
@@ -243,6 +252,7 @@ class SlurmBackend:
                 if row.state is TaskState.DONE or now >= launch.deadline:
                     del self._launching[key]
                     out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
+                    self._dropped.append((launch.job_id, launch.node))
                     if row.state is not TaskState.DONE:
                         out.to_hold.append(key)
                         log.warning("task %s did not start on %s within %g s: held again",
@@ -258,6 +268,7 @@ class SlurmBackend:
         for key in [k for k in self._launching if k not in current]:
             launch = self._launching.pop(key)
             out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
+            self._dropped.append((launch.job_id, launch.node))
 
     def _reconcile_jobs(self, tagged: dict[str, list[sp.TaskRow]], now: float,
                         out: _PollEvents) -> None:
@@ -415,6 +426,11 @@ class SlurmBackend:
                 except CommandError as exc:  # a timed-out update leaves the task held
                     log.warning("grow of job %s on %s: %s", action.job_id, node, exc)
                     events.append(WorkerStopped(now, action.job_id, node))
+                    if isinstance(exc, CommandTimeout) and node in self._offered:
+                        # Withdrawn now and offered again by the next poll: the engine
+                        # plans with the node again instead of leaving it idle.
+                        del self._offered[node]
+                        events.append(NodesReclaimed(now, (node,)))
                     continue
                 self._launching[key] = _Launch(action.job_id, node, now + self.grow_timeout_s)
                 released.append(key)

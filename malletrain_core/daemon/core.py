@@ -22,7 +22,17 @@ from typing import Any, Protocol
 
 from ..backends.base import Backend
 from ..errors import CommandError
-from ..events import Action, Event, Finish, Grow, Shrink, Tick
+from ..events import (
+    Action,
+    Event,
+    Finish,
+    Grow,
+    NodesIdle,
+    NodesReclaimed,
+    Shrink,
+    Tick,
+    WorkerStarted,
+)
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -84,6 +94,7 @@ class Daemon:
         self._next_cycle = 0.0
         self._stopping = False
         self._hook_at: float | None = None
+        self._recovered = False
         # Held by the cycle and by every API handler: the API server answers on its own
         # threads, the engine and the epoch coordinator are not thread-safe.
         self.lock = threading.RLock()
@@ -102,7 +113,45 @@ class Daemon:
             n += 1
         if n:
             log.info("recovered state from %d journalled batches", n)
+        self._recovered = n > 0
         return n
+
+    def _after_recovery(self, events: list[Event], now: float) -> list[Event]:
+        """Reconcile the replayed engine with the first poll after a restart (which reports
+        every running worker and every offered node): a grow it made whose worker never
+        started is taken back and the node offered again (so that the engine re-plans), a
+        shrink it made that never reached the batch system is carried out again."""
+        self._recovered = False
+        node_map = getattr(self.engine, "node_map", None)
+        if node_map is None:
+            return []
+        held = dict(node_map)
+        running = {(e.job_id, e.node) for e in events if isinstance(e, WorkerStarted)}
+        offered = {n.name: n for e in events if isinstance(e, NodesIdle) for n in e.nodes}
+        lost = [node for node, job in sorted(held.items()) if (job, node) not in running]
+        out: list[Event] = []
+        if lost:
+            log.warning("no worker on %s after the restart: the grows there are dropped",
+                        ",".join(lost))
+            out.append(NodesReclaimed(now, tuple(lost)))
+            back = tuple(offered[n] for n in lost if n in offered)
+            if back:
+                out.append(NodesIdle(now, back))
+        undone: dict[str, list[str]] = {}
+        for job, node in sorted(running):
+            if held.get(node) != job:
+                undone.setdefault(job, []).append(node)
+        if undone:
+            shrinks = [Shrink(job, tuple(nodes)) for job, nodes in undone.items()]
+            for action in shrinks:
+                log.warning("job %s: shrink %s again after the restart", action.job_id,
+                            ",".join(action.nodes))
+            try:
+                out += self.backend.execute(shrinks, now)
+            except CommandError as exc:
+                self.counters.command_failures += 1
+                log.warning("repeating %d shrinks failed: %s", len(shrinks), exc)
+        return out
 
     # -- wiring -----------------------------------------------------------------------------
     def watch(self, listener: Listener, on_ready: Callable[[], list[Event] | None],
@@ -155,6 +204,8 @@ class Daemon:
             events = []
         else:
             self.counters.last_poll_time = now
+            if self._recovered:
+                events = events + self._after_recovery(events, now)
         events = self.pending + events
         self.pending = []
         if now - self._last_tick >= self.tick_interval_s:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from malletrain_core.localcluster import LocalCluster
+from malletrain_core.localcluster.daemon import LocalDaemon
 from malletrain_core.protocol import HookListener, JobEnd, Received
 
 
@@ -118,3 +119,68 @@ def after_test(request: pytest.FixtureRequest, cluster: LocalCluster,
             print(f"\n==== cluster state after the failure ====\n{cluster.dump()}")
             break
     cancel_all(cluster, timeout_s)
+
+
+def preemptions(cluster: LocalCluster) -> int:
+    """Tasks preempted so far, as the nodes' slurmd logs say."""
+    return sum(log.read_text(errors="replace").count("DUE TO PREEMPTION")
+               for log in (cluster.run_dir / "log").glob("slurmd-*.log"))
+
+
+def slurm_view(cluster: LocalCluster) -> tuple[dict[str, set[str]], set[str]]:
+    """(elastic job → nodes of its RUNNING tasks, idle nodes) as squeue and sinfo say."""
+    held: dict[str, set[str]] = {}
+    out = cluster.run(["squeue", "-h", "-r", "-p", "preemptable", "-t", "R",
+                       "-o", "%F|%N"]).stdout
+    for line in out.splitlines():
+        job, node = line.split("|")
+        held.setdefault(job, set()).add(node)
+    idle = cluster.run(["sinfo", "-h", "-N", "-p", "preemptable", "-t", "idle",
+                        "-o", "%N"]).stdout.split()
+    return held, set(idle)
+
+
+def daemon_view(daemon: LocalDaemon) -> tuple[dict[str, set[str]], set[str]]:
+    held: dict[str, set[str]] = {}
+    free = set()
+    for rec in daemon.query("nodes")["nodes"]:
+        if rec["state"] == "held":
+            held.setdefault(str(rec["job"]), set()).add(rec["node"])
+        else:
+            free.add(rec["node"])
+    return held, free
+
+
+def views_differ(cluster: LocalCluster, daemon: LocalDaemon) -> str:
+    """Empty when the daemon's nodes equal Slurm's, else what differs."""
+    s_held, s_idle = slurm_view(cluster)
+    d_held, d_free = daemon_view(daemon)
+    problems = []
+    for job in sorted(set(s_held) | set(d_held)):
+        if s_held.get(job, set()) != d_held.get(job, set()):
+            problems.append(f"job {job}: Slurm runs it on {sorted(s_held.get(job, ()))}, "
+                            f"the daemon holds {sorted(d_held.get(job, ()))}")
+    if s_idle != d_free:
+        problems.append(f"idle nodes: Slurm {sorted(s_idle)}, daemon free {sorted(d_free)}")
+    jobs = {str(j["job"]): j for j in daemon.query("jobs")["jobs"]}
+    for job, nodes in s_held.items():
+        if job in jobs and jobs[job]["nodes"] != len(nodes):
+            problems.append(f"job {job}: daemon's jobs says {jobs[job]['nodes']} nodes, "
+                            f"Slurm runs {len(nodes)}")
+    return "; ".join(problems)
+
+
+def wait_agree(cluster: LocalCluster, daemon: LocalDaemon, timeout_s: float = 60.0) -> None:
+    """Wait until the daemon's view equals Slurm's on two reads a poll apart."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        last = views_differ(cluster, daemon)
+        if not last:
+            time.sleep(1.2)
+            last = views_differ(cluster, daemon)
+            if not last:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the daemon's view never matched Slurm's within {timeout_s:g} s: "
+                         f"{last}")

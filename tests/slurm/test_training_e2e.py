@@ -31,7 +31,9 @@ TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch",
 @pytest.fixture
 def daemon(request: pytest.FixtureRequest, cluster: LocalCluster,
            tmp_path: Path) -> Iterator[LocalDaemon]:
-    d = LocalDaemon(cluster, root=tmp_path / f"malletraind-{uuid.uuid4().hex[:8]}")
+    # A profiling window long enough for steady measurements on these loaded cores.
+    d = LocalDaemon(cluster, root=tmp_path / f"malletraind-{uuid.uuid4().hex[:8]}",
+                    settings={"profiler": {"window_s": 15.0}})
     d.start()
     yield d
     rep = getattr(request.node, "rep_call", None)
@@ -42,9 +44,10 @@ def daemon(request: pytest.FixtureRequest, cluster: LocalCluster,
         print(f"\n==== malletraind log ====\n{d.log_tail(80)}")
 
 
-def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path) -> str:
+def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path,
+           *options: str) -> str:
     script = daemon.training_script(TRAIN, outdir)
-    return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append",
+    return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append", *options,
                           "-o", f"{outdir}/task-%A_%a.out", script=script)
 
 
@@ -79,7 +82,8 @@ def test_two_elastic_jobs_train_shrink_on_preemption_and_grow_back(
     outdir.mkdir()
     outdir.chmod(0o777)
     cluster.sbatch("-p", "prod", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 3000")
-    jobs = [submit(cluster, daemon, "1-3", outdir) for _ in range(2)]
+    # One job is profiled by the JPA, the other opts out (a fixed size follows the idle nodes).
+    jobs = [submit(cluster, daemon, "1-3", outdir, *opts) for opts in ((), ("--comment=profile=no",))]
     for job in jobs:
         wait_consistent(cluster, job, outdir, timeout_s=180)
     before = {job: read_job(outdir, job).max_step() for job in jobs}
@@ -101,6 +105,8 @@ def test_two_elastic_jobs_train_shrink_on_preemption_and_grow_back(
     cluster.wait_for("5 harvested nodes again",
                      lambda: sum(running(cluster, job) for job in jobs) == 5, 120)
     for job in jobs:
+        cluster.wait_for(f"job {job} training past step {before[job]}",
+                         lambda j=job: read_job(outdir, j).max_step() > before[j], 150)
         wait_consistent(cluster, job, outdir, timeout_s=150)
 
     for job in jobs:

@@ -1,0 +1,397 @@
+"""Faults under a real malletraind on the real local Slurm cluster.
+
+One test per fault: the daemon SIGKILLed right after a rescale, a node failure, every node of
+a job preempted at once, a storm of preemptions and idle events, slurmctld restarted under
+the daemon, a hung ``scontrol``; and the two faults that may stop the daemon (a locked state
+database, a full disk), which must do so with one clear line and an intact database. The
+assertions read Slurm (squeue, sinfo, scontrol) and the workers' own output, never only the
+daemon's view; "the daemon's state matches Slurm's" compares its ``jobs``/``nodes`` API with
+squeue/sinfo. Each scenario records the training progress it lost (samples beyond the last
+checkpoint); with ``MALLETRAIN_FAULTS_RESULTS`` set the table goes to that JSON file, which
+``bench/faults.py`` turns into the faults section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slurm_helpers import elastic, preemptions, wait_agree
+from training_logs import JobLog, invariant_problems, read_job
+
+from malletrain_core.errors import MalleTrainError
+from malletrain_core.localcluster import LocalCluster
+from malletrain_core.localcluster.daemon import LocalDaemon
+from malletrain_core.localcluster.faults import (
+    fail_node,
+    restore_node,
+    start_controller,
+    stop_controller,
+)
+
+pytestmark = [pytest.mark.faults]
+
+BATCH = 16
+TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", str(BATCH),
+         "--step-sleep-s", "0.1", "--checkpoint-every-s", "6", "--log-every", "1"]
+NO_PROFILING: dict[str, dict[str, Any]] = {"profiler": {"enabled": False}}
+RESULTS: list[dict[str, Any]] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def results() -> Iterator[None]:
+    yield
+    path = os.environ.get("MALLETRAIN_FAULTS_RESULTS")
+    if path and RESULTS:
+        Path(path).write_text(json.dumps(RESULTS, indent=1) + "\n")
+
+
+def record(scenario: str, survived: str, lost: int | None, note: str = "") -> None:
+    RESULTS.append({"scenario": scenario, "outcome": survived, "samples_lost": lost,
+                    "note": note})
+
+
+@pytest.fixture
+def daemons(request: pytest.FixtureRequest, cluster: LocalCluster,
+            tmp_path: Path) -> Iterator[Callable[..., LocalDaemon]]:
+    """Start daemons (``settings`` as for LocalDaemon); all are stopped afterwards."""
+    started: list[LocalDaemon] = []
+
+    def make(settings: dict[str, dict[str, Any]] | None = None, start: bool = True,
+             root: Path | None = None) -> LocalDaemon:
+        d = LocalDaemon(cluster, root=root or tmp_path / f"malletraind-{uuid.uuid4().hex[:8]}",
+                        settings=settings)
+        started.append(d)
+        if start:
+            d.start()
+        return d
+
+    yield make
+    rep = getattr(request.node, "rep_call", None)
+    for d in started:
+        if rep is not None and rep.failed and d.running():
+            print(f"\n==== malletraind's view ====\n{d.snapshot()}")
+        d.stop()
+        if rep is not None and rep.failed:
+            print(f"\n==== malletraind log ({d.root.name}) ====\n{d.log_tail(60)}")
+
+
+@pytest.fixture
+def outdir(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    return out
+
+
+# ---------------------------------------------------------------------------- Slurm's view
+def running(cluster: LocalCluster, job: str) -> int:
+    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%i"]).stdout
+    return len(out.split())
+
+
+def gone(cluster: LocalCluster, job: str) -> bool:
+    return not cluster.run(["squeue", "-h", "-j", job, "-o", "%i"], check=False).stdout.strip()
+
+
+def prod(cluster: LocalCluster, nodes: int, seconds: float) -> str:
+    return cluster.sbatch("-p", "prod", "-N", str(nodes), "-o", "/dev/null",
+                          "--wrap", f"sleep {seconds:g}")
+
+
+def wait_running(cluster: LocalCluster, job: str, timeout_s: float = 30.0) -> None:
+    cluster.wait_for(f"job {job} running", lambda: cluster.run(
+        ["squeue", "-h", "-j", job, "-t", "R", "-o", "%i"]).stdout.strip() != "", timeout_s)
+
+
+# ---------------------------------------------------------------------------- training
+def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path) -> str:
+    script = daemon.training_script(TRAIN, outdir)
+    return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append",
+                          "-o", f"{outdir}/task-%A_%a.out", script=script)
+
+
+def wait_consistent(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
+                    at_least: int = 1, after_epoch: int = -1) -> tuple[int, int]:
+    """Wait until the job's newest epoch (later than ``after_epoch``) trains with exactly its
+    RUNNING tasks as ranks; returns (tasks, epoch)."""
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        k = running(cluster, job)
+        latest = read_job(outdir, job).latest()
+        if latest is not None:
+            epoch, world, ranks = latest
+            seen = f"{k} RUNNING tasks, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
+            if epoch > after_epoch and k >= at_least and world == k \
+                    and ranks == set(range(k)) and running(cluster, job) == k:
+                return k, epoch
+        time.sleep(1.0)
+    raise AssertionError(f"job {job}: training never matched its RUNNING tasks within "
+                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})")
+
+
+def samples_lost(log: JobLog, fault_epoch: int) -> int:
+    """Samples trained in epochs up to ``fault_epoch`` beyond the step that the first later
+    epoch resumed from (the largest step reached times the global batch)."""
+    reached = [(step, world) for epoch, rows in log.steps.items() if epoch <= fault_epoch
+               for step, world, _, _ in rows]
+    later = sorted(e for e in log.starts if e > fault_epoch)
+    assert reached and later, f"no resume after epoch {fault_epoch}"
+    step, world = max(reached)
+    resumed = min(s for s, _, _ in log.starts[later[0]])
+    return max(0, step - resumed) * BATCH * world
+
+
+def assert_invariants(log: JobLog) -> None:
+    problems = invariant_problems(log)
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------- scenarios
+@pytest.mark.torch
+def test_daemon_sigkilled_right_after_a_rescale(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon], outdir: Path) -> None:
+    daemon = daemons(NO_PROFILING)
+    blocker = prod(cluster, 6, 3000)
+    wait_running(cluster, blocker)
+    job = submit(cluster, daemon, "1-3", outdir)
+    wait_consistent(cluster, job, outdir, timeout_s=150, at_least=2)
+    offset = len(daemon.log_text())
+    cluster.run(["scancel", blocker])  # idle nodes: the daemon grows the job
+    rescale = re.compile(rf"job[= ]{job}:? (grow|shrink) ")
+    cluster.wait_for("the daemon's rescale", lambda: bool(
+        rescale.search(daemon.log_text()[offset:])), 30, interval_s=0.02)
+    epoch_at_kill = read_job(outdir, job).latest()
+    daemon.kill()
+    assert epoch_at_kill is not None
+    time.sleep(3)
+    daemon.start()
+    k, epoch = wait_consistent(cluster, job, outdir, timeout_s=150, at_least=3)
+    wait_agree(cluster, daemon)
+    log = read_job(outdir, job)
+    assert_invariants(log)
+    lost = samples_lost(log, epoch_at_kill[0])
+    after = daemon.log_text()[offset:]
+    how = ("the grow had not reached Slurm: dropped and planned again" if
+           "no worker on" in after else "the grow had reached Slurm")
+    record("malletraind SIGKILLed within 0.1 s of issuing a grow, restarted 3 s later",
+           f"recovered, trains on {k} nodes", lost, how)
+
+
+@pytest.mark.torch
+def test_node_failure_mid_training(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon], outdir: Path) -> None:
+    daemon = daemons(NO_PROFILING)
+    blocker = prod(cluster, 5, 3000)
+    wait_running(cluster, blocker)
+    job = submit(cluster, daemon, "1-3", outdir)
+    _, before = wait_consistent(cluster, job, outdir, timeout_s=150, at_least=3)
+    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%N"]).stdout
+    victim = sorted(out.split())[-1]
+    try:
+        killed = fail_node(cluster, victim)
+        assert killed, f"no process of node {victim} found"
+        k, after = wait_consistent(cluster, job, outdir, timeout_s=120, after_epoch=before)
+        assert k == 2, f"job {job} trains on {k} nodes, 2 survived"
+        state = cluster.run(["sinfo", "-h", "-n", victim, "-o", "%T"]).stdout.strip()
+        assert state.startswith("down"), f"node {victim} is {state}"
+        wait_agree(cluster, daemon)
+        log = read_job(outdir, job)
+        assert_invariants(log)
+        lost = samples_lost(log, before)
+        progress = log.max_step()
+    finally:
+        restore_node(cluster, victim)
+    wait_consistent(cluster, job, outdir, timeout_s=120, at_least=3, after_epoch=after)
+    assert read_job(outdir, job).max_step() > progress
+    assert_invariants(read_job(outdir, job))
+    record("node failure (slurmd, stepd and workers killed, node DOWN)",
+           "recovered on 2 nodes, grew back after RESUME", lost)
+
+
+@pytest.mark.torch
+def test_every_node_of_a_job_preempted_at_once(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon], outdir: Path) -> None:
+    daemon = daemons(NO_PROFILING)
+    blocker = prod(cluster, 6, 3000)
+    wait_running(cluster, blocker)
+    job = submit(cluster, daemon, "1-2", outdir)
+    _, before = wait_consistent(cluster, job, outdir, timeout_s=150, at_least=2)
+    taker = prod(cluster, 2, 15)
+    wait_running(cluster, taker)
+    assert running(cluster, job) == 0, "workers left on the prod job's nodes"
+    wait_agree(cluster, daemon)
+    cluster.wait_for(f"prod job {taker} ended", lambda: gone(cluster, taker), 60)
+    wait_consistent(cluster, job, outdir, timeout_s=150, at_least=2, after_epoch=before)
+    wait_agree(cluster, daemon)
+    log = read_job(outdir, job)
+    assert_invariants(log)
+    record("every node of a job preempted at once", "0 nodes, resumed from checkpoint",
+           samples_lost(log, before))
+
+
+def test_storm_of_preemptions_and_idle_events(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon]) -> None:
+    daemon = daemons(NO_PROFILING)  # stand-in workers report no progress to profile
+    job = elastic(cluster, "1-8")
+    cluster.wait_for("the job on every node", lambda: running(cluster, job) == 8, 60)
+    preempted = preemptions(cluster)
+    t0 = time.monotonic()
+    burst: list[str] = []
+    for wave in range(5):  # waves: the daemon grows back between them, the next preempts
+        if wave:
+            time.sleep(1.5)
+        burst += [prod(cluster, 1, 0.5) for _ in range(10)]
+    submit_s = time.monotonic() - t0
+    cluster.wait_for("every prod job done", lambda: all(gone(cluster, p) for p in burst), 120,
+                     interval_s=0.5)
+    states = {p: cluster.show_jobs(p)[0].get("JobState") for p in burst}
+    assert set(states.values()) == {"COMPLETED"}, states
+    assert daemon.running(), daemon.log_tail(20)
+    cluster.wait_for("the job back on every node", lambda: running(cluster, job) == 8, 90)
+    wait_agree(cluster, daemon)
+    status = daemon.query("status")
+    preempted = preemptions(cluster) - preempted
+    assert preempted >= 8, f"only {preempted} elastic tasks preempted"
+    record(f"storm: 50 one-node prod jobs (sleep 0.5) in 5 waves within {submit_s:.1f} s "
+           "onto 8 harvested nodes", "all prod jobs ran; job back on 8 nodes; views equal", None,
+           f"{preempted} task preemptions; daemon: {status['daemon']['cycles']} cycles, "
+           f"{status['daemon']['events']} events")
+
+
+@pytest.mark.torch
+def test_slurmctld_restarted_under_the_daemon(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon], outdir: Path) -> None:
+    daemon = daemons(NO_PROFILING)
+    job = submit(cluster, daemon, "2-2", outdir)
+    _, epoch = wait_consistent(cluster, job, outdir, timeout_s=150, at_least=2)
+    offset = len(daemon.log_text())
+    stop_controller(cluster)
+    try:
+        at_stop = read_job(outdir, job).max_step()
+        time.sleep(5)
+        assert daemon.running()
+        failures = daemon.query("status")["daemon"]["command_failures"]
+        assert failures >= 1, "the daemon saw no command failure with slurmctld down"
+    finally:
+        start_controller(cluster)
+    assert "poll failed" in daemon.log_text()[offset:]
+    p = prod(cluster, 1, 1)
+    cluster.wait_for("the prod job after the restart", lambda: gone(cluster, p), 60)
+    assert cluster.show_jobs(p)[0].get("JobState") == "COMPLETED"
+    wait_agree(cluster, daemon)
+    time.sleep(3)
+    log = read_job(outdir, job)
+    assert log.max_step() > at_stop, "training stopped"
+    latest = log.latest()
+    assert latest is not None and latest[0] == epoch, "the restart disturbed the epoch"
+    assert_invariants(log)
+    record("slurmctld stopped 5 s and restarted under the daemon", "recovered, same epoch", 0)
+
+
+def test_hung_scontrol_times_out_and_recovers(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon], tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    flag = tmp_path / "hang"
+    flag.touch()
+    real = subprocess.run(["sh", "-c", "command -v scontrol"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    wrapper = bin_dir / "scontrol"
+    wrapper.write_text(f"#!/bin/sh\n[ -e '{flag}' ] && sleep 30\nexec '{real}' \"$@\"\n")
+    wrapper.chmod(0o755)
+    daemon = daemons({**NO_PROFILING, "slurm": {"bin_dir": str(bin_dir),
+                                                        "command_timeout_s": 2.0}})
+    job = elastic(cluster, "1-2")
+    cluster.wait_for("the daemon's scontrol timeout", lambda: re.search(
+        r"command scontrol .* failed: no answer within 2 s", daemon.log_text()) is not None, 40)
+    worst = 0.0
+    for _ in range(5):
+        t0 = time.monotonic()
+        daemon.query("status")
+        worst = max(worst, time.monotonic() - t0)
+        time.sleep(0.5)
+    assert worst < 8.0, f"the API took {worst:.1f} s while scontrol hung"
+    assert running(cluster, job) == 0, "a task started without the daemon's release"
+    p = prod(cluster, 1, 1)
+    cluster.wait_for("prod scheduling during the hang", lambda: gone(cluster, p), 30)
+    assert daemon.running()
+    flag.unlink()
+    cluster.wait_for("the job running once scontrol answers",
+                     lambda: running(cluster, job) == 2, 60)
+    wait_agree(cluster, daemon)
+    record("hung scontrol (2 s command timeout)", f"API answered within {worst:.1f} s, "
+           "recovered", None)
+
+
+def _integrity(db: Path) -> str:
+    with sqlite3.connect(db) as conn:
+        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def _error_lines(daemon: LocalDaemon) -> list[str]:
+    return [line for line in daemon.log_text().splitlines() if "error" in line.lower()]
+
+
+def test_locked_state_database_stops_the_second_daemon(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon]) -> None:
+    first = daemons()
+    state_dir = first.sections["daemon"]["state_dir"]
+    second = daemons({"daemon": {"state_dir": state_dir}}, start=False)
+    t0 = time.monotonic()
+    with pytest.raises(MalleTrainError):
+        second.start()
+    took = time.monotonic() - t0
+    assert took < 10, f"the second daemon took {took:.1f} s to give up"
+    lines = _error_lines(second)
+    assert len(lines) == 1 and "locked by another process" in lines[0], second.log_text()
+    assert "Traceback" not in second.log_text()
+    assert first.running() and first.query("status")["daemon"]["cycles"] >= 1
+    first.stop()
+    assert _integrity(Path(state_dir) / "state.db") == "ok"
+    record("state database locked (second malletraind on the same state_dir)",
+           "second exits at once with one line, first runs on, DB ok", None)
+
+
+def test_full_disk_stops_the_daemon_cleanly(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon], tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        daemon = daemons({"daemon": {"state_dir": str(mnt / "state")}})
+        elastic(cluster, "1-2")  # events to journal
+        cluster.wait_for("cycles journalled", lambda: daemon.query("status")["daemon"][
+            "cycles"] >= 3, 30)
+        with open(mnt / "filler", "wb") as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            except OSError:
+                pass
+        cluster.wait_for("the daemon stopped on the full disk",
+                         lambda: not daemon.running(), 60)
+        lines = _error_lines(daemon)
+        assert len(lines) == 1 and "free disk space" in lines[0], daemon.log_tail(20)
+        assert "Traceback" not in daemon.log_text()
+        (mnt / "filler").unlink()  # the operator frees space; SQLite needs some to open
+        assert _integrity(mnt / "state" / "state.db") == "ok"
+        record("disk full under the state database", "daemon stops with one line, DB ok",
+               None)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
