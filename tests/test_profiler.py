@@ -357,3 +357,33 @@ def test_extrapolation_is_bounded_by_linear_scaling(points: dict[int, float]) ->
         assert p_top - 1e-9 <= curve.at(k) <= p_top * k / top + 1e-6 * (1 + p_top)
     values = curve.table(4 * top)
     assert (values[top:][1:] >= values[top:][:-1] - 1e-9).all()  # never falls above the top
+
+
+def test_a_partial_estimate_that_holds_a_job_back_is_measured_again() -> None:
+    # The 3-node window is cut short by a preemption after a slow, partial start (lower than
+    # the job's rate on 1 node): when nodes fall idle again the job is measured at 3 once more
+    # instead of being kept at 1 node for good by a noisy estimate.
+    from malletrain_core.events import IdleNode, JobSubmitted, NodesIdle, NodesReclaimed
+    from malletrain_core.events import ProgressReport as Report
+
+    engine = Engine(EngineConfig(profile_window_s=10.0))
+    names = ("n1", "n2", "n3")
+    first = engine.handle_many([NodesIdle(0.0, tuple(IdleNode(n) for n in names)),
+                                JobSubmitted(0.0, JobRequest("a", 1, 3))])
+    assert [len(a.nodes) for a in first if isinstance(a, Grow)] == [3]
+    samples = 0.0
+    for t in (20.0, 22.0, 24.0):  # restart, then 2 short intervals at a poor 5 samples/s
+        samples += 10.0
+        engine.handle(Report(t, "a", samples, 3, 0))
+    engine.handle(NodesReclaimed(25.0, ("n2", "n3")))
+    t = 40.0
+    while t <= 80.0:  # a full window on 1 node at 20 samples/s
+        samples += 40.0
+        engine.handle(Report(t, "a", samples, 1, 1))
+        t += 2.0
+    view = engine.jobs["a"]
+    assert view.phase is JobPhase.RUNNING and len(view.nodes) == 1
+    assert view.measured[3] < view.measured[1]
+    again = engine.handle(NodesIdle(90.0, (IdleNode("n2"), IdleNode("n3"))))
+    assert [len(a.nodes) for a in again if isinstance(a, Grow)] == [2]
+    assert engine.jobs["a"].phase is JobPhase.PROFILING

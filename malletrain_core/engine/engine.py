@@ -194,6 +194,8 @@ class Engine:
         self._requeue()
         self._advisor.extend(now)
         self._allocate(now)
+        if self._pool.free:  # nodes nobody is given: measure a doubtful estimate again
+            self._advisor.remeasure(now)
         return self._emit(now)
 
     def _requeue(self) -> None:

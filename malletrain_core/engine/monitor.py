@@ -177,6 +177,12 @@ class Monitor:
         track = self._tracks.get(job_id)
         return dict(track.rates) if track else {}
 
+    def provisional(self, job_id: str) -> set[int]:
+        """Scales whose estimate rests on less than one full window (a partial average,
+        e.g. an epoch cut short by a preemption): to be measured again when nodes allow."""
+        track = self._tracks.get(job_id)
+        return set(track.rates) - track.full if track else set()
+
     def top_scale(self, job_id: str) -> int:
         """The largest scale with a throughput estimate (0 for none)."""
         track = self._tracks.get(job_id)

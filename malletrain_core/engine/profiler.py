@@ -143,6 +143,7 @@ class Advisor:
         self.runs: dict[str, ProfileRun] = {}
         self.borrower: str | None = None
         self.sent_back: list[str] = []
+        self.remeasured: set[tuple[str, int]] = set()  # (job, scale): measured again once
 
     # ------------------------------------------------------------- queries
     def profiling_model(self, model: str) -> bool:
@@ -230,6 +231,30 @@ class Advisor:
                 self._launch(job, ProfileRun(job.id, [top], extension=True), lender, now)
                 self.stats.profile_extensions += 1
                 return
+
+    def remeasure(self, now: float) -> None:
+        """Measure again, on nodes the allocation left idle, a larger scale of one running
+        job whose estimate there is partial and no better than at its current scale: a window
+        cut short (a preemption, a slow restart) must not keep the job from growing for ever
+        while nodes go unused."""
+        free = len(self.pool.free)
+        if not self.config.profiling or not free or self.borrower is not None:
+            return
+        for job in self.jobs.values():
+            if job.phase is not JobPhase.RUNNING or job.id in self.pool.delta or not job.nodes:
+                continue
+            size = len(job.nodes)
+            rates = self.monitor.throughput(job.id)
+            here = rates.get(size)
+            if here is None:
+                continue
+            for k in sorted(self.monitor.provisional(job.id)):
+                if (size < k <= min(size + free, job.req.max_nodes) and rates[k] <= here
+                        and (job.id, k) not in self.remeasured):
+                    self.remeasured.add((job.id, k))
+                    self._launch(job, ProfileRun(job.id, [k], extension=True), None, now)
+                    self.stats.profile_extensions += 1
+                    return
 
     def _launch(self, job: JobRecord, run: ProfileRun, lender: Lender | None,
                 now: float) -> None:
