@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arrivals", default="",
                     help="results.json directories of arrivals runs, comma-separated")
     ap.add_argument("--timing-file", default="", help="--timing records, comma-separated")
+    ap.add_argument("--hpo", default="", help="results.json directory of an HPO-workload run")
     args = ap.parse_args(argv)
     if args.markdown:
         if not args.headline:
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = ["python3", "bench/simulate.py",
                  *(",".join(Path(p).name for p in a.split(",")) if "/" in a else a
                    for a in given)]
-        write_markdown(args.markdown, section(head, arrivals, timings, " ".join(shown)))
+        hpo = read_results(Path(args.hpo)) if args.hpo else None
+        write_markdown(args.markdown, section(head, arrivals, timings, " ".join(shown), hpo))
         return 0
     if args.timing:
         record = timing(args)

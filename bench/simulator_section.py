@@ -201,7 +201,8 @@ def timing_table(records: list[dict[str, Any]]) -> list[str]:
 
 
 def section(head: dict[str, Any], arrivals: list[dict[str, Any]],
-            timings: list[dict[str, Any]], command: str) -> str:
+            timings: list[dict[str, Any]], command: str,
+            hpo: dict[str, Any] | None = None) -> str:
     tr, wl = head["trace"], head["workload"]
     perf = head.get("perf_model", {})
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -262,6 +263,23 @@ def section(head: dict[str, Any], arrivals: list[dict[str, Any]],
             f"of UB_oracle measured with the same setup at commit {EARLIER_COMMIT}: "
             + "; ".join(f"{p} {v}" for p, v in earlier.items()) + "." + _reproduced(head),
             ""]
+    if hpo is not None:
+        h_tr, h_wl = hpo["trace"], hpo["workload"]
+        lines += [
+            "### HPO workload",
+            "",
+            f"The same setup with the {h_wl['name']} profiles ({h_wl['jobs']} saturated jobs: "
+            "ShuffleNet trained with different hyper-parameters, so the curves differ less "
+            f"than in the ImageNet mix), {h_tr['days']:.2f} days, seeds "
+            f"{', '.join(str(x) for x in hpo['seeds'])}:",
+            "",
+            "```",
+            simulate_command(hpo),
+            "```",
+            "",
+            *headline_table(hpo),
+            "",
+        ]
     if arrivals:
         lines += [
             "### Arrivals",
