@@ -14,9 +14,9 @@ tuned to one trace. Every replay writes one JSON file into ``--results`` (runs a
 are skipped, so an interrupted campaign resumes); ``--markdown`` builds the table from those
 files into BENCHMARKS.md between the ``lifetime`` markers.
 
-    python3 bench/lifetime.py --results /tmp/lifetime-results --workers 2 \\
+    python3 bench/lifetime.py --results RESULTS_DIR --workers 2 \\
         --plan summit:imagenet:50:5,summit:hpo:50:3,theta:imagenet:50:3
-    python3 bench/lifetime.py --results /tmp/lifetime-results --markdown BENCHMARKS.md
+    python3 bench/lifetime.py --results RESULTS_DIR --markdown BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -215,6 +215,7 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
         walls[r["policy"]].append(r["wall_s"])
         span[r["trace"]] = r["days"]
     learn = recs[0]["learn"] if recs else {}
+    verdicts: list[str] = []
     lines = [
         "| trace (eval days) | workload | jobs | seeds | fixed 10 s | fixed 120 s | fixed 600 s "
         "| best fixed | lifetime | clairvoyant | gap closed | lifetime − best fixed, per seed |",
@@ -242,6 +243,15 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
         lines.append(f"| {label} | {workload} | {jobs} | {len(full)} | {cells} | "
                      f"{100 * best:.2f} % ({best_la:g} s) | {100 * life:.2f} % | "
                      f"{100 * clair:.2f} % | {_closed(closed)} | {per_seed} pp |")
+        if clair <= best:
+            verdict = "not met: the clairvoyant policy is not better than the best fixed " \
+                "look-ahead, so there is no gap to close"
+        else:
+            verdict = "met" if closed >= 0.5 else "not met"
+        verdicts.append(f"* {trace} {workload} {jobs} jobs: lifetime − best fixed "
+                        f"{100 * (life - best):+.2f} pp, clairvoyant − best fixed "
+                        f"{100 * (clair - best):+.2f} pp; goal (close half the gap) {verdict}.")
+    lines.extend(["", *verdicts])
     lines.extend(["", "Where the samples go (means over the same seeds; losses in % of UB_oracle):",
                   "", "| trace | workload | jobs | policy | rescales | rescale loss | preemptions "
                   "| preemption loss |", "|---|---|---|---|---|---|---|---|"])

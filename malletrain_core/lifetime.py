@@ -141,11 +141,15 @@ class SurvivalModel:
     def residual(self, age_s: float | np.ndarray, horizon_s: float = DEFAULT_HORIZON_S
                  ) -> tuple[np.ndarray, np.ndarray]:
         """For nodes idle for ``age_s`` seconds: (E[min(R, H)], P(R < H)) with R = L − age
-        given L ≥ age, H = ``horizon_s``. With no data a node is assumed to stay (H, 0)."""
+        given L ≥ age, H = ``horizon_s``. With no data a node is assumed to stay (H, 0).
+
+        A node idle longer than every fragment on record is in a hole longer than any seen,
+        not about to end: its age is taken as the last bin edge the survival still reaches."""
         age = np.maximum(np.asarray(age_s, dtype=float), 0.0)
-        age = np.minimum(age, self.edges[-1])
         if self.count == 0:
             return np.full(age.shape, float(horizon_s)), np.zeros(age.shape)
+        reached = np.flatnonzero(self.survival_at_edges() > 0)
+        age = np.minimum(age, self.edges[reached[-1]])
         grid, sg, integral = self._tables(float(horizon_s))
         s_a = np.interp(age, grid, sg)
         s_h = np.interp(age + horizon_s, grid, sg)

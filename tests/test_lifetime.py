@@ -58,9 +58,16 @@ def test_residual_life_and_risk_are_exact_integrals_of_the_linear_survival() -> 
     assert risk[0] == pytest.approx(1 - s40 / 0.625)
 
 
-def test_a_node_past_every_fragment_has_no_life_and_an_empty_model_trusts_the_horizon() -> None:
-    life, risk = model().residual(np.array([500.0]), horizon_s=60.0)
-    assert life[0] == 0.0 and risk[0] == 1.0
+def test_a_node_older_than_every_fragment_is_not_written_off() -> None:
+    # S reaches 0 at 200 s: ages from 50 s on are taken as 50 s, where S falls linearly from
+    # 0.25 to 0 over [50, 200]: life = ∫_50^110 S / S(50), risk = 1 − S(110) / S(50).
+    life, risk = model().residual(np.array([50.0, 150.0, 500.0, 1e9]), horizon_s=60.0)
+    s110 = 0.25 * 90 / 150
+    assert life.tolist() == pytest.approx([(0.25 + s110) / 2 * 60 / 0.25] * 4)
+    assert risk.tolist() == pytest.approx([1 - s110 / 0.25] * 4)
+
+
+def test_an_empty_model_trusts_the_horizon() -> None:
     life, risk = SurvivalModel(EDGES).residual(np.array([0.0, 30.0]), horizon_s=60.0)
     assert life.tolist() == [60.0, 60.0] and risk.tolist() == [0.0, 0.0]
 

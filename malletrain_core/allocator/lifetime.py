@@ -34,7 +34,6 @@ the order of their expected lives.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -88,8 +87,6 @@ def job_values(job: Job, capacity: int, held: np.ndarray, pool: np.ndarray,
     if c and grow:
         at = np.minimum(np.searchsorted(-h, -p, side="left"), c - 1)
         fresh_p &= h[at] != p
-    if os.environ.get("LT_HELDRISK") == "0":
-        qh = np.zeros_like(qh)
     survive_h = np.cumprod(1.0 - qh * fresh_h)
     survive_p = np.cumprod(1.0 - qp * fresh_p) * (survive_h[-1] if c else 1.0)
     restarts = 1.0 - np.concatenate(([1.0], survive_h, survive_p))
