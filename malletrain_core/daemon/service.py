@@ -103,6 +103,7 @@ class StatusService:
                            "last_poll_time": c.last_poll_time,
                            "hook_to_action_ms": c.hook_latency()},
                 "engine": engine.stats.to_dict(),
+                "intake": _intake(self.daemon),
             }
 
     def jobs(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +159,23 @@ class StatusService:
                 [k, float(p)] for k, p in enumerate(curve.table(top)) if k > 0]
             record["now"] = self._now()
         return record
+
+
+def _intake(daemon: Any) -> dict[str, dict[str, Any]]:
+    """Received and dropped counts of the listeners the daemon watches (hooks, reports)."""
+    from .intake import HookListener, ReportListener
+
+    names = {HookListener: "hooks", ReportListener: "reports"}
+    selector = getattr(daemon, "selector", None)
+    mapping = selector.get_map() if selector is not None else None  # None once closed
+    out: dict[str, dict[str, Any]] = {}
+    for key in list(mapping.values()) if mapping is not None else []:
+        name = names.get(type(key.fileobj))
+        if name is not None:
+            listener = key.fileobj
+            out[name] = {"received": listener.received,
+                         "dropped": dict(sorted(listener.dropped.items()))}
+    return out
 
 
 def _natural(name: str) -> tuple[Any, ...]:
