@@ -182,8 +182,8 @@ def test_grow_batches_one_update_per_task_and_one_release(slurm: FakeSlurm,
     ev = backend.execute([Grow("7", ("n01", "n02"), 5000.0), Grow("9", ("n03",), None)], T)
     assert ev == []
     assert slurm.commands() == [
-        ["scontrol", "update", "JobId=7_0", "ReqNodeList=n01", "StartTime=now", "TimeLimit=83"],
-        ["scontrol", "update", "JobId=7_1", "ReqNodeList=n02", "StartTime=now", "TimeLimit=83"],
+        ["scontrol", "update", "JobId=7_0", "ReqNodeList=n01", "StartTime=now", "TimeLimit=82"],
+        ["scontrol", "update", "JobId=7_1", "ReqNodeList=n02", "StartTime=now", "TimeLimit=82"],
         ["scontrol", "update", "JobId=9_0", "ReqNodeList=n03", "StartTime=now",
          "TimeLimit=4320"],
         ["scontrol", "release", "7_[0-1],9_0"],

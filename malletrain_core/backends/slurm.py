@@ -79,6 +79,12 @@ def _recoverable(row: sp.TaskRow) -> bool:
     return _code(row) in ("TIMEOUT", "TO")
 
 
+HOLE_MARGIN_S = 60.0
+"""Taken off a hole's remaining time: Slurm's backfill plans in bf_resolution steps (60 s by
+default) and starts the task at its next cycle, so a limit that ends just before the planned
+start would keep the task pending on the planned node."""
+
+
 @dataclass
 class _PollEvents(PollEvents):
     to_hold: list[str] = field(default_factory=list)
@@ -102,7 +108,8 @@ class SlurmBackend:
 
     def __init__(self, runner: CommandRunner, partition: str = "preemptable",
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                 grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S) -> None:
+                 grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
+                 hole_margin_s: float = HOLE_MARGIN_S) -> None:
         if default_time_limit_s < 60:
             raise ValidationError("SlurmBackend", "default_time_limit_s",
                                   f"{default_time_limit_s:g} s is under Slurm's one-minute unit")
@@ -110,6 +117,7 @@ class SlurmBackend:
         self.partition = partition
         self.default_time_limit_s = float(default_time_limit_s)
         self.grow_timeout_s = float(grow_timeout_s)
+        self.hole_margin_s = float(hole_margin_s)
         self._rows: dict[str, sp.TaskRow] = {}           # task key -> last seen row
         self._jobs: dict[str, JobRequest] = {}            # array id -> request (live jobs)
         self._gone: set[str] = set()                      # ended, finished or unreadable
@@ -408,6 +416,10 @@ class SlurmBackend:
             limit_s = action.time_limit_s
             if limit_s is None or not math.isfinite(limit_s):
                 limit_s = self.default_time_limit_s
+            elif limit_s < self.default_time_limit_s:
+                # A hole's end: the task starts at a later backfill cycle, and backfill plans
+                # in bf_resolution steps (60 s by default), so the limit keeps that margin.
+                limit_s -= self.hole_margin_s
             minutes = sp.minutes_within(min(limit_s, self.default_time_limit_s))
             free = self._free_tasks(action.job_id)
             for i, node in enumerate(action.nodes):

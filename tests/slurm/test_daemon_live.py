@@ -54,7 +54,7 @@ def idle_nodes(cluster: LocalCluster) -> set[str]:
 def test_planned_hole_is_harvested_and_the_prod_job_starts_on_time(
         cluster: LocalCluster, daemon: LocalDaemon) -> None:
     nodes = cluster.node_names
-    first = cluster.sbatch("-p", "prod", "-N", "3", "-t", "2", "-o", "/dev/null",
+    first = cluster.sbatch("-p", "prod", "-N", "3", "-t", "3", "-o", "/dev/null",
                            "--wrap", "sleep 100")
     cluster.wait_for("first prod job running", lambda: cluster.run(
         ["squeue", "-h", "-j", first, "-t", "R", "-o", "%i"]).stdout.strip() != "", 20)
