@@ -41,6 +41,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from sections import replace_section  # noqa: E402
+
 from malletrain_core.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
 
@@ -254,13 +256,7 @@ def section(r: dict[str, Any], command: str) -> str:
 
 
 def write_markdown(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + body + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## End to end on a local Slurm cluster\n\n" + body + "\n"
-    path.write_text(text)
+    replace_section(path, BEGIN, END, body, "End to end on a local Slurm cluster")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from e2e import machine, p95, say  # noqa: E402
+from sections import replace_section  # noqa: E402
 
 from malletrain_core import protocol  # noqa: E402
 from malletrain_core.localcluster import LocalCluster  # noqa: E402
@@ -410,14 +411,7 @@ def section(r: dict[str, Any]) -> str:
 
 
 def write_markdown(path: Path, body: str) -> None:
-    """Replace the load section of ``path`` (appended under its own heading if absent)."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + body + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## Load on a local Slurm cluster\n\n" + body + "\n"
-    path.write_text(text)
+    replace_section(path, BEGIN, END, body, "Load on a local Slurm cluster")
 
 
 def main(argv: list[str] | None = None) -> int:
