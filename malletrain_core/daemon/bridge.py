@@ -148,40 +148,34 @@ class EpochBridge:
     def releasable(self) -> bool:
         """True when a deferred shrink's epoch has drained (the daemon's early-cycle test;
         the bounded wait is applied at the next poll)."""
-        return any(self._may_go(d, None, set()) for d in self.deferred
+        return any(self._drained(d, None) for d in self.deferred
                    if isinstance(d.action, Shrink))
 
-    def _may_go(self, d: _Deferred, now: float | None, blocked: set[str]) -> bool:
+    def _drained(self, d: _Deferred, now: float | None) -> bool:
+        """Whether the deferred shrink ``d`` may go: its nodes left the running epoch, its job
+        is gone, or it waited ``max_defer_s``."""
         action = d.action
-        if isinstance(action, Shrink):
-            if not self._known(action.job_id):
-                return True
-            draining = self.coordinator.draining(action.job_id) & set(action.nodes)
-            if draining and now is not None and now - d.since >= self.max_defer_s:
-                log.warning("job %s: epoch did not leave %s within %g s; shrinking anyway",
-                            action.job_id, ",".join(sorted(draining)), self.max_defer_s)
-                return True
-            return not draining
-        return not set(getattr(action, "nodes", ())) & blocked
+        assert isinstance(action, Shrink)
+        if not self._known(action.job_id):
+            return True
+        draining = self.coordinator.draining(action.job_id) & set(action.nodes)
+        if draining and now is not None and now - d.since >= self.max_defer_s:
+            log.warning("job %s: epoch did not leave %s within %g s; shrinking anyway",
+                        action.job_id, ",".join(sorted(draining)), self.max_defer_s)
+            return True
+        return not draining
 
     def _release(self, now: float) -> list[Event]:
+        """Drained shrinks go, then the deferred grows (those still blocked wait again)."""
         if not self.deferred:
             return []
-        go: list[Action] = []
-        keep: list[_Deferred] = []
-        for d in self.deferred:
-            if isinstance(d.action, Shrink) and self._may_go(d, now, set()):
-                go.append(d.action)
-            else:
-                keep.append(d)
-        blocked = {n for d in keep if isinstance(d.action, Shrink) for n in d.action.nodes}
-        self.deferred = []
-        for d in keep:
-            if isinstance(d.action, Shrink) or not self._may_go(d, now, blocked):
-                self.deferred.append(d)
-            else:
-                go.append(d.action)
-        return self._hand_over(go, now) if go else []
+        shrinks = [d for d in self.deferred if isinstance(d.action, Shrink)]
+        ready = [d for d in shrinks if self._drained(d, now)]
+        grows = [d.action for d in self.deferred if not isinstance(d.action, Shrink)]
+        if not ready and not grows:
+            return []
+        self.deferred = [d for d in shrinks if d not in ready]
+        return self._hand_over([d.action for d in ready] + grows, now)
 
     def _hand_over(self, actions: list[Action], now: float) -> list[Event]:
         """Grows onto nodes still draining wait; the rest goes to the backend."""
