@@ -187,6 +187,45 @@ def test_unix_socket_group_member_acts_only_on_own_job(workdir: Path, daemon_sid
         server.close()
 
 
+def test_unix_socket_user_sees_only_own_jobs(workdir: Path, second_user: pwd.struct_passwd
+                                            ) -> None:
+    import threading
+
+    from malletrain_core.daemon.service import StatusService
+    from malletrain_core.engine import Engine, EngineConfig
+    from malletrain_core.events import IdleNode, JobRequest, JobSubmitted, NodesIdle
+    from malletrain_core.model import Curve
+
+    engine = Engine(EngineConfig())
+    curve = Curve.of([1, 2], [10.0, 20.0])
+    engine.handle_many([NodesIdle(0.0, tuple(IdleNode(f"n{i}", None, None) for i in (1, 2))),
+                        JobSubmitted(0.0, JobRequest(ROOT_JOB, 1, 1, "root", "", curve)),
+                        JobSubmitted(0.0, JobRequest(USER_JOB, 1, 1, USER, "", curve))])
+
+    class Holder:  # what the read-only ops read of a daemon
+        lock = threading.RLock()
+
+    Holder.engine = engine  # type: ignore[attr-defined]
+    dispatcher = Dispatcher(admin_uids={0})
+    StatusService(Holder()).register(dispatcher)
+    server = UnixApiServer(str(workdir / "api.sock"), dispatcher, idle_timeout_s=5,
+                           group=second_user.pw_gid)
+    server.start()
+    try:
+        jobs, nodes, foreign, own = run_client(USER, "unix", server.path, [
+            ["jobs", {}], ["nodes", {}], ["profile", {"job": ROOT_JOB}],
+            ["profile", {"job": USER_JOB}]])
+        assert [j["job"] for j in jobs["result"]["jobs"]] == [USER_JOB]
+        holders = sorted(n["job"] for n in nodes["result"]["nodes"])
+        assert holders == ["", USER_JOB], "root's node is shown held, without its job"
+        assert foreign["ok"] is False and "belongs to another user" in foreign["error"]
+        assert own["ok"] is True and own["result"]["job"] == USER_JOB
+        with UnixClient(server.path) as c:  # root sees both
+            assert sorted(j["job"] for j in c.call("jobs")["jobs"]) == [ROOT_JOB, USER_JOB]
+    finally:
+        server.close()
+
+
 # ----- TCP with munge: the credential decides ---------------------------------------------------
 def test_tcp_user_acts_only_on_own_job(munged: PrivateMunged, daemon_side,
                                        second_user: pwd.struct_passwd) -> None:

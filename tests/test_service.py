@@ -79,3 +79,45 @@ def test_a_router_of_engines_is_read_as_one(tmp_path):
     nodes = StatusService(Holder()).nodes(0, {})["nodes"]
     assert nodes == [{"node": "n01", "state": "free", "job": "", "hole_end": T0 + 60},
                      {"node": "n09", "state": "free", "job": "", "hole_end": None}]
+
+
+@pytest.fixture
+def users(monkeypatch):
+    """uids 1001 and 1002 are alice and bob (the account database is the boundary mocked)."""
+    import pwd
+    names = {1001: "alice", 1002: "bob"}
+
+    def getpwuid(uid):
+        if uid not in names:
+            raise KeyError(uid)
+        return pwd.struct_passwd((names[uid], "x", uid, uid, "", "/", "/bin/sh"))
+    monkeypatch.setattr("malletrain_core.daemon.service.pwd.getpwuid", getpwuid)
+
+
+def test_a_user_sees_only_their_own_jobs(tmp_path, users):
+    daemon, _backend, _clock = build(tmp_path / "state")
+    service = StatusService(daemon, admin_uids={0})
+    assert [j["job"] for j in service.jobs(1001, {})["jobs"]] == ["101"]
+    assert [j["job"] for j in service.jobs(1002, {})["jobs"]] == ["102"]
+    assert service.jobs(1002, {"user": "alice"})["jobs"] == []  # a filter cannot widen it
+    assert service.jobs(4242, {})["jobs"] == []  # no account: no job
+    assert [j["job"] for j in service.jobs(0, {})["jobs"]] == ["101", "102", "103"]
+    holders = {n["node"]: n["job"] for n in service.nodes(1001, {})["nodes"]}
+    assert set(holders.values()) == {"101", ""}  # bob's nodes are held, not named
+    assert sum(1 for n in service.nodes(1001, {})["nodes"] if n["state"] == "held") == 7
+    assert {n["job"] for n in service.nodes(0, {})["nodes"]} == {"101", "102", ""}
+    assert service.profile(1001, {"job": "101"})["job"] == "101"
+    with pytest.raises(ApiError, match="belongs to another user"):
+        service.profile(1002, {"job": "101"})
+    with pytest.raises(ApiError, match="not known"):  # unknown stays unknown, for anyone
+        service.profile(1002, {"job": "404"})
+    assert service.status(1002, {})["jobs"]["running"] == 2  # counts are public
+
+
+def test_the_dispatchers_admins_see_every_job(tmp_path, users):
+    from malletrain_core.api import Dispatcher
+    daemon, _backend, _clock = build(tmp_path / "state")
+    service = StatusService(daemon)
+    service.register(Dispatcher(admin_uids={0, 1002}))
+    assert len(service.jobs(1002, {})["jobs"]) == 3
+    assert [j["job"] for j in service.jobs(1001, {})["jobs"]] == ["101"]

@@ -38,7 +38,8 @@ TABLE = Table([
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``jobs`` sub-command."""
-    parser = subparsers.add_parser("jobs", help=HELP, description=HELP + ".")
+    parser = subparsers.add_parser("jobs", help=HELP, description=HELP + ". A user sees their "
+                                   "own jobs; root and the SlurmUser see every job.")
     parser.add_argument("--state", "-t", choices=PHASES, help="only jobs in this state")
     parser.add_argument("--user", "-u", help="only this user's jobs")
     client.add_connection_args(parser)

@@ -14,8 +14,9 @@ Wiring, from ``malletraind`` (:func:`attach`)::
 
 from __future__ import annotations
 
+import pwd
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from .. import __version__
@@ -63,18 +64,35 @@ def job_record(view: JobView) -> dict[str, Any]:
 
 
 class StatusService:
-    """The read-only ops ``status``, ``jobs``, ``nodes`` and ``profile`` over one daemon."""
+    """The read-only ops ``status``, ``jobs``, ``nodes`` and ``profile`` over one daemon.
 
-    def __init__(self, daemon: DaemonLike) -> None:
+    A user sees their own jobs only, as Slurm's ``PrivateData=jobs`` would show them: ``jobs``
+    lists the caller's jobs, ``profile`` refuses another user's job and ``nodes`` names the
+    holding job only where it is the caller's. Root and the admin users (the dispatcher's
+    ``admin_uids``) see everything; ``status`` gives counts only, to everyone.
+    """
+
+    def __init__(self, daemon: DaemonLike, admin_uids: Collection[int] = frozenset({0})) -> None:
         self.daemon = daemon
+        self.admin_uids = frozenset(admin_uids)
         self.started = self._now()
 
     def register(self, dispatcher: Dispatcher) -> None:
-        """Add the ops to the daemon's API dispatcher."""
+        """Add the ops to the daemon's API dispatcher (whose admin uids see every job)."""
+        self.admin_uids = dispatcher.admin_uids
         dispatcher.register("status", self.status)
         dispatcher.register("jobs", self.jobs)
         dispatcher.register("nodes", self.nodes)
         dispatcher.register("profile", self.profile)
+
+    def _viewer(self, uid: int) -> str | None:
+        """The user name whose jobs ``uid`` may see; ``None``: every job (an admin)."""
+        if uid in self.admin_uids:
+            return None
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return f"uid {uid}"  # no account name: matches no job's owner
 
     def _now(self) -> float:
         clock = getattr(self.daemon, "clock", time.time)
@@ -107,28 +125,39 @@ class StatusService:
             }
 
     def jobs(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
-        """Every job (``args``: optional ``state`` and ``user`` filters)."""
+        """Every job the caller may see (``args``: optional ``state`` and ``user`` filters)."""
         state = args.get("state")
         user = args.get("user")
         if state is not None and state not in PHASES:
             raise ApiError(f"unknown job state {state!r}; use one of {', '.join(PHASES)}")
         if user is not None and not isinstance(user, str):
             raise ApiError("jobs: 'user' must be a user name")
+        viewer = self._viewer(uid)
         with self.daemon.lock:
             records = [job_record(view) for view in self.daemon.engine.jobs.values()
                        if (state is None or view.phase.value == state)
-                       and (user is None or view.owner == user)]
+                       and (user is None or view.owner == user)
+                       and (viewer is None or view.owner == viewer)]
             return {"now": self._now(), "jobs": records}
 
     def nodes(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
-        """Every offered idle node: free or held (by which job), and when its hole ends."""
+        """Every offered idle node: free or held (by which job, if the caller may see it), and
+        when its hole ends."""
+        viewer = self._viewer(uid)
         with self.daemon.lock:
             engine = self.daemon.engine
             owner = dict(engine.node_map)
+            if viewer is not None:  # another user's job stays anonymous: the node is "held"
+                jobs = engine.jobs
+                hidden = {j for j in set(owner.values())
+                          if j not in jobs or jobs[j].owner != viewer}
+                shown = {n: (j if j not in hidden else "") for n, j in owner.items()}
+            else:
+                shown = owner
             ends = _hole_ends(engine)
             names = set(engine.idle_nodes) | set(owner)
             records = [{"node": name, "state": "held" if name in owner else "free",
-                        "job": owner.get(name, ""), "hole_end": ends.get(name)}
+                        "job": shown.get(name, ""), "hole_end": ends.get(name)}
                        for name in names]
             now = self._now()
         records.sort(key=lambda r: _natural(r["node"]))
@@ -143,6 +172,10 @@ class StatusService:
             raise ApiError('profile needs a job id: {"job": "123"}')
         with self.daemon.lock:
             view = self.daemon.engine.jobs.get(job)
+            viewer = self._viewer(uid)
+            if view is not None and viewer is not None and view.owner != viewer:
+                raise ApiError(f"job {job} belongs to another user; `malletrain profile` "
+                               "shows your own jobs only (root and the SlurmUser see all)")
             if view is None:
                 raise ApiError(f"job {job} is not known to malletraind; `malletrain jobs` "
                                "lists the jobs it knows")
