@@ -54,6 +54,8 @@ class AllocatorConfig:
     max_running_jobs: int = 0
     min_share: float = 0.0
     user_max_nodes: Mapping[str, int] = field(default_factory=dict)
+    lifetime: bool = False
+    lifetime_fragments: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,13 @@ class Config:
         if self.allocator.solver not in ("auto", "dp", "milp"):
             raise ConfigError(f"allocator.solver: {self.allocator.solver!r}; use \"auto\", "
                               "\"dp\" or \"milp\"")
+        a = self.allocator
+        if a.lifetime and (a.min_share or a.user_max_nodes):
+            raise ConfigError("allocator.lifetime = true cannot honour min_share or "
+                              "user_max_nodes; set lifetime = false or drop those caps")
+        if a.lifetime_fragments and not a.lifetime:
+            raise ConfigError("allocator.lifetime_fragments is set but allocator.lifetime is "
+                              "false; set lifetime = true to use it")
         if d.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"daemon.log_level: {d.log_level!r}; use debug, info, warning "
                               "or error")

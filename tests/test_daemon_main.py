@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from malletrain_core.backends.pbs import PbsBackend
 from malletrain_core.backends.slurm import SlurmBackend
 from malletrain_core.config import load
 from malletrain_core.daemon import main as daemon_main
+from malletrain_core.errors import MalleTrainError
 from malletrain_core.model import Objective
 
 
@@ -55,3 +58,43 @@ def test_once_runs_one_cycle_against_a_missing_slurm(tmp_path, capsys, monkeypat
                     f"api_socket = \"{tmp_path / 'api.sock'}\"\napi_port = 0\n")
     assert daemon_main.main(["--config", str(path), "--once"]) == 0
     assert (tmp_path / "state" / "state.db").exists()
+
+
+def test_lifetime_allocation_is_enabled_from_the_config(tmp_path):
+    import numpy as np
+
+    from malletrain_core.engine import Engine
+    from malletrain_core.events import Grow, IdleNode, JobRequest, JobSubmitted, NodesIdle
+    from malletrain_core.model import Curve
+
+    assert daemon_main.engine_config(load(env={})).lifetime is None  # off by default
+    np.save(tmp_path / "frag.npy", np.array([30.0, 40.0, 50.0, 600.0, 900.0]))
+    cfg = config_file(tmp_path, "[allocator]\nlifetime = true\nlifetime_fragments = "
+                                f"\"{tmp_path / 'frag.npy'}\"\n[profiler]\nenabled = false\n")
+    ec = daemon_main.engine_config(cfg)
+    assert ec.lifetime is not None and ec.lifetime.horizon_s == 120.0
+    life, risk = ec.lifetime.predict([0.0], [None])
+    assert life[0] < 120.0 and 0.0 < risk[0] < 1.0  # learned: most fragments end within 120 s
+    # A job that is running does not grow onto a node whose hole (from the plan) ends in 5 s.
+    engine = Engine(ec)
+    curve = Curve.of([1, 2], [100.0, 200.0])
+    engine.handle_many([NodesIdle(0.0, (IdleNode("n1", None, None),)),
+                        JobSubmitted(0.0, JobRequest("7", 1, 2, "alice", "", curve,
+                                                     scale_up_s=20.0, scale_down_s=10.0))])
+    assert len(engine.jobs["7"].nodes) == 1
+    actions = engine.handle_many([NodesIdle(1.0, (IdleNode("n2", 6.0, None),))])
+    assert not any(isinstance(a, Grow) for a in actions), actions
+    actions = engine.handle_many([NodesIdle(2.0, (IdleNode("n3", 4000.0, None),))])
+    assert [a.nodes for a in actions if isinstance(a, Grow)] == [("n3",)]  # a long hole: grow
+
+
+@pytest.mark.parametrize("body, message", [
+    ("lifetime = true\nmin_share = 0.5\n", "cannot honour min_share"),
+    ("lifetime_fragments = \"x.npy\"\n", "allocator.lifetime is false"),
+    ("lifetime = true\nlifetime_fragments = \"/nonexistent/frag.npy\"\n",
+     "allocator.lifetime_fragments: cannot read"),
+])
+def test_bad_lifetime_settings_are_one_line(tmp_path, body, message):
+    with pytest.raises(MalleTrainError) as err:
+        daemon_main.engine_config(config_file(tmp_path, "[allocator]\n" + body))
+    assert message in str(err.value) and "\n" not in str(err.value)

@@ -97,7 +97,7 @@ def test_the_solver_is_exact_against_brute_force(objective: Objective) -> None:
     rng = np.random.default_rng(11)
     for _ in range(120):
         problem, held, free = random_instance(rng, objective)
-        solution = lt.solve(problem, held, free)
+        solution = lt.solve(problem, held, free, rounds=0)  # the DP alone
         best = brute_force(problem, held, free)
         assert solution.objective == pytest.approx(best, rel=1e-9, abs=1e-9)
         assert lt.evaluate(problem, held, free, solution.counts) == \
@@ -147,7 +147,10 @@ def test_a_costly_job_grows_onto_long_lived_nodes_only() -> None:
     tables = lt.value_tables(problem, held, free)
     assert tables[0][48] > tables[0][32]  # big grows onto the 16 long-lived nodes …
     assert tables[0][64] < tables[0][48]  # … but not onto the short-lived ones too
-    assert lt.solve(problem, held, free).counts == {"big": 48, "little": 18}
+    # Alone, little's table would take the long-lived nodes too; handed out, big gets them and
+    # little would get the 15 s ones: 16 · 15 s · 100/s < its rescale and the restart.
+    assert lt.solve(problem, held, free, rounds=0).counts == {"big": 48, "little": 18}
+    assert lt.solve(problem, held, free).counts == {"big": 48, "little": 2}
 
 
 def test_bad_inputs_are_refused_in_one_line() -> None:
@@ -191,3 +194,32 @@ def test_a_comparison_learns_on_the_first_days_and_replays_the_next() -> None:
     shares = [result.results["policies"][p]["ub_oracle_share"]
               for p in ("malletrain", "malletrain-lifetime")]
     assert all(0 < s <= 1 for s in shares)
+
+
+def test_two_growers_do_not_both_count_the_one_long_lived_node() -> None:
+    # One node stays 120 s, the other is reclaimed in 5 s (a restart: 10 s of the rate). Each
+    # table alone believes it gets the long-lived one; the DP gives both jobs a node; handed
+    # out, the second job starts on the doomed node and loses.
+    jobs = tuple(Job(name, 2, 1, Curve.of([1, 2], [10.0, 20.0]), 20.0, 10.0, 0)
+                 for name in ("a", "b"))
+    problem = Problem(2, jobs, 120.0, Objective.THROUGHPUT)
+    free = [(120.0, 0.0), (5.0, 1.0)]
+    naive = lt.solve(problem, {}, free, rounds=0)
+    assert naive.counts == {"a": 1, "b": 1}
+    assert lt.handed_out(problem, {}, free, naive.counts) == pytest.approx(1200 + 50 - 100)
+    checked = lt.solve(problem, {}, free)
+    assert sorted(checked.counts.values()) == [0, 2] or sorted(checked.counts.values()) == [0, 1]
+    assert checked.objective == pytest.approx(lt.handed_out(problem, {}, free, checked.counts))
+    assert checked.objective > lt.handed_out(problem, {}, free, naive.counts)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_checked_counts_never_lose_to_staying_put(seed: int) -> None:
+    rng = np.random.default_rng([seed, 9])
+    problem, held, free = random_instance(rng, list(Objective)[seed % 2])
+    solution = lt.solve(problem, held, free)
+    stay = {j.id: j.current_nodes for j in problem.jobs}
+    assert solution.objective == pytest.approx(lt.handed_out(problem, held, free,
+                                                             solution.counts))
+    assert solution.objective >= lt.handed_out(problem, held, free, stay) - 1e-9
+    assert sum(solution.counts.values()) <= problem.nodes

@@ -24,15 +24,21 @@ shortest-lived held nodes (what shrinking jobs release first), each counted with
 life and at least the risk of the node taken before it.
 
 What is exact: given those tables, the counts maximise Σ_j v_j(k_j) subject to Σ_j k_j ≤ N
-(the exact count DP of :mod:`.dp`). What is not: each job's table assumes it gets the
-longest-lived free nodes, as if it were the only one growing; when several jobs grow at once,
-placement hands out the longest-lived nodes and the others get shorter ones than their
-tables assumed. The expected min over the nodes of independent random lives is replaced by
-the order of their expected lives.
+(the exact count DP of :mod:`.dp`; :func:`solve` with ``rounds=0``). What is not: each table
+assumes its job alone gets the longest-lived free nodes. When several jobs grow at once they
+all count the same long-lived nodes, and the DP then moves nodes between jobs for gains that
+no node can deliver (a job sheds nodes that are valued at their short lives in its hands and
+at long ones in every grower's table). :func:`solve` therefore checks the counts by handing
+the nodes out as placement does and valuing every job on what it really gets; growers that
+fall short have their tables rebuilt from their place in that hand-out and the DP runs again,
+a few rounds at most. The counts returned have the best handed-out value among those tried,
+and never less than staying at the current counts. The expected min over the nodes of
+independent random lives is replaced by the order of their expected lives.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Mapping, Sequence
@@ -144,9 +150,20 @@ def _curve_table(curve: Curve, n: int, objective: Objective) -> np.ndarray:
 
 
 def solve(problem: Problem, held: Mapping[str, Sequence[Life]],
-          free: Sequence[Life]) -> Solution:
-    """Best node counts under the lifetime objective (exact for its tables: see the module
-    docstring). ``problem.nodes`` must equal the free nodes plus the held ones."""
+          free: Sequence[Life], rounds: int = 6) -> Solution:
+    """Best node counts under the lifetime objective, with every grow valued on the nodes
+    placement would really give it. ``problem.nodes`` must equal the free nodes plus the held
+    ones.
+
+    Each table first assumes its job alone takes the longest-lived free nodes, so when several
+    jobs grow at once they all count the same long-lived nodes and the counts move nodes
+    between jobs for gains no node can deliver. So the counts are checked: nodes are handed
+    out as placement does (free and released nodes, longest-lived first, to the largest grow
+    first) and every job is valued on what it holds and gets (:func:`handed_out`). A grower
+    whose nodes fall short of its table gets its table rebuilt from its place in that hand-out
+    and the counts are solved again, at most ``rounds`` times; the counts kept are those of
+    the best handed-out value, never below staying at the current counts.
+    """
     if problem.constraints.active:
         raise ValidationError("allocate", "solver", "the lifetime solver cannot honour side "
                               "constraints (user_max_nodes, min_share, max_running_jobs)")
@@ -156,13 +173,94 @@ def solve(problem: Problem, held: Mapping[str, Sequence[Life]],
     start = time.perf_counter()
     tables = value_tables(problem, held, free)
     counts, value = dp.solve_counts(tables, problem.nodes)
+    if rounds:
+        counts, value = _checked(problem, held, free, tables, counts, rounds)
     return Solution({j.id: k for j, k in zip(problem.jobs, counts)}, value, "lifetime-dp",
                     (time.perf_counter() - start) * 1e3)
 
 
+def _checked(problem: Problem, held: Mapping[str, Sequence[Life]], free: Sequence[Life],
+             tables: list[np.ndarray], counts: list[int], rounds: int
+             ) -> tuple[list[int], float]:
+    """The counts of the best handed-out value among the tables' solutions and staying put
+    (see :func:`solve`), with that value."""
+    mine = [_sorted(held.get(j.id, ()), descending=True) for j in problem.jobs]
+    pool = _sorted(free, descending=True)
+    best = [j.current_nodes for j in problem.jobs]
+    best_value = sum(float(t[c]) if c < len(t) else -np.inf for t, c in zip(tables, best))
+    for _ in range(rounds):
+        values, starts, nodes = _hand_out(problem, tables, mine, pool, counts)
+        if sum(values) > best_value + 1e-9 * max(1.0, abs(best_value)):
+            best, best_value = list(counts), sum(values)
+        short = [i for i, (job, k) in enumerate(zip(problem.jobs, counts))
+                 if k > job.current_nodes and values[i] < tables[i][k] - 1e-9 * abs(tables[i][k])]
+        if not short:
+            break
+        tables = list(tables)
+        for i in short:  # value the grow from where this job stands in the hand-out
+            tables[i] = _table_from(problem, i, mine[i], nodes[:, starts[i]:], tables[i])
+        counts, _ = dp.solve_counts(tables, problem.nodes)
+    return best, best_value
+
+
+def _hand_out(problem: Problem, tables: list[np.ndarray], mine: list[np.ndarray],
+              pool: np.ndarray, counts: Sequence[int]
+              ) -> tuple[list[float], dict[int, int], np.ndarray]:
+    """Each job's value on the nodes placement would give it for ``counts``, where each
+    grower's nodes start in the handed-out order, and that order (lives and risks)."""
+    released = [m[:, k:] for m, k in zip(mine, counts) if k < m.shape[1]]
+    nodes = np.concatenate([pool, *released], axis=1) if released else pool
+    nodes = nodes[:, np.argsort(-nodes[0], kind="stable")]
+    values = [float(t[k]) for t, k in zip(tables, counts)]
+    growers = sorted((i for i, (job, k) in enumerate(zip(problem.jobs, counts))
+                      if k > job.current_nodes),
+                     key=lambda i: (-(counts[i] - problem.jobs[i].current_nodes),
+                                    problem.jobs[i].id))
+    starts: dict[int, int] = {}
+    at = 0
+    for i in growers:
+        job, k = problem.jobs[i], counts[i]
+        given = nodes[:, at:at + k - job.current_nodes]
+        starts[i] = at
+        at += given.shape[1]
+        values[i] = float(job_values(dataclasses.replace(job, max_nodes=k), problem.nodes,
+                                     mine[i], given, problem.objective)[k])
+    return values, starts, nodes
+
+
+def _table_from(problem: Problem, i: int, held: np.ndarray, rest: np.ndarray,
+                old: np.ndarray) -> np.ndarray:
+    """Job i's table with its grow taken from ``rest`` (the hand-out from its place on);
+    counts beyond what ``rest`` holds are not offered."""
+    job = problem.jobs[i]
+    c = job.current_nodes
+    top = min(len(old) - 1, c + rest.shape[1])
+    table = old.copy()
+    table[c + 1:] = -np.inf
+    if top > c and top >= job.min_nodes:
+        grown = job_values(dataclasses.replace(job, max_nodes=top), problem.nodes, held,
+                           rest[:, :top - c], problem.objective)
+        table[c + 1:top + 1] = grown[c + 1:top + 1]
+    return table
+
+
+def handed_out(problem: Problem, held: Mapping[str, Sequence[Life]], free: Sequence[Life],
+               counts: Mapping[str, int]) -> float:
+    """The lifetime objective of given counts with the nodes handed out as placement does
+    (what :func:`solve` maximises over the candidates it tries)."""
+    ks = [int(counts.get(j.id, 0)) for j in problem.jobs]
+    tables = value_tables(problem, held, free)
+    if sum(ks) > problem.nodes or any(k < 0 or k >= len(t) for t, k in zip(tables, ks)):
+        raise ValueError(f"counts {ks} do not fit {problem.nodes} nodes and the jobs' bounds")
+    mine = [_sorted(held.get(j.id, ()), descending=True) for j in problem.jobs]
+    values, _, _ = _hand_out(problem, tables, mine, _sorted(free, descending=True), ks)
+    return sum(values)
+
+
 def evaluate(problem: Problem, held: Mapping[str, Sequence[Life]], free: Sequence[Life],
              counts: Mapping[str, int]) -> float:
-    """The lifetime objective of given counts (bounds and capacity checked)."""
+    """The tables' objective of given counts (bounds and capacity checked): each job valued
+    as if it alone took the longest-lived free nodes."""
     ks = [int(counts.get(j.id, 0)) for j in problem.jobs]
     if sum(ks) > problem.nodes:
         raise ValueError(f"counts use {sum(ks)} nodes, only {problem.nodes} available")

@@ -15,14 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import __version__, logs, protocol
 from ..api import Dispatcher, LauncherService, TcpApiServer, UnixApiServer
 from ..backends.base import Backend
 from ..config import Config, load
 from ..engine import Engine, EngineConfig
 from ..epochs import EpochCoordinator, EpochError
-from ..errors import MalleTrainError
+from ..errors import ConfigError, MalleTrainError
 from ..events import Event
+from ..lifetime import LifetimePredictor, SurvivalModel
 from ..model import Constraints, Objective
 from ..munge import Munge
 from ..runner import CommandRunner
@@ -37,9 +40,27 @@ log = logging.getLogger("malletraind")
 EPOCHS_KEY = "epochs"
 
 
+def lifetime_predictor(config: Config) -> LifetimePredictor | None:
+    """The reclaim predictor ``allocator.lifetime`` asks for, or ``None``."""
+    a = config.allocator
+    if not a.lifetime:
+        return None
+    survival = SurvivalModel()
+    if a.lifetime_fragments:
+        path = a.lifetime_fragments
+        try:
+            lengths = np.load(path) if path.endswith(".npy") else np.loadtxt(path, ndmin=1)
+            survival = SurvivalModel.from_fragments(np.asarray(lengths, dtype=float).ravel())
+        except (OSError, ValueError, MalleTrainError) as exc:
+            raise ConfigError(f"allocator.lifetime_fragments: cannot read {path} ({exc}); "
+                              "give a .npy or a text file of fragment lengths in seconds, "
+                              "or leave it empty") from None
+    return LifetimePredictor(survival, a.lookahead_s)
+
+
 def engine_config(config: Config) -> EngineConfig:
     a, p = config.allocator, config.profiler
-    return EngineConfig(
+    return EngineConfig(lifetime=lifetime_predictor(config),
         lookahead_s=a.lookahead_s, objective=Objective(a.objective),
         max_running_jobs=a.max_running_jobs or None,
         constraints=Constraints(user_max_nodes=dict(a.user_max_nodes), min_share=a.min_share),
