@@ -103,6 +103,10 @@ local function convert(job_desc)
 			"the node range with -N LO-HI"
 	end
 	local lo, hi = job_desc.min_nodes, job_desc.max_nodes
+	if lo == 0 and not unset(hi) then
+		return string.format("-N 0-%d: an elastic job needs at least one node; write -N 1-%d",
+			hi, hi), E_NODES
+	end
 	if unset(lo) then
 		return "give the node range of the elastic job: sbatch --qos=" .. QOS_NAME ..
 			" -N LO-HI (e.g. -N 2-8)", E_NODES

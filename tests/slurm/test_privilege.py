@@ -23,6 +23,8 @@ def test_bad_ranges_are_refused_and_leave_no_job(cluster: LocalCluster, test_use
     assert message and "Traceback" not in message
     assert len([ln for ln in message.splitlines() if "malletrain:" in ln]) <= 1
     assert cluster.run(["squeue", "-h", "-o", "%i"]).stdout.strip() == ""
+    if node_range == "0-2":  # the plugin's own refusal, not sbatch's
+        assert "at least one node; write -N 1-2" in message, message
 
 
 @pytest.mark.parametrize("node_range, tag", [("1-2", "min=1,max=2"),
