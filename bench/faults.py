@@ -69,7 +69,8 @@ def render(rows: list[dict[str, Any]], summary: str = "") -> str:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"Measured {when} on {platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cores, with `python bench/faults.py --run --write` "
-            f"({TEST} on an 8-node local Slurm cluster, a real malletraind"
+            f"({TEST} on an 8-node local Slurm cluster, the storm on a 32-node one of its "
+            f"own, a real malletraind"
             + (f"; pytest: {summary}" if summary else "") + "). "
             f"{len(rows)} scenarios survived. Progress lost is the samples trained beyond "
             "the last checkpoint: the largest step any rank logged before the fault minus the "

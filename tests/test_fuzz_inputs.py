@@ -493,7 +493,7 @@ NO_VAL, INFINITE = 4294967294, 4294967295
 
 @pytest.mark.parametrize("spec, lo, hi, says", [
     ("4-1", 4, 1, "the minimum is above the maximum; write -N 1-4"),
-    ("0-2", 0, 2, "give the node range"),
+    ("0-2", 0, 2, "at least one node; write -N 1-2"),
     ("1-99999", 1, 99999, "at most 1000 nodes on this cluster; write -N 1-1000"),
     ("0", 0, NO_VAL, "give the node range"),
     ("1-NO_VAL-1", 1, NO_VAL - 1, "at most 1000 nodes"),

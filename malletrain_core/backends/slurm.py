@@ -385,8 +385,13 @@ class SlurmBackend:
         for action in shrinks:
             for node in action.nodes:
                 key = self._task_on(action.job_id, node)
+                row = self._rows.get(key) if key is not None else None
                 if key is None:
                     log.warning("shrink of job %s on %s: no worker there", action.job_id, node)
+                elif key in self._workers and row is not None and row.state is TaskState.ENDING:
+                    # Already ending (scancel, its own exit): Slurm requeues even a cancelled
+                    # task, which would bring a job the user ended back to life.
+                    self._stopping.add(key)
                 elif key in self._workers:
                     requeue.append(key)
                 else:

@@ -1,10 +1,12 @@
 """The daemon's cycle: poll → journal → engine → backend, woken by hooks, fed by reports.
 
-One thread, one selector. Hook datagrams only wake the cycle early (coalesced over
-``wake_delay_s``); the poll of the batch system is the truth. Every batch of events is
-journalled before the engine sees it, so a restarted daemon replays the journal into a fresh
-engine and then reconciles with the batch system. Batch-system command failures skip one cycle
-(the next poll reconciles); only :class:`~malletrain_core.daemon.store.StateError` stops the
+One cycle thread, one selector; the hook and report sockets are drained by reader threads
+(:mod:`.intake`) into bounded queues whose pipes the selector watches, so the kernel's small
+datagram queue does not fill while a cycle computes. Hook datagrams only wake the cycle
+early (coalesced over ``wake_delay_s``); the poll of the batch system is the truth. Every
+batch of events is journalled before the engine sees it, so a restarted daemon replays the
+journal into a fresh engine and then reconciles with the batch system. Batch-system command
+failures skip one cycle (the next poll reconciles); only :class:`~malletrain_core.daemon.store.StateError` stops the
 daemon.
 """
 

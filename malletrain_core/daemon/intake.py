@@ -5,16 +5,27 @@ truth, so a lost or dropped datagram delays a decision by at most one poll inter
 corrupts state. Reports become :class:`~malletrain_core.events.ProgressReport` events when
 their signature verifies under the job's per-launch key and their sequence number is new.
 Everything dropped is counted and logged once per reason.
+
+Each listener reads its socket on its own thread into a bounded in-memory queue, so the
+kernel's queue (``net.unix.max_dgram_qlen``, 10 datagrams on many hosts) never fills while a
+daemon cycle runs and a hook's non-blocking send is not refused. The daemon's selector watches
+the queue (``fileno()`` is a pipe that is readable while datagrams wait); ``drain()`` on the
+daemon's thread validates and returns them. Datagrams arriving at a full queue are dropped and
+counted as ``"queue overflow"``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
-from collections import Counter
+import sys
+import threading
+from collections import Counter, deque
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from .. import protocol, reports
 from ..errors import MalleTrainError
@@ -23,36 +34,220 @@ from ..security import HOOK_SOCKET_GROUP, SOCKET_PRIVATE, restrict_socket
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
 MAX_DROP_REASONS = 32
 """Distinct drop reasons counted one by one; the rest are counted as "other" so that a flood
 of varied garbage cannot grow the counters without bound."""
 
+MAX_QUEUED = 8192
+"""Datagrams held in memory between two drains (at most 4 KiB each: 32 MiB at worst)."""
 
-def _count_drop(dropped: Counter[str], reason: str, detail: str, what: str) -> None:
-    if reason not in dropped and len(dropped) >= MAX_DROP_REASONS:
-        reason = "other"
-    if not dropped[reason]:
-        log.warning("%s dropped: %s (further drops of this kind are counted)", what, detail)
-    dropped[reason] += 1
+OVERFLOW = "queue overflow"
+"""The drop reason of a datagram that arrived while the in-memory queue was full."""
+
+READER_NICE = -10
+"""Scheduling priority of the reader threads, where the daemon may raise it (root or
+CAP_SYS_NICE, Linux): they only move datagrams into memory, and on a busy head node a reader
+that waits for a CPU longer than the kernel's queue lasts (10 datagrams: 10 ms at 1000/s)
+makes the hooks' non-blocking sends fail."""
+
+_JOIN_TIMEOUT_S = 5.0
 
 
-class HookListener:
-    """The daemon's hook socket: drains every waiting datagram without blocking; only senders
-    whose kernel-reported uid is in ``allowed_uids`` are heard (root, SlurmUser).
+def _raise_priority(what: str) -> None:
+    """Best effort: :data:`READER_NICE` for the calling thread (Linux: per-thread nice)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), READER_NICE)
+    except OSError as exc:
+        log.debug("%s reader keeps its priority: %s", what, exc)
+
+
+class _Counts:
+    """Received and dropped counts, updated by the reader thread and the daemon's thread and
+    read by the status API: every access goes through one lock."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.lock = threading.Lock()
+        self._dropped: Counter[str] = Counter()
+        self._received = 0
+
+    def drop(self, reason: str, detail: str | None = None, n: int = 1) -> None:
+        with self.lock:
+            if reason not in self._dropped and len(self._dropped) >= MAX_DROP_REASONS:
+                reason = "other"
+            if not self._dropped[reason]:
+                log.warning("%s dropped: %s (further drops of this kind are counted)",
+                            self.what, detail or reason)
+            self._dropped[reason] += n
+
+    def receive(self, n: int = 1) -> None:
+        with self.lock:
+            self._received += n
+
+    @property
+    def dropped(self) -> Counter[str]:
+        with self.lock:
+            return Counter(self._dropped)
+
+    @property
+    def received(self) -> int:
+        with self.lock:
+            return self._received
+
+
+class DatagramQueue(Generic[T]):
+    """Reads a non-blocking datagram socket on a daemon thread into a bounded queue.
+
+    ``receive()`` reads one datagram (``BlockingIOError`` when none waits) and returns what to
+    queue, or None to discard it (it counts its own drops). ``fileno()`` is readable while the
+    queue holds anything; :meth:`take` empties it. :meth:`close` stops and joins the thread.
+    """
+
+    def __init__(self, sock: socket.socket, receive: Callable[[], T | None], counts: _Counts,
+                 max_queued: int = MAX_QUEUED, name: str = "intake") -> None:
+        if max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1, not {max_queued}")
+        sock.setblocking(False)
+        self.sock = sock
+        self.receive = receive
+        self.counts = counts
+        self.max_queued = max_queued
+        self._queue: deque[T] = deque()
+        self._lock = threading.Lock()
+        self._ready_r, self._ready_w = os.pipe()
+        self._stop_r, self._stop_w = os.pipe()
+        for fd in (self._ready_r, self._ready_w, self._stop_r, self._stop_w):
+            os.set_blocking(fd, False)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def fileno(self) -> int:
+        return self._ready_r
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def _run(self) -> None:
+        _raise_priority(self.counts.what)
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        while True:
+            try:
+                ready = {fd for fd, _ in poller.poll()}
+            except InterruptedError:
+                continue
+            if self._stop_r in ready:
+                return
+            batch: list[T] = []
+            while len(batch) < self.max_queued:
+                try:
+                    item = self.receive()
+                except (BlockingIOError, InterruptedError, socket.timeout):
+                    break
+                except OSError as exc:  # the socket is unusable: the poll still reconciles
+                    log.error("%s socket failed, no longer reading it: %s", self.counts.what,
+                              exc)
+                    return
+                if item is not None:
+                    batch.append(item)
+            if batch:
+                self._put(batch)
+
+    def _put(self, batch: list[T]) -> None:
+        with self._lock:
+            was_empty = not self._queue
+            room = self.max_queued - len(self._queue)
+            self._queue.extend(batch[:room])
+            overflow = len(batch) - room
+            if was_empty and self._queue:
+                try:
+                    os.write(self._ready_w, b"!")
+                except (BlockingIOError, OSError):
+                    pass  # already readable
+        if overflow > 0:
+            self.counts.drop(OVERFLOW, f"more than {self.max_queued} datagrams waiting; "
+                             "the daemon is not draining its queue", n=overflow)
+
+    def take(self) -> list[T]:
+        """Everything queued now, oldest first; the queue is empty afterwards."""
+        with self._lock:
+            try:
+                while os.read(self._ready_r, 512):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+            out = list(self._queue)
+            self._queue.clear()
+        return out
+
+    def close(self) -> None:
+        """Stop the reader, join it, then release the pipes (not the socket: its owner's)."""
+        if self._stop_w < 0:
+            return
+        try:
+            os.write(self._stop_w, b"!")
+        except OSError:
+            pass
+        self._thread.join(_JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error("%s reader did not stop within %.0f s", self.counts.what, _JOIN_TIMEOUT_S)
+            return  # leave its descriptors open rather than pull them from under it
+        for fd in (self._ready_r, self._ready_w, self._stop_r, self._stop_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._ready_r = self._ready_w = self._stop_r = self._stop_w = -1
+
+
+class _Queued:
+    """What the daemon's selector and the status API read of a listener: the queue's pipe
+    and the counters (snapshots, taken under the counters' lock)."""
+
+    _counts: _Counts
+    queue: DatagramQueue[bytes]
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """Datagrams dropped, by reason."""
+        return self._counts.dropped
+
+    @property
+    def received(self) -> int:
+        """Datagrams accepted."""
+        return self._counts.received
+
+    def fileno(self) -> int:
+        return self.queue.fileno()
+
+
+class HookListener(_Queued):
+    """The daemon's hook socket, read continuously on its own thread; only senders whose
+    kernel-reported uid is in ``allowed_uids`` are heard (root, SlurmUser).
 
     Two locks keep users out: the socket's mode (``group``: the SlurmUser's group, mode 0o620,
     so its members may send and nobody may read; no group: 0o600, the daemon's user only;
     ``mode`` overrides) and the kernel's ``SCM_CREDENTIALS`` uid checked on every datagram.
+    At most ``max_queued`` datagrams wait in memory for :meth:`drain`.
     """
 
     def __init__(self, path: str | os.PathLike[str], allowed_uids: Collection[int],
                  decode: Callable[[bytes], object] | None = None,
-                 group: str | int | None = None, mode: int | None = None) -> None:
+                 group: str | int | None = None, mode: int | None = None,
+                 max_queued: int = MAX_QUEUED) -> None:
         self.allowed_uids = set(allowed_uids)
         self.decode = decode
-        self.dropped: Counter[str] = Counter()
-        self.received = 0
+        self._counts = _Counts("hook datagram")
         self.listener = protocol.HookListener(Path(path), mode=SOCKET_PRIVATE).bind()
         self.path = self.listener.path
         try:
@@ -60,64 +255,68 @@ class HookListener:
         except MalleTrainError:
             self.listener.close()
             raise
-
-    def fileno(self) -> int:
         assert self.listener.sock is not None
-        return self.listener.sock.fileno()
+        self.queue: DatagramQueue[bytes] = DatagramQueue(
+            self.listener.sock, self._receive, self._counts, max_queued, "hook-intake")
 
     def close(self) -> None:
+        self.queue.close()
         self.listener.close()
 
-    def _drop(self, reason: str, detail: str | None = None) -> None:
-        _count_drop(self.dropped, reason, detail or reason, "hook datagram")
+    def _receive(self) -> bytes | None:
+        """On the reader thread: one datagram, kept only from an allowed sender."""
+        data, _, uid, _ = self.listener.receive_raw(timeout_s=0.0)
+        if uid not in self.allowed_uids:
+            self._counts.drop("sender not allowed", f"sender uid {uid} is not allowed")
+            return None
+        if len(data) > protocol.MAX_DATAGRAM_BYTES:
+            self._counts.drop("oversized datagram")
+            return None
+        return data
 
     def drain(self) -> list[object]:
-        """Every datagram waiting now, decoded; bad ones are dropped and counted."""
+        """Every datagram queued now, decoded; bad ones are dropped and counted."""
         out: list[object] = []
-        while True:
-            try:
-                data, _, uid, _ = self.listener.receive_raw(timeout_s=0.0)
-            except (BlockingIOError, InterruptedError, socket.timeout):
-                return out
-            if uid not in self.allowed_uids:
-                self._drop("sender not allowed", f"sender uid {uid} is not allowed")
-                continue
-            if len(data) > protocol.MAX_DATAGRAM_BYTES:
-                self._drop("oversized datagram")
-                continue
+        for data in self.queue.take():
             if self.decode is None:
                 out.append(data)
-                self.received += 1
                 continue
             try:
                 out.append(self.decode(data))
-                self.received += 1
             except Exception as exc:  # noqa: BLE001 - any decoding failure drops the datagram
-                self._drop("malformed datagram", f"malformed datagram: {exc}")
+                self._counts.drop("malformed datagram", f"malformed datagram: {exc}")
+        self._counts.receive(len(out))
+        return out
 
 
-class ReportListener:
-    """Receives signed progress reports over UDP; ``key_for(job)`` gives each job's key."""
+class ReportListener(_Queued):
+    """Receives signed progress reports over UDP, read continuously on its own thread;
+    ``key_for(job)`` gives each job's key (called from :meth:`drain`, on the caller's thread).
+    """
 
-    def __init__(self, host: str, port: int, key_for: Callable[[str], bytes | None]) -> None:
+    def __init__(self, host: str, port: int, key_for: Callable[[str], bytes | None],
+                 max_queued: int = MAX_QUEUED) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
-        self.sock.bind((host, port))
-        self.sock.setblocking(False)
+        try:
+            self.sock.bind((host, port))
+        except OSError:
+            self.sock.close()
+            raise
         self.key_for = key_for
         self.guard = reports.ReplayGuard()
-        self.dropped: Counter[str] = Counter()
-        self.received = 0
+        self._counts = _Counts("report")
+        self.queue: DatagramQueue[bytes] = DatagramQueue(
+            self.sock, lambda: self.sock.recv(reports.MAX_BYTES + 1), self._counts, max_queued,
+            "report-intake")
 
     @property
     def address(self) -> tuple[str, int]:
         host, port = self.sock.getsockname()[:2]
         return host, port
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
     def close(self) -> None:
+        self.queue.close()
         self.sock.close()
 
     def accept(self, data: bytes) -> reports.Report | None:
@@ -131,23 +330,22 @@ class ReportListener:
             self.guard.check(report)
         except reports.ReportError as exc:
             reason = str(exc).split(" for job")[0].split(" (")[0]
-            _count_drop(self.dropped, reason, str(exc), "report")
+            self._counts.drop(reason, str(exc))
             return None
-        self.received += 1
+        self._counts.receive()
         return report
 
     def drain(self) -> list[reports.Report]:
+        """Every report queued now that verifies; the others are dropped and counted."""
         out: list[reports.Report] = []
-        while True:
-            try:
-                data = self.sock.recv(reports.MAX_BYTES + 1)
-            except (BlockingIOError, InterruptedError):
-                return out
+        for data in self.queue.take():
             report = self.accept(data)
             if report is not None:
                 out.append(report)
+        return out
 
 
 def to_event(report: reports.Report) -> ProgressReport:
+    """The engine event of one verified report."""
     return ProgressReport(time=report.t, job_id=report.job, samples=report.samples,
                           world_size=report.world, epoch=report.epoch)

@@ -266,6 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"malletraind: error: {err}", file=sys.stderr)
         return err.exit_code
     daemon = service.daemon
+    # The intake threads must get the interpreter within a few ms while a cycle computes:
+    # the kernel queues only net.unix.max_dgram_qlen hook datagrams meanwhile.
+    sys.setswitchinterval(0.001)
     signal.signal(signal.SIGTERM, daemon.stop)
     signal.signal(signal.SIGINT, daemon.stop)
     log.info("malletraind %s started: %s backend, state in %s", __version__,

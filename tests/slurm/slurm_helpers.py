@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -184,3 +187,133 @@ def wait_agree(cluster: LocalCluster, daemon: LocalDaemon, timeout_s: float = 60
         time.sleep(0.5)
     raise AssertionError(f"the daemon's view never matched Slurm's within {timeout_s:g} s: "
                          f"{last}")
+
+
+@dataclass(frozen=True)
+class ControllerRecord:
+    """One slurmctld log line about a job: ``kind`` is ``preempted`` (``job`` is the task
+    requeued, ``other`` the job it made room for), ``completed`` (``job`` ended), or
+    ``started`` (``job`` started on node ``other``; array tasks as ``A_i``)."""
+
+    time: float
+    kind: str
+    job: str
+    other: str
+
+
+_CTLD_LINE = re.compile(r"^\[([0-9T:.-]+)\] (.*)$")
+_CTLD_KINDS = (
+    ("preempted", re.compile(r"^preempted JobId=(\S+?)(?:\(\d+\))? has been requeued to "
+                             r"reclaim resources for JobId=(\S+)")),
+    ("completed", re.compile(r"^_job_complete: JobId=(\S+?)(?:\(\d+\))? done()")),
+    ("started", re.compile(r"^sched(?:/backfill)?: (?:_start_job: Started|Allocate) "
+                           r"JobId=(\S+?)(?:\(\d+\))? (?:in \S+ on |NodeList=)(\S+)")),
+)
+
+
+def controller_log_size(cluster: LocalCluster) -> int:
+    """The slurmctld log's current length: pass it as ``since`` to read what comes next."""
+    path = cluster.run_dir / "log" / "slurmctld.log"
+    return path.stat().st_size if path.exists() else 0
+
+
+def controller_records(cluster: LocalCluster, since: int = 0) -> list[ControllerRecord]:
+    """Preemptions, job ends and job starts in the slurmctld log from byte ``since`` on (the
+    log's times are the controller's local time, to the millisecond)."""
+    with open(cluster.run_dir / "log" / "slurmctld.log", "rb") as log:
+        log.seek(since)
+        text = log.read().decode(errors="replace")
+    out = []
+    for line in text.splitlines():
+        m = _CTLD_LINE.match(line)
+        if m is None:
+            continue
+        for kind, pattern in _CTLD_KINDS:
+            hit = pattern.match(m.group(2))
+            if hit is not None:
+                job, other = hit.groups()
+                out.append(ControllerRecord(datetime.fromisoformat(m.group(1)).timestamp(),
+                                            kind, job, other))
+                break
+    return out
+
+
+def elastic_nodes(cluster: LocalCluster) -> set[str]:
+    """Nodes with a RUNNING elastic task."""
+    return set(cluster.run(["squeue", "-h", "-r", "-p", "preemptable", "-t", "R",
+                            "-o", "%N"]).stdout.split())
+
+
+def drive_storm(cluster: LocalCluster, rounds: int, prod_s: float,
+                timeout_s: float) -> dict[str, str]:
+    """Submit one-node prod jobs of ``prod_s`` seconds, each pinned to a node the instant an
+    elastic task runs there and no earlier prod job of the storm is left on it, ``rounds``
+    per node; returns prod job id → node."""
+    submitted: dict[str, str] = {}
+    on_node: dict[str, str] = {}
+    per_node = dict.fromkeys(cluster.node_names, 0)
+    deadline = time.monotonic() + timeout_s
+    while any(n < rounds for n in per_node.values()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the storm stalled: prod jobs per node {per_node}\n"
+                                 f"{cluster.dump()}")
+        live = set(cluster.run(["squeue", "-h", "-p", "prod", "-o", "%i"]).stdout.split())
+        on_node = {node: job for node, job in on_node.items() if job in live}
+        for node in sorted(elastic_nodes(cluster) - set(on_node)):
+            if per_node[node] < rounds:
+                job = cluster.sbatch("-p", "prod", "-N", "1", "-w", node, "-o", "/dev/null",
+                                     "--wrap", f"sleep {prod_s:g}")
+                submitted[job], on_node[node] = node, job
+                per_node[node] += 1
+        time.sleep(0.05)
+    return submitted
+
+
+@dataclass
+class StormCount:
+    """What slurmctld logged of the storm (times are the controller's, in seconds)."""
+
+    preempted: list[float]   # an elastic task requeued for a storm prod job
+    idle: list[float]        # a storm prod job ended; the daemon then restarted a task there
+    ended_unseen: int        # prod jobs whose node got no elastic task back afterwards
+    first: float
+    last: float
+    regrow_s: list[float]    # from each counted idle event to the elastic task's start
+
+    @property
+    def events(self) -> int:
+        return len(self.preempted) + len(self.idle)
+
+    @property
+    def window_s(self) -> float:
+        return self.last - self.first
+
+
+def count_storm(records: list[ControllerRecord], prods: dict[str, str]) -> StormCount:
+    """Preemptions for the storm's prod jobs, and ends of those jobs after which an elastic
+    task (held until the daemon releases it) started on the freed node before the next prod
+    job on that node ended."""
+    preempted = [r.time for r in records if r.kind == "preempted" and r.other in prods]
+    ends: dict[str, list[float]] = {}
+    starts: dict[str, list[float]] = {}
+    for r in records:
+        if r.kind == "completed" and r.job in prods:
+            ends.setdefault(prods[r.job], []).append(r.time)
+        elif r.kind == "started" and "_" in r.job:  # an elastic job's array task
+            starts.setdefault(r.other, []).append(r.time)
+    idle: list[float] = []
+    regrow_s: list[float] = []
+    unseen = 0
+    for node, times in ends.items():
+        times.sort()
+        for i, t in enumerate(times):
+            until = times[i + 1] if i + 1 < len(times) else float("inf")
+            back = [s for s in starts.get(node, ()) if t <= s < until]
+            if back:
+                idle.append(t)
+                regrow_s.append(min(back) - t)
+            else:
+                unseen += 1
+    every = preempted + [t for times in ends.values() for t in times]
+    assert every, "slurmctld logged no event of the storm"
+    return StormCount(preempted, idle, unseen, min(every), max(every), sorted(regrow_s))

@@ -1,9 +1,10 @@
 """Faults under a real malletraind on the real local Slurm cluster.
 
 One test per fault: the daemon SIGKILLed right after a rescale, a node failure, every node of
-a job preempted at once, a storm of preemptions and idle events, slurmctld restarted under
-the daemon, a hung ``scontrol``; and the two faults that may stop the daemon (a locked state
-database, a full disk), which must do so with one clear line and an intact database. The
+a job preempted at once, a storm of preemptions and idle events (on a 32-node cluster of its
+own), slurmctld restarted under the daemon, a hung ``scontrol``; and the two faults that may
+stop the daemon (a locked state database, a full disk), which must do so with one clear line
+and an intact database. The
 assertions read Slurm (squeue, sinfo, scontrol) and the workers' own output, never only the
 daemon's view; "the daemon's state matches Slurm's" compares its ``jobs``/``nodes`` API with
 squeue/sinfo. Each scenario records the training progress it lost (samples beyond the last
@@ -23,10 +24,23 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
-from slurm_helpers import elastic, preemptions, wait_agree
+from slurm_helpers import (
+    after_test,
+    cluster_root,
+    controller_log_size,
+    controller_records,
+    count_storm,
+    drive_storm,
+    elastic,
+    elastic_nodes,
+    preemptions,
+    start_cluster,
+    wait_agree,
+)
 from training_logs import JobLog, invariant_problems, read_job
 
 from malletrain_core.errors import MalleTrainError
@@ -241,33 +255,144 @@ def test_every_node_of_a_job_preempted_at_once(
            samples_lost(log, before))
 
 
+# ---------------------------------------------------------------------------- the storm
+STORM_NODES = 32
+"""Four times the session's cluster: each round of prod jobs preempts 32 tasks at once."""
+STORM_ROUNDS = 2
+"""Prod jobs per node: each preempts the elastic task there, then leaves the node idle."""
+STORM_PROD_S = 0.5
+STORM_WINDOW_S = 15.0
+"""The storm's events must all fall within this span (from the first preemption to the
+last prod job's end, as slurmctld logged them)."""
+# Stand-in workers never report: the size probe of a job without a curve ends on its step
+# timeout (3 windows + 2 rescales), so short ones let the jobs reach the allocator quickly.
+STORM_DAEMON: dict[str, dict[str, Any]] = {"profiler": {
+    "enabled": False, "window_s": 1.0, "default_scale_up_s": 1.0, "default_scale_down_s": 1.0}}
+
+
+@pytest.fixture
+def storm_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """A cluster of its own, larger than the session's, so that one round of prod jobs
+    preempts ``STORM_NODES`` elastic tasks at once."""
+    with cluster_root("storm") as root:
+        cluster = start_cluster(root, nodes=STORM_NODES)
+        try:
+            yield cluster
+        finally:
+            after_test(request, cluster)
+            cluster.stop()
+
+
+@pytest.fixture
+def storm_daemon(request: pytest.FixtureRequest, storm_cluster: LocalCluster,
+                 tmp_path: Path) -> Iterator[LocalDaemon]:
+    """A malletraind for the storm's cluster; its view and log are printed on failure."""
+    daemon = LocalDaemon(storm_cluster, root=tmp_path / "malletraind-storm",
+                         settings=STORM_DAEMON)
+    daemon.start()
+    yield daemon
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed and daemon.running():
+        print(f"\n==== malletraind's view ====\n{daemon.snapshot()}")
+    daemon.stop()
+    if rep is not None and rep.failed:
+        print(f"\n==== malletraind log ====\n{daemon.log_tail(60)}")
+
+
+CTLD_SAMPLE = """\
+[2026-11-21T13:07:22.833] sched/backfill: _start_job: Started JobId=1_0(3) in preemptable on n01
+[2026-11-21T13:07:23.840] preempted JobId=1_0(3) has been requeued to reclaim resources for JobId=9
+[2026-11-21T13:07:23.841] preempted JobId=2_3(2) has been requeued to reclaim resources for JobId=7
+[2026-11-21T13:07:24.846] sched/backfill: _start_job: Started JobId=9 in prod on n01
+[2026-11-21T13:07:25.901] _job_complete: JobId=9 WEXITSTATUS 0
+[2026-11-21T13:07:25.901] _job_complete: JobId=9 done
+[2026-11-21T13:07:26.136] sched: _update_job: setting req_nodes to n01 for JobId=1_0(3)
+[2026-11-21T13:07:26.901] sched: Allocate JobId=1_0(3) NodeList=n01 #CPUs=2 Partition=preemptable
+[2026-11-21T13:07:27.000] _job_complete: JobId=10 done
+"""
+
+
+def test_storm_counting_reads_the_controller_log(tmp_path: Path) -> None:
+    cluster = LocalCluster(nodes=2, root=tmp_path)  # never started: only its log is read
+    log = cluster.run_dir / "log" / "slurmctld.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(CTLD_SAMPLE)
+    records = controller_records(cluster)
+    assert [(r.kind, r.job, r.other) for r in records] == [
+        ("started", "1_0", "n01"), ("preempted", "1_0", "9"), ("preempted", "2_3", "7"),
+        ("started", "9", "n01"), ("completed", "9", ""), ("started", "1_0", "n01"),
+        ("completed", "10", "")]
+    # Job 9 preempted a task and its node got a task back; job 10 ended on n02 with nothing
+    # after it; job 7's preemption is not the storm's.
+    count = count_storm(records, {"9": "n01", "10": "n02"})
+    assert (len(count.preempted), len(count.idle), count.ended_unseen) == (1, 1, 1)
+    assert count.regrow_s == [pytest.approx(1.0)]
+    assert count.window_s == pytest.approx(27.0 - 23.840)
+    assert controller_records(cluster, since=len(CTLD_SAMPLE)) == []
+
+
 def test_storm_of_preemptions_and_idle_events(
-        cluster: LocalCluster, daemons: Callable[..., LocalDaemon]) -> None:
-    daemon = daemons(NO_PROFILING)  # stand-in workers report no progress to profile
-    job = elastic(cluster, "1-8")
-    cluster.wait_for("the job on every node", lambda: running(cluster, job) == 8, 60)
-    preempted = preemptions(cluster)
+        storm_cluster: LocalCluster, storm_daemon: LocalDaemon) -> None:
+    cluster, daemon = storm_cluster, storm_daemon
+    n = STORM_NODES
+    jobs = [elastic(cluster, f"1-{n // 2}"), elastic(cluster, f"1-{n - n // 2}")]
+    cluster.wait_for("the elastic jobs on every node", lambda: len(elastic_nodes(cluster)) == n,
+                     60)
+    cluster.wait_for("the size probes over", lambda: {
+        j["state"] for j in daemon.query("jobs")["jobs"]} == {"running"}, 60, interval_s=0.5)
+    cluster.wait_for("the elastic jobs on every node after the probes",
+                     lambda: len(elastic_nodes(cluster)) == n, 60)
+    before = daemon.query("status")
+    since = controller_log_size(cluster)
+    slurmd_before = preemptions(cluster)
     t0 = time.monotonic()
-    burst: list[str] = []
-    for wave in range(5):  # waves: the daemon grows back between them, the next preempts
-        if wave:
-            time.sleep(1.5)
-        burst += [prod(cluster, 1, 0.5) for _ in range(10)]
+    prods = drive_storm(cluster, STORM_ROUNDS, STORM_PROD_S, timeout_s=60)
     submit_s = time.monotonic() - t0
-    cluster.wait_for("every prod job done", lambda: all(gone(cluster, p) for p in burst), 120,
-                     interval_s=0.5)
-    states = {p: cluster.show_jobs(p)[0].get("JobState") for p in burst}
+    cluster.wait_for("every prod job done", lambda: not cluster.run(
+        ["squeue", "-h", "-p", "prod", "-o", "%i"]).stdout.strip(), 60, interval_s=0.2)
+    storm_s = time.monotonic() - t0
+    storm_end = time.time()
+    states = {p: cluster.show_jobs(p)[0].get("JobState") for p in prods}
     assert set(states.values()) == {"COMPLETED"}, states
     assert daemon.running(), daemon.log_tail(20)
-    cluster.wait_for("the job back on every node", lambda: running(cluster, job) == 8, 90)
+    cluster.wait_for("the jobs back on every node", lambda: len(elastic_nodes(cluster)) == n, 60)
     wait_agree(cluster, daemon)
-    status = daemon.query("status")
-    preempted = preemptions(cluster) - preempted
-    assert preempted >= 8, f"only {preempted} elastic tasks preempted"
-    record(f"storm: 50 one-node prod jobs (sleep 0.5) in 5 waves within {submit_s:.1f} s "
-           "onto 8 harvested nodes", "all prod jobs ran; job back on 8 nodes; views equal", None,
-           f"{preempted} task preemptions; daemon: {status['daemon']['cycles']} cycles, "
-           f"{status['daemon']['events']} events")
+    held = {str(j["job"]): j["nodes"] for j in daemon.query("jobs")["jobs"]}
+    assert set(held) == set(jobs) and sum(held.values()) == n, held
+
+    count = count_storm(controller_records(cluster, since), prods)
+    slurmd = preemptions(cluster) - slurmd_before
+    assert len(count.preempted) == slurmd, (
+        f"slurmctld logged {len(count.preempted)} preemptions, the slurmds {slurmd}")
+    assert count.ended_unseen == 0, f"{count.ended_unseen} idle nodes the daemon never regrew"
+    assert count.events >= 100, (f"only {len(count.preempted)} preemptions + "
+                                 f"{len(count.idle)} idle events")
+    assert count.window_s <= STORM_WINDOW_S, f"the storm took {count.window_s:.1f} s"
+
+    after = daemon.query("status")
+    d0, d1 = before["daemon"], after["daemon"]
+    cycles, events = d1["cycles"] - d0["cycles"], d1["events"] - d0["events"]
+    failures = d1["command_failures"] - d0["command_failures"]
+    # Every regrown node comes back to the daemon as one WorkerStarted event.
+    assert events >= len(count.idle), f"the daemon took in {events} events"
+    assert cycles >= STORM_ROUNDS, f"the daemon ran {cycles} cycles"
+    assert after["engine"]["preemptions"] > before["engine"]["preemptions"]
+    # A failed command is retried by the next poll, so a poll that succeeded after the storm
+    # (and the equal views above) show that the daemon recovered from any failure in it.
+    assert d1["last_poll_time"] > storm_end, f"no poll since the storm ({failures} failures)"
+    assert "Traceback" not in daemon.log_text()
+    record(f"storm: {len(prods)} one-node prod jobs (sleep {STORM_PROD_S:g} s), each pinned to "
+           f"a node the instant an elastic task ran there, {STORM_ROUNDS} per node, onto "
+           f"{n} nodes harvested by 2 elastic jobs",
+           "all prod jobs ran; jobs back on every node; views equal", None,
+           f"counted from slurmctld's log: {len(count.preempted)} task preemptions + "
+           f"{len(count.idle)} idle events (a prod job ended, then an elastic task the daemon "
+           f"released started on its node) = {count.events} events within "
+           f"{count.window_s:.1f} s (first preemption to last prod end; submitting took "
+           f"{submit_s:.1f} s, all prod jobs gone at {storm_s:.1f} s); idle node to elastic "
+           f"task running again: median {median(count.regrow_s):.2f} s, max "
+           f"{max(count.regrow_s):.2f} s; daemon: {cycles} cycles, {events} events, "
+           f"{failures} command failures" + (" (recovered)" if failures else ""))
 
 
 @pytest.mark.torch
