@@ -53,6 +53,8 @@ from malletrain_core.sim.workloads import make_workload  # noqa: E402
 
 LOOKAHEADS = (10.0, 120.0, 600.0)
 HORIZON_S = 120.0
+MIN_GAP = 0.001
+"""A clairvoyant lead below 0.1 pp of UB_oracle is within the seeds' spread: no gap to close."""
 LEARN_DAYS = 7.0
 EVAL_DAYS = 7.0
 BEGIN, END = "<!-- lifetime:begin -->", "<!-- lifetime:end -->"
@@ -233,7 +235,7 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
         best_la = max(fixed, key=lambda la: fixed[la])
         best = fixed[best_la]
         life, clair = mean("malletrain-lifetime"), mean("malletrain-clairvoyant")
-        closed = (life - best) / (clair - best) if clair > best else float("nan")
+        closed = (life - best) / (clair - best) if clair - best >= MIN_GAP else float("nan")
         cells = " | ".join(f"{100 * fixed[la]:.2f} %" for la in LOOKAHEADS)
         days = span[trace]
         label = f"Summit ({days:.1f} d after the learning days)" if trace == "summit" else \
@@ -242,10 +244,10 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
                             for _, v in sorted(full.items()))
         lines.append(f"| {label} | {workload} | {jobs} | {len(full)} | {cells} | "
                      f"{100 * best:.2f} % ({best_la:g} s) | {100 * life:.2f} % | "
-                     f"{100 * clair:.2f} % | {_closed(closed)} | {per_seed} pp |")
-        if clair <= best:
+                     f"{100 * clair:.2f} % | {_closed(closed, clair - best)} | {per_seed} pp |")
+        if clair - best < MIN_GAP:
             verdict = "not met: the clairvoyant policy is not better than the best fixed " \
-                "look-ahead, so there is no gap to close"
+                f"look-ahead by {100 * MIN_GAP:.1f} pp or more, so there is no gap to close"
         else:
             verdict = "met" if closed >= 0.5 else "not met"
         verdicts.append(f"* {trace} {workload} {jobs} jobs: lifetime − best fixed "
@@ -292,12 +294,14 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
             "",
             f"Solver time at Summit scale ({timing['nodes']:,} idle nodes, {timing['jobs']} "
             f"ImageNet jobs holding {timing['held']:,} of them, median of {timing['reps']}): "
-            f"lifetime DP {timing['lifetime_ms']:.0f} ms (value tables included), fixed "
+            f"lifetime DP {timing['lifetime_ms']:.0f} ms (value tables and the hand-out check included), fixed "
             f"look-ahead DP {timing['fixed_ms']:.0f} ms, on the same shared machine."])])
 
 
-def _closed(x: float) -> str:
-    return "n/a (clairvoyant not better)" if x != x else f"{100 * x:.0f} %"
+def _closed(x: float, gap: float) -> str:
+    if x != x:
+        return f"n/a (gap {100 * gap:+.2f} pp)"
+    return f"{100 * x:.0f} %"
 
 
 def write_markdown(path: Path, body: str) -> None:
