@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from training_logs import read_job
 
 from malletrain_core.localcluster import LocalCluster
 from malletrain_core.localcluster.daemon import LocalDaemon
@@ -317,3 +318,28 @@ def count_storm(records: list[ControllerRecord], prods: dict[str, str]) -> Storm
     every = preempted + [t for times in ends.values() for t in times]
     assert every, "slurmctld logged no event of the storm"
     return StormCount(preempted, idle, unseen, min(every), max(every), sorted(regrow_s))
+
+
+def running(cluster: LocalCluster, job: str) -> int:
+    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%i"]).stdout
+    return len(out.split())
+
+
+def wait_consistent(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
+                    at_least: int = 1, after_epoch: int = -1) -> tuple[int, int]:
+    """Wait until the job's newest epoch (later than ``after_epoch``) trains with exactly its
+    RUNNING tasks as ranks; returns (tasks, epoch)."""
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        k = running(cluster, job)
+        latest = read_job(outdir, job).latest()
+        if latest is not None:
+            epoch, world, ranks = latest
+            seen = f"{k} RUNNING tasks, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
+            if epoch > after_epoch and k >= at_least and world == k \
+                    and ranks == set(range(k)) and running(cluster, job) == k:
+                return k, epoch
+        time.sleep(1.0)
+    raise AssertionError(f"job {job}: training never matched its RUNNING tasks within "
+                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})")

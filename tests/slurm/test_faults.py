@@ -38,8 +38,10 @@ from slurm_helpers import (
     elastic,
     elastic_nodes,
     preemptions,
+    running,
     start_cluster,
     wait_agree,
+    wait_consistent,
 )
 from training_logs import JobLog, invariant_problems, read_job
 
@@ -109,11 +111,6 @@ def outdir(tmp_path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- Slurm's view
-def running(cluster: LocalCluster, job: str) -> int:
-    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%i"]).stdout
-    return len(out.split())
-
-
 def gone(cluster: LocalCluster, job: str) -> bool:
     return not cluster.run(["squeue", "-h", "-j", job, "-o", "%i"], check=False).stdout.strip()
 
@@ -133,26 +130,6 @@ def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path)
     script = daemon.training_script(TRAIN, outdir)
     return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append",
                           "-o", f"{outdir}/task-%A_%a.out", script=script)
-
-
-def wait_consistent(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
-                    at_least: int = 1, after_epoch: int = -1) -> tuple[int, int]:
-    """Wait until the job's newest epoch (later than ``after_epoch``) trains with exactly its
-    RUNNING tasks as ranks; returns (tasks, epoch)."""
-    deadline = time.monotonic() + timeout_s
-    seen = ""
-    while time.monotonic() < deadline:
-        k = running(cluster, job)
-        latest = read_job(outdir, job).latest()
-        if latest is not None:
-            epoch, world, ranks = latest
-            seen = f"{k} RUNNING tasks, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
-            if epoch > after_epoch and k >= at_least and world == k \
-                    and ranks == set(range(k)) and running(cluster, job) == k:
-                return k, epoch
-        time.sleep(1.0)
-    raise AssertionError(f"job {job}: training never matched its RUNNING tasks within "
-                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})")
 
 
 def samples_lost(log: JobLog, fault_epoch: int) -> int:

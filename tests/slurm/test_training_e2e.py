@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from slurm_helpers import running, wait_consistent
 from training_logs import invariant_problems, read_job
 
 from malletrain_core.localcluster import LocalCluster
@@ -49,31 +50,6 @@ def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path,
     script = daemon.training_script(TRAIN, outdir)
     return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append", *options,
                           "-o", f"{outdir}/task-%A_%a.out", script=script)
-
-
-def running(cluster: LocalCluster, job: str) -> int:
-    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%i"]).stdout
-    return len(out.split())
-
-
-def wait_consistent(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
-                    at_least: int = 1) -> tuple[int, int]:
-    """Wait until the job's newest epoch trains with exactly its RUNNING tasks as ranks;
-    returns (tasks, epoch)."""
-    deadline = time.monotonic() + timeout_s
-    seen = ""
-    while time.monotonic() < deadline:
-        k = running(cluster, job)
-        latest = read_job(outdir, job).latest()
-        if latest is not None:
-            epoch, world, ranks = latest
-            seen = f"{k} RUNNING tasks, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
-            if k >= at_least and world == k and ranks == set(range(k)) \
-                    and running(cluster, job) == k:
-                return k, epoch
-        time.sleep(1.0)
-    raise AssertionError(f"job {job}: training never matched its RUNNING tasks within "
-                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})")
 
 
 def test_two_elastic_jobs_train_shrink_on_preemption_and_grow_back(
