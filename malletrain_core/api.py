@@ -23,6 +23,7 @@ import socketserver
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from typing import Any
@@ -36,6 +37,9 @@ from .security import API_SOCKET_GROUP, restrict_socket
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
+# After refusing an oversized request: how long and how much to read and discard before closing.
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 16 * MAX_LINE_BYTES
 AUTH_PAYLOAD = "malletrain-api-v1"
 Handler = Callable[[int, dict[str, Any]], Any]
 
@@ -129,8 +133,30 @@ class _Connection(socketserver.StreamRequestHandler):
         if len(line) > MAX_LINE_BYTES or not line.endswith(b"\n"):
             self.wfile.write(_error(f"request exceeds {MAX_LINE_BYTES} bytes or lacks a "
                                     "newline; connection closed"))
+            self._linger_close()
             return None
         return line
+
+    def _linger_close(self) -> None:
+        """Let a client that is still sending read the refusal before the connection goes.
+
+        Closing a socket with unread bytes in its receive queue makes the kernel reset the
+        connection (TCP RST; ECONNRESET on a unix socket), and the client then never sees the
+        reply already queued for it. So: send FIN after the reply, then discard what the client
+        still sends until it closes its side, bounded in bytes and time.
+        """
+        try:
+            self.request.shutdown(socket.SHUT_WR)
+            self.request.settimeout(LINGER_S)
+            deadline = time.monotonic() + LINGER_S
+            drained = 0
+            while drained < LINGER_MAX_BYTES and time.monotonic() < deadline:
+                chunk = self.request.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        except OSError:
+            pass
 
     def handle(self) -> None:
         try:
@@ -339,7 +365,10 @@ class _Client:
     def _exchange(self, payload: bytes) -> dict[str, Any]:
         assert self._sock is not None
         try:
-            self._sock.sendall(payload)
+            try:
+                self._sock.sendall(payload)
+            except BrokenPipeError:
+                pass  # the daemon refused and closed its side: its reply may still be queued
             line = self._file.readline(MAX_LINE_BYTES + 1)
         except OSError as exc:
             self.close()
@@ -366,6 +395,9 @@ class _Client:
     def call(self, op: str, **args: Any) -> Any:
         """Send one request; returns its result or raises :class:`ApiError`."""
         payload = _line({"op": op, "args": args})
+        if len(payload) > MAX_LINE_BYTES:
+            raise ApiError(f"request {op!r} is {len(payload)} bytes, over the daemon's limit of "
+                           f"{MAX_LINE_BYTES}; send less per call")
         with self._lock:
             fresh = self._sock is None
             if fresh:

@@ -189,6 +189,19 @@ def test_malformed_and_oversized_requests_do_not_stop_the_server(unix_server):
         assert c.call("whoami")["uid"] == os.getuid()
 
 
+def test_a_client_that_sends_far_too_much_still_reads_the_refusal(unix_server):
+    # The server closes after an oversized line; with bytes of it still unread, a plain close
+    # makes the kernel reset the connection and the refusal is lost. Repeat: it was a race.
+    for size in (MAX_LINE_BYTES + 10, 4 * MAX_LINE_BYTES, 12 * MAX_LINE_BYTES):
+        for _ in range(10):
+            [reply] = raw(unix_server.path, b"y" * size + b"\n")
+            assert "exceeds" in reply["error"]
+    with UnixClient(unix_server.path) as c:
+        with pytest.raises(ApiError, match="over the daemon's limit"):
+            c.call("whoami", blob="z" * MAX_LINE_BYTES)
+        assert c.call("whoami")["uid"] == os.getuid()
+
+
 def test_client_reconnects_after_the_server_dropped_it(unix_server):
     c = UnixClient(unix_server.path)
     assert c.call("whoami")
