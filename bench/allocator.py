@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from malletrain_core.allocator import pernode, solve  # noqa: E402
 from malletrain_core.model import Constraints, Job, Problem  # noqa: E402
-from malletrain_core.profiles import load_profiles  # noqa: E402
+from malletrain_core.sim.measured import load_profiles  # noqa: E402
 
 SIZES = ((64, 8), (460, 50), (1000, 200), (4734, 500))
 PERNODE_SIZES = ((64, 8), (460, 50))

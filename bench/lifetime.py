@@ -38,14 +38,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from malletrain_core.engine import Engine  # noqa: E402, F401  (loaded once, before the workers fork)
-from malletrain_core.lifetime import (  # noqa: E402
+from malletrain_core.engine.survival import (  # noqa: E402
     LifetimePredictor,
     SurvivalModel,
     split_trace,
     trace_fragments,
 )
-from malletrain_core.profiles import load_profiles  # noqa: E402
 from malletrain_core.sim.bounds import BoundJob, compute_bounds  # noqa: E402
+from malletrain_core.sim.measured import load_profiles  # noqa: E402
 from malletrain_core.sim.replay import replay  # noqa: E402
 from malletrain_core.sim.sources import load_trace  # noqa: E402
 from malletrain_core.sim.traces import DAY_S, Trace  # noqa: E402

@@ -51,9 +51,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from e2e import machine, p95, say  # noqa: E402
 from sections import replace_section  # noqa: E402
 
-from malletrain_core import protocol  # noqa: E402
 from malletrain_core.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
+from malletrain_core.wire import hooks as protocol  # noqa: E402
 
 BEGIN, END = "<!-- load:begin -->", "<!-- load:end -->"
 MALFORMED_EVERY = 10
@@ -96,7 +96,7 @@ def send_flood(path: str, rate: float, seconds: float) -> dict[str, int]:
 def job_script(daemon: LocalDaemon, sent_dir: Path, ckpt_dir: Path, poll_s: float) -> str:
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in daemon.job_env.items())
     torchrun = shlex.join([sys.executable, str(REPO / "examples" / "standin_torchrun.py")])
-    launcher = [sys.executable, "-m", "malletrain_core.launcher", "--poll-s", str(poll_s),
+    launcher = [sys.executable, "-m", "malletrain_core.worker.launcher", "--poll-s", str(poll_s),
                 "--torchrun", torchrun, "--checkpoint-dir"]
     worker = [sys.executable, str(REPO / "examples" / "standin_worker.py"), "--sent-dir",
               str(sent_dir), "--interval-s", "0.5"]

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simulator_section import machine, merged, read_results, section, write_markdown  # noqa: E402
 
 from malletrain_core import allocator  # noqa: E402
-from malletrain_core.profiles import load_profiles  # noqa: E402
 from malletrain_core.sim.compare import SimOptions, compare  # noqa: E402
+from malletrain_core.sim.measured import load_profiles  # noqa: E402
 from malletrain_core.sim.policies import parse_policies  # noqa: E402
 from malletrain_core.sim.replay import replay  # noqa: E402
 from malletrain_core.sim.sources import load_trace  # noqa: E402

@@ -36,8 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from malletrain_core import training  # noqa: E402
+from malletrain_core.worker import training  # noqa: E402
 
 INPUT, OUTPUT = "input", "output"
 OPS = ("conv3x3-bn-relu", "conv1x1-bn-relu", "maxpool3x3")

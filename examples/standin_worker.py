@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in training worker for load tests: no torch, no model, only progress reports.
 
-It loops calling :meth:`malletrain_core.training.Session.report` (``--interval-s`` apart, a
+It loops calling :meth:`malletrain_core.worker.training.Session.report` (``--interval-s`` apart, a
 fixed number of samples per step) and, on the chief, records how many reports it has sent in
 ``DIR/<job>.<epoch>.<pid>`` after every send, so a load test can compare the reports the
 workers sent with the reports the daemon received. It exits at once on SIGTERM, like a real
@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from malletrain_core import training  # noqa: E402
+from malletrain_core.worker import training  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from malletrain_core import training
+from malletrain_core.worker import training
 
 
 def build_model() -> nn.Module:

@@ -24,6 +24,7 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
 from .errors import ConfigError
+from .model import DEFAULT_LOOKAHEAD_S
 
 DEFAULT_PATH = Path("/etc/malletrain/malletrain.toml")
 DOCUMENTED_DEFAULTS = Path(__file__).with_name("malletrain.toml")
@@ -48,7 +49,7 @@ class DaemonConfig:
 
 @dataclass(frozen=True)
 class AllocatorConfig:
-    lookahead_s: float = 120.0
+    lookahead_s: float = DEFAULT_LOOKAHEAD_S
     objective: str = "throughput"
     solver: str = "auto"
     max_running_jobs: int = 0
@@ -112,15 +113,16 @@ class Config:
     def validate(self) -> Config:
         """Cross-field checks; returns self for chaining."""
         d = self.daemon
-        if d.batch_system not in ("slurm", "pbs"):
-            raise ConfigError(f"daemon.batch_system: {d.batch_system!r} is not supported; "
-                              "use \"slurm\" or \"pbs\"")
+        if not d.batch_system.strip():
+            raise ConfigError("daemon.batch_system is empty; name the batch system, e.g. "
+                              "\"slurm\" or \"pbs\"")
         if self.allocator.objective not in ("throughput", "speedup"):
             raise ConfigError(f"allocator.objective: {self.allocator.objective!r}; use "
                               "\"throughput\" or \"speedup\"")
-        if self.allocator.solver not in ("auto", "dp", "milp"):
+        if not self.allocator.solver.strip() or self.allocator.solver == "pernode":
             raise ConfigError(f"allocator.solver: {self.allocator.solver!r}; use \"auto\", "
-                              "\"dp\" or \"milp\"")
+                              "\"dp\", \"milp\" or another registered policy (the per-node "
+                              "MILP is a slow reference, not for the daemon)")
         a = self.allocator
         if a.lifetime and (a.min_share or a.user_max_nodes):
             raise ConfigError("allocator.lifetime = true cannot honour min_share or "

@@ -70,7 +70,7 @@ class NodesReclaimed(Event):
 
 @dataclass(frozen=True)
 class JobSubmitted(Event):
-    job: JobRequest = field(default_factory=lambda: JobRequest("?", 1, 1))
+    job: JobRequest = field(default_factory=lambda: JobRequest("?", min_nodes=1, max_nodes=1))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ in the order of the input.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
@@ -18,7 +19,10 @@ from .errors import ValidationError
 EMPTY_MARKERS = frozenset({"", "(null)", "None", "N/A", "(none)"})
 """What Slurm prints where a hostlist is empty."""
 
-_FORBIDDEN = set("@!&^ \t\n")
+_FORBIDDEN = set("@!&^*? \t\r\n\x00")
+MAX_NODES = 1 << 20
+"""The most names a hostlist may expand to (a short text must not make a process build a
+hundred million names)."""
 
 
 def _check(text: str) -> str:
@@ -26,25 +30,56 @@ def _check(text: str) -> str:
     bad = sorted(_FORBIDDEN.intersection(text))
     if bad:
         raise ValidationError("hostlist", repr(text), f"character(s) {''.join(bad)!r} are not "
-                              "part of a Slurm hostlist; write names like n[01-04,07]")
+                              "part of a Slurm hostlist; only names like n[01-04,07] are "
+                              "accepted")
     return text
 
 
-def nodeset(text: str) -> NodeSet:
-    """Parse a Slurm hostlist into a NodeSet (empty for Slurm's empty markers)."""
+def bound(text: str, limit: int = MAX_NODES) -> int:
+    """An upper bound of the names in a hostlist, computed without expanding it: stops
+    counting a range once it passes ``limit``."""
+    total, depth, element = 0, 0, ""
+    for char in text + ",":
+        depth += (char == "[") - (char == "]")
+        if char != "," or depth:
+            element += char
+            continue
+        count = 1
+        for inner in re.findall(r"\[([^\]]*)\]", element):
+            size = 0
+            for piece in inner.split(","):
+                lo, _, hi = piece.split("/")[0].partition("-")
+                lo, hi = lo.strip(), hi.strip()
+                if lo.isdigit() and hi.isdigit():
+                    size += max(int(hi[:19]) - int(lo[:19]) + 1, 1) if len(hi) < 19 \
+                        else limit + 1
+                else:
+                    size += 1
+            count *= size
+        total += count
+        element = ""
+    return total
+
+
+def nodeset(text: str, max_nodes: int = MAX_NODES) -> NodeSet:
+    """Parse a Slurm hostlist into a NodeSet (empty for Slurm's empty markers); refused when
+    it would name more than ``max_nodes`` nodes."""
     if text.strip() in EMPTY_MARKERS:
         return NodeSet(resolver=RESOLVER_NOGROUP)
     text = _check(text)
+    if bound(text, max_nodes) > max_nodes:
+        raise ValidationError("hostlist", repr(text[:60]), f"names more than {max_nodes} nodes")
     try:
         return NodeSet(text, resolver=RESOLVER_NOGROUP)
-    except NodeSetException as exc:
-        raise ValidationError("hostlist", repr(text), f"{exc}; write names like "
-                              "n[01-04,07]") from None
+    except (NodeSetException, ValueError, OverflowError, AssertionError) as exc:
+        reason = " ".join(str(exc).split())[:80]
+        raise ValidationError("hostlist", repr(text[:60]), f"bad hostlist: {reason}; write "
+                              "names like n[01-04,07]") from None
 
 
-def expand(text: str) -> list[str]:
+def expand(text: str, max_nodes: int = MAX_NODES) -> list[str]:
     """Node names in a Slurm hostlist, e.g. ``n[01-03]`` → ``['n01', 'n02', 'n03']``."""
-    return list(nodeset(text))
+    return list(nodeset(text, max_nodes))
 
 
 def fold(names: Iterable[str]) -> str:

@@ -7,6 +7,7 @@ typed error carrying the command, exit code, stdout and stderr.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,16 @@ class Result:
     stdout: str
     stderr: str
     elapsed_s: float
+
+
+def with_bin_dir(bin_dir: str, timeout_s: float) -> CommandRunner:
+    """A runner for a batch system's commands, ``bin_dir`` first on PATH when given."""
+    env = dict(os.environ)
+    if bin_dir:
+        env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+    # Absolute times in Slurm's output: the backfill plan's hole ends depend on it.
+    env.pop("SLURM_TIME_FORMAT", None)
+    return CommandRunner(timeout_s=timeout_s, env=env)
 
 
 class CommandRunner:

@@ -81,7 +81,7 @@ class Demo:
         env = {**self.daemon.job_env, "PYTHON": sys.executable, "CELL_SEED": str(seed),
                "MALLETRAIN_EXAMPLES": str(REPO / "examples"), "PYTHONPATH": str(REPO),
                "STEPS": str(self.args.steps), "CHECKPOINT_EVERY_S": "15",
-               "MALLETRAIN_RUN": f"{sys.executable} -m malletrain_core.launcher --poll-s 1"}
+               "MALLETRAIN_RUN": f"{sys.executable} -m malletrain_core.worker.launcher --poll-s 1"}
         job = self.sbatch(["--qos=malletrain", "-N", f"1-{self.args.max_nodes}",
                            "-J", f"nas-{seed}", "-D", str(self.jobs_dir), str(NAS_SBATCH)], env)
         self.elastic[job] = seed

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from malletrain_core.api import Dispatcher, UnixApiServer
+from malletrain_core.daemon.api import Dispatcher, UnixApiServer
 from malletrain_core.daemon.core import Daemon
 from malletrain_core.daemon.service import StatusService
 from malletrain_core.daemon.store import Store

@@ -9,7 +9,7 @@ from malletrain_core.allocator import milp, pernode, solve
 from malletrain_core.allocator.objective import evaluate, job_values
 from malletrain_core.errors import InfeasibleError, SolverError, ValidationError
 from malletrain_core.model import Constraints, Curve, Job, Objective, Problem
-from malletrain_core.profiles import load_profiles
+from malletrain_core.sim.measured import load_profiles
 
 
 def linear(rate: float, upto: int = 64) -> Curve:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from malletrain_core.daemon.bridge import EpochBridge, uid_of
-from malletrain_core.epochs import EpochCoordinator
+from malletrain_core.daemon.epochs import EpochCoordinator
 from malletrain_core.events import (
     Checkpoint,
     EndReason,

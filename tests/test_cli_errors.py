@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from cli_daemon import build, serving
 
-from malletrain_core.api import Dispatcher, TcpApiServer
 from malletrain_core.cli import main
+from malletrain_core.daemon.api import Dispatcher, TcpApiServer
 from malletrain_core.daemon.service import StatusService
 from malletrain_core.munge import PrivateMunged
 

@@ -46,7 +46,7 @@ def test_tables_and_lists(tmp_path):
     ("[deamon]\n", "unknown section [deamon]"),
     ("[daemon]\napi_port = \"x\"\n", "daemon.api_port: 'x' is not an int"),
     ("[daemon]\napi_port = 70000\n", "is not a port number"),
-    ("[daemon]\nbatch_system = \"lsf\"\n", "use \"slurm\" or \"pbs\""),
+    ("[daemon]\nbatch_system = \" \"\n", "daemon.batch_system is empty"),
     ("[allocator]\nuser_max_nodes = { alice = \"8\" }\n", "a table of whole numbers"),
     ("[allocator]\nmin_share = 2\n", "must lie in [0, 1]"),
     ("[daemon\n", "not valid TOML"),

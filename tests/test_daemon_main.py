@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from malletrain_core.backends.pbs import PbsBackend
-from malletrain_core.backends.slurm import SlurmBackend
+from malletrain_core.backends.pbs.backend import PbsBackend
+from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.config import load
 from malletrain_core.daemon import main as daemon_main
 from malletrain_core.errors import MalleTrainError
@@ -27,6 +27,24 @@ def test_pbs_backend_from_config(tmp_path):
     cfg = config_file(tmp_path, "[daemon]\nbatch_system = \"pbs\"\n[pbs]\nqueue = \"mt_q\"\n")
     backend = daemon_main.make_backend(cfg)
     assert isinstance(backend, PbsBackend) and backend.queue == "mt_q"
+
+
+def test_every_registered_batch_system_builds_from_the_defaults():
+    from malletrain_core.backends import BATCH_SYSTEMS
+    from malletrain_core.config import Config, DaemonConfig
+
+    assert set(BATCH_SYSTEMS) >= {"slurm", "pbs"}
+    for name in BATCH_SYSTEMS:
+        backend = daemon_main.make_backend(Config(daemon=DaemonConfig(batch_system=name)))
+        assert backend.name == name
+
+
+def test_an_unregistered_batch_system_is_one_line_naming_the_choices(tmp_path):
+    from malletrain_core.errors import ConfigError
+
+    cfg = config_file(tmp_path, "[daemon]\nbatch_system = \"lsf\"\n")
+    with pytest.raises(ConfigError, match="'lsf' is not supported; use one of 'slurm', 'pbs'"):
+        daemon_main.make_backend(cfg)
 
 
 def test_engine_config_from_file(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from engine_jobs import FakeCluster, check_actions, curve_truth
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_engine_fake import FakeCluster, check_actions, curve_truth
 
 from malletrain_core.engine import Engine, EngineConfig, JobPhase
 from malletrain_core.errors import ConfigError, SolverError, ValidationError

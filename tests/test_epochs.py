@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain_core.epochs import EpochCoordinator, EpochError, Order
+from malletrain_core.daemon.epochs import EpochCoordinator
 from malletrain_core.errors import ValidationError
+from malletrain_core.wire.orders import EpochError, Order
 
 
 def seeded(seed: int = 1):

@@ -19,11 +19,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from malletrain_core import codec, config, protocol, reports
-from malletrain_core.api import Dispatcher
+from malletrain_core import config
+from malletrain_core.daemon import codec
+from malletrain_core.daemon.api import Dispatcher
 from malletrain_core.daemon.intake import MAX_DROP_REASONS, HookListener, ReportListener
 from malletrain_core.errors import ConfigError, InputFileError
 from malletrain_core.sim import sources, traces
+from malletrain_core.wire import hooks as protocol
+from malletrain_core.wire import reports
 
 pytestmark = pytest.mark.security
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from malletrain_core import reports
 from malletrain_core.daemon.intake import HookListener, ReportListener, to_event
+from malletrain_core.wire import reports
 
 KEY = b"s" * 32
 

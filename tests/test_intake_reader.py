@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core import protocol, reports
 from malletrain_core.daemon.core import Daemon
 from malletrain_core.daemon.intake import (
     OVERFLOW,
@@ -28,6 +27,8 @@ from malletrain_core.daemon.intake import (
 )
 from malletrain_core.daemon.store import Store
 from malletrain_core.events import Action, Event
+from malletrain_core.wire import hooks as protocol
+from malletrain_core.wire import reports
 
 KEY = b"k" * 32
 FLOOD = 5000

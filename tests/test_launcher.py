@@ -23,12 +23,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from malletrain_core import launcher as mr
-from malletrain_core import reports, training
-from malletrain_core.api import Dispatcher, LauncherService, TcpApiServer
-from malletrain_core.epochs import EpochCoordinator, Order
+from malletrain_core.daemon.api import Dispatcher, TcpApiServer
+from malletrain_core.daemon.epochs import EpochCoordinator
+from malletrain_core.daemon.launchers import LauncherService
 from malletrain_core.errors import MalleTrainError
 from malletrain_core.munge import PrivateMunged
+from malletrain_core.wire import reports
+from malletrain_core.wire.orders import Order
+from malletrain_core.worker import launcher as mr
+from malletrain_core.worker import training
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "train_elastic.py"
@@ -124,7 +127,7 @@ def start_launcher(daemon_addr: str, munged: PrivateMunged, node: str, task: int
            "SLURMD_NODENAME": node, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
            **(extra_env or {})}
     env.pop("MALLETRAIN_CONFIG", None)
-    argv = [sys.executable, "-m", "malletrain_core.launcher", "--daemon", daemon_addr,
+    argv = [sys.executable, "-m", "malletrain_core.worker.launcher", "--daemon", daemon_addr,
             "--munge-socket", munged.socket, "--poll-s", "0.3", *extra_args, "--", *command]
     return subprocess.Popen(argv, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
@@ -413,7 +416,7 @@ def test_real_torchrun_shrink_grow_and_preemption(munged, tmp_path):
 
 
 def test_refusals_end_an_idle_launcher_but_never_a_running_epoch(munged, tmp_path):
-    from malletrain_core.api import ApiError
+    from malletrain_core.wire.api import ApiError
 
     class Refusing:
         calls = 0

@@ -9,8 +9,13 @@ import pytest
 
 from malletrain_core import events as ev
 from malletrain_core.engine import Engine, EngineConfig
+from malletrain_core.engine.survival import (
+    LifetimePredictor,
+    SurvivalModel,
+    log_edges,
+    trace_fragments,
+)
 from malletrain_core.errors import ConfigError, ValidationError
-from malletrain_core.lifetime import LifetimePredictor, SurvivalModel, log_edges, trace_fragments
 from malletrain_core.model import Curve
 from malletrain_core.sim.backend import reclaim_times
 from malletrain_core.sim.traces import from_transitions

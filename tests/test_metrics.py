@@ -9,10 +9,10 @@ import pytest
 from cli_daemon import build, reclaim
 from prometheus_client.parser import text_string_to_metric_families
 
-from malletrain_core.api import Dispatcher
+from malletrain_core.daemon.api import Dispatcher
+from malletrain_core.daemon.metrics import serve
 from malletrain_core.daemon.service import attach
 from malletrain_core.errors import ConfigError
-from malletrain_core.metrics import serve
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

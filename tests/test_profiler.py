@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from engine_jobs import FakeCluster, curve_truth
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_engine_fake import FakeCluster, curve_truth
 
 from malletrain_core.allocator import dp
 from malletrain_core.engine import Engine, EngineConfig, JobPhase
@@ -139,7 +139,7 @@ def cluster_idle_event(cluster: FakeCluster, names: list[str]):  # type: ignore[
 
 
 def submit_event(cluster: FakeCluster, request: JobRequest):  # type: ignore[no-untyped-def]
-    from test_engine_fake import FakeJob
+    from engine_jobs import FakeJob
 
     from malletrain_core.events import JobSubmitted
     cluster.jobs[request.id] = FakeJob(request, curve_truth(TRUTH))

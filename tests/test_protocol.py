@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from malletrain_core.errors import MalleTrainError
-from malletrain_core.protocol import (
+from malletrain_core.wire.hooks import (
     MAX_DATAGRAM_BYTES,
-    HookListener,
+    HookSocket,
     JobEnd,
     NodeChange,
     NodesFree,
@@ -142,7 +142,7 @@ def test_arbitrary_bytes_never_crash(data: bytes) -> None:
 
 
 def test_listener_reports_kernel_credentials(tmp_path: Path) -> None:
-    with HookListener(tmp_path / "hook.sock") as lis:
+    with HookSocket(tmp_path / "hook.sock") as lis:
         assert send(NodeChange(src="t", t=1.0, node="n1", state="down"), str(lis.path))
         got = lis.receive(timeout_s=5)
     assert got.message == NodeChange(src="t", t=1.0, node="n1", state="down")
@@ -151,7 +151,7 @@ def test_listener_reports_kernel_credentials(tmp_path: Path) -> None:
 
 
 def test_listener_refuses_bad_datagram(tmp_path: Path) -> None:
-    with HookListener(tmp_path / "hook.sock") as lis:
+    with HookSocket(tmp_path / "hook.sock") as lis:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.sendto(b"x" * (MAX_DATAGRAM_BYTES + 10), str(lis.path))
         with pytest.raises(ProtocolError, match="more than 4096"):
@@ -176,7 +176,7 @@ def run_epilog(env: dict[str, str]) -> tuple[int, float]:
 
 
 def test_epilog_script_sends_one_valid_datagram(tmp_path: Path) -> None:
-    with HookListener(tmp_path / "hook.sock") as lis:
+    with HookSocket(tmp_path / "hook.sock") as lis:
         rc, _ = run_epilog({**SLURM_ENV, "MALLETRAIN_HOOK_SOCKET": str(lis.path)})
         got = lis.receive(timeout_s=5)
         lis.sock.settimeout(0.2)  # type: ignore[union-attr]
@@ -191,7 +191,7 @@ def test_epilog_script_sends_one_valid_datagram(tmp_path: Path) -> None:
 
 def test_epilog_plain_job_and_odd_values(tmp_path: Path) -> None:
     env = {"SLURM_JOB_ID": "9", "SLURM_JOB_USER": 'we"ird\\ü', "SLURM_JOB_UID": "oops"}
-    with HookListener(tmp_path / "hook.sock") as lis:
+    with HookSocket(tmp_path / "hook.sock") as lis:
         rc, _ = run_epilog({**env, "MALLETRAIN_HOOK_SOCKET": str(lis.path)})
         msg = lis.receive(timeout_s=5).message
     assert rc == 0
@@ -231,5 +231,5 @@ def test_epilog_uses_only_the_standard_library() -> None:
 def test_listener_refuses_a_path_that_is_not_a_socket(tmp_path: Path) -> None:
     (tmp_path / "hook.sock").write_text("not a socket")
     with pytest.raises(ProtocolError, match="exists and is not a socket"):
-        HookListener(tmp_path / "hook.sock").bind()
+        HookSocket(tmp_path / "hook.sock").bind()
     assert (tmp_path / "hook.sock").read_text() == "not a socket"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain_core import reports
-from malletrain_core.reports import Report, ReportError
+from malletrain_core.wire import reports
+from malletrain_core.wire.reports import Report, ReportError
 
 KEY = bytes(range(32))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from malletrain_core import security
-from malletrain_core.api import Dispatcher, UnixApiServer
+from malletrain_core.daemon.api import Dispatcher, UnixApiServer
 from malletrain_core.daemon.intake import HookListener
 from malletrain_core.daemon.store import StateError, Store
 from malletrain_core.errors import ConfigError

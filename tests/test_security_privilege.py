@@ -24,19 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core import protocol, reports
-from malletrain_core.api import (
-    ApiError,
-    Dispatcher,
-    LauncherService,
-    TcpApiServer,
-    TcpClient,
-    UnixApiServer,
-    UnixClient,
-)
+from malletrain_core.daemon.api import Dispatcher, TcpApiServer, UnixApiServer
+from malletrain_core.daemon.epochs import EpochCoordinator
 from malletrain_core.daemon.intake import HookListener, ReportListener
-from malletrain_core.epochs import EpochCoordinator
+from malletrain_core.daemon.launchers import LauncherService
 from malletrain_core.munge import PrivateMunged
+from malletrain_core.wire import hooks as protocol
+from malletrain_core.wire import reports
+from malletrain_core.wire.api import ApiError
+from malletrain_core.worker.client import TcpClient, UnixClient
 
 pytestmark = pytest.mark.security
 
@@ -49,7 +45,7 @@ ROOT_JOB, USER_JOB = "55", "66"
 def _python_for(user: str) -> str | None:
     for python in (sys.executable, "/usr/bin/python3"):
         probe = subprocess.run(["runuser", "-u", user, "--", python, "-c",
-                                "import malletrain_core.api"], capture_output=True, timeout=60,
+                                "import malletrain_core.daemon.api"], capture_output=True, timeout=60,
                                env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO)})
         if probe.returncode == 0:
             return python
@@ -84,7 +80,8 @@ def as_user(user: str, code: str, *args: str) -> subprocess.CompletedProcess[str
 # The client program run as the second user: one call per argument, one JSON line per answer.
 CLIENT = """
 import json, sys
-from malletrain_core.api import ApiError, TcpClient, UnixClient
+from malletrain_core.wire.api import ApiError
+from malletrain_core.worker.client import TcpClient, UnixClient
 from malletrain_core.munge import Munge
 kind, where, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 if kind == "unix":
@@ -254,8 +251,8 @@ def dispatch_as(dispatcher: Dispatcher, uid: int, op: str, **args: object) -> ob
 # ----- reports: only the holder of a job's key can report for it ------------------------------
 FORGER = """
 import json, socket, sys
-from malletrain_core import reports
-from malletrain_core.api import TcpClient
+from malletrain_core.wire import reports
+from malletrain_core.worker.client import TcpClient
 from malletrain_core.munge import Munge
 host, port, sock, report_port, own, other = sys.argv[1:7]
 munge = Munge(sock)

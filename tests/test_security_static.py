@@ -2,7 +2,7 @@
 never runs user code and never deserialises input into code.
 
 * Batch-system commands go through ``malletrain_core/runner.py`` (argument lists, no shell).
-* ``malletrain_core/launcher.py`` is the one place a user's command runs: ``malletrain-run``
+* ``malletrain_core/worker/launcher.py`` is the one place a user's command runs: ``malletrain-run``
   starts the user's training command as an argument list inside the job's own batch task, as
   the job's user; the daemon never imports it.
 * ``malletrain_core/localcluster/`` starts a development Slurm cluster (slurmctld, slurmd) for
@@ -25,9 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "malletrain_core"
 HOOKS = [REPO / "plugin" / "epilog_slurmctld", REPO / "pbs_hooks" / "malletrain_pbs.py"]
 MAY_START_PROCESSES = {"runner.py", "launcher.py", "localcluster"}
-DAEMON_MODULES = ["malletrain_core.daemon.main", "malletrain_core.api",
-                  "malletrain_core.backends.slurm", "malletrain_core.backends.pbs"]
-NEVER_IN_DAEMON = ["malletrain_core.launcher", "malletrain_core.training",
+DAEMON_MODULES = ["malletrain_core.daemon.main", "malletrain_core.daemon.api",
+                  "malletrain_core.backends.slurm.backend", "malletrain_core.backends.pbs.backend"]
+NEVER_IN_DAEMON = ["malletrain_core.worker.launcher", "malletrain_core.worker.training",
                    "malletrain_core.localcluster", "torch"]
 
 
@@ -128,7 +128,7 @@ def test_daemon_never_loads_user_code_modules() -> None:
 
 
 def test_launcher_runs_the_user_command_as_an_argument_list() -> None:
-    tree = parsed(PACKAGE / "launcher.py")
+    tree = parsed(PACKAGE / "worker" / "launcher.py")
     spawns = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
               and dotted(n.func) in {"subprocess.Popen", "subprocess.run"}]
     assert len(spawns) == 1, "one place starts the user's command"

@@ -8,11 +8,12 @@ import time
 import pytest
 from cli_daemon import T0, build, serving
 
-from malletrain_core.api import ApiError, UnixClient
 from malletrain_core.daemon.service import StatusService
 from malletrain_core.engine import Engine, EngineConfig
 from malletrain_core.engine.router import Router
 from malletrain_core.events import IdleNode, NodesIdle
+from malletrain_core.wire.api import ApiError
+from malletrain_core.worker.client import UnixClient
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ def test_a_user_sees_only_their_own_jobs(tmp_path, users):
 
 
 def test_the_dispatchers_admins_see_every_job(tmp_path, users):
-    from malletrain_core.api import Dispatcher
+    from malletrain_core.daemon.api import Dispatcher
     daemon, _backend, _clock = build(tmp_path / "state")
     service = StatusService(daemon)
     service.register(Dispatcher(admin_uids={0, 1002}))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.backends.slurm import SlurmBackend
-from malletrain_core.backends.slurm_parse import SQUEUE_FORMAT
+from malletrain_core.backends.slurm.backend import SlurmBackend
+from malletrain_core.backends.slurm.parse import SQUEUE_FORMAT
 from malletrain_core.errors import CommandError, CommandNotFound, ValidationError
 from malletrain_core.events import (
     Checkpoint,

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain_core.backends import slurm_parse as sp
+from malletrain_core.backends.slurm import parse as sp
+from malletrain_core.backends.states import NodeState, TaskState
 from malletrain_core.errors import ValidationError
-from malletrain_core.states import NodeState, TaskState
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm" / "22.05"
 

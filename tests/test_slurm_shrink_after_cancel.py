@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from test_slurm_backend import FakeSlurm, T, nodes, task
 
-from malletrain_core.backends.slurm import SlurmBackend
+from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.events import EndReason, Grow, JobEnded, Shrink, WorkerStopped
 
 

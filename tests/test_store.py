@@ -6,8 +6,8 @@ import stat
 
 import pytest
 
-from malletrain_core import codec
 from malletrain_core import events as ev
+from malletrain_core.daemon import codec
 from malletrain_core.daemon.store import StateError, Store
 from malletrain_core.model import Curve
 

@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from malletrain_core import reports, training
+from malletrain_core.wire import reports
+from malletrain_core.worker import training
 
 KEY = b"k" * 32
 

@@ -9,20 +9,28 @@ rule. Solvers:
   running jobs;
 * ``pernode`` — FreeTrain's per-node MILP, a slow reference for tests and benchmarks;
 * ``auto`` — ``dp``, or ``milp`` when the problem has side constraints.
+
+:data:`POLICIES` is the one registry of allocation policies (``Problem -> Solution``): the
+solvers above and the baselines of :mod:`.baselines`. The daemon (``allocator.solver``), the
+engine, ``malletrain allocate --solver`` and the simulator's run policies all read it; a new
+policy is one module and one line in it (docs/extending.md).
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 
 from ..errors import ValidationError
 from ..model import Problem, Solution
-from . import dp, milp, pernode
+from . import baselines, dp, milp, pernode
 from .placement import place
 
 SOLVERS = ("auto", "dp", "milp", "pernode")
+"""The exact solvers of FreeTrain's objective (see :func:`solve`)."""
 
-__all__ = ["SOLVERS", "place", "solve"]
+__all__ = ["POLICIES", "SOLVERS", "place", "policy", "solve"]
 
 
 def solve(problem: Problem, solver: str = "auto", time_limit_s: float | None = None) -> Solution:
@@ -49,3 +57,21 @@ def solve(problem: Problem, solver: str = "auto", time_limit_s: float | None = N
     if solver == "milp":
         return milp.solve(problem, time_limit_s)
     return pernode.solve(problem, time_limit_s)
+
+
+POLICIES: dict[str, Callable[[Problem], Solution]] = {
+    **{name: functools.partial(solve, solver=name) for name in SOLVERS},
+    "equal": baselines.equal_share,
+    "greedy": baselines.greedy,
+    "rigid": baselines.rigid,
+}
+"""Every allocation policy by name."""
+
+
+def policy(name: str) -> Callable[[Problem], Solution]:
+    """The registered policy ``name``; a one-line error naming the choices otherwise."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValidationError("allocator", "policy", f"{name!r} is unknown; choose one of "
+                              f"{', '.join(POLICIES)}") from None

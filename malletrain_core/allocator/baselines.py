@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -111,11 +110,4 @@ def rigid(problem: Problem) -> Solution:
     return _solution(problem, counts, "rigid", t0)
 
 
-BASELINES: dict[str, Callable[[Problem], Solution]] = {
-    "equal": equal_share,
-    "greedy": greedy,
-    "rigid": rigid,
-}
-"""The baselines by the names the simulator uses."""
-
-__all__ = ["BASELINES", "equal_share", "greedy", "rigid"]
+__all__ = ["equal_share", "greedy", "rigid"]

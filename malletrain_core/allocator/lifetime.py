@@ -2,7 +2,7 @@
 
 FreeTrain values k nodes for job j as T_fwd · O_j(k): every node stays for one fixed look-ahead.
 Here every node n carries a life ℓ_n = E[min(R_n, H)] (its expected remaining idle time within
-a horizon H) and a risk q_n = P(R_n < H) (see :mod:`malletrain_core.lifetime`). A job holding
+a horizon H) and a risk q_n = P(R_n < H) (see :mod:`malletrain_core.engine.survival`). A job holding
 nodes with lives ℓ_(1) ≥ … ≥ ℓ_(k) runs at O(k) until the shortest-lived one goes, then at
 O(k − 1), and so on; each reclaim costs it a restart. Its value is
 

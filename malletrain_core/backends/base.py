@@ -1,12 +1,36 @@
-"""The one small interface every backend implements (Slurm, PBS, the simulator)."""
+"""The interface every backend implements (Slurm, PBS, the simulator), and the bookkeeping
+shared by the batch-system backends that realise an elastic job as one-node tasks.
+
+A batch-system backend subclasses :class:`TaskBackend` and writes only what its batch system
+does differently: how it reads the jobs and nodes (``poll``), how it starts, stops and ends
+tasks (``_shrink``, ``_grow``, ``_finish``), and how a task id names its job (``_job_of``).
+Which jobs are live, which task runs where, which grows are pending, which tasks it is stopping
+and which nodes the engine was offered are kept here, once."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..events import Action, Event, IdleNode, NodesIdle, NodesReclaimed
+from ..events import (
+    Action,
+    Checkpoint,
+    EndReason,
+    Event,
+    Finish,
+    Grow,
+    IdleNode,
+    JobEnded,
+    JobRequest,
+    JobSubmitted,
+    NodesIdle,
+    NodesReclaimed,
+    Shrink,
+)
+
+log = logging.getLogger(__name__)
 
 
 class Backend(Protocol):
@@ -46,3 +70,114 @@ class PollEvents:
         if idle:
             events.append(NodesIdle(now, tuple(idle)))
         return events + self.started
+
+
+@dataclass
+class Launch:
+    """A task told to start on a node that has not been seen running yet."""
+
+    job_id: str
+    node: str
+    deadline: float
+
+
+class TaskBackend:
+    """What every array-task backend keeps: live jobs, workers, pending grows, tasks being
+    stopped and the nodes offered to the engine (node → hole end, None when unknown)."""
+
+    name = "tasks"
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobRequest] = {}            # job id -> request (live jobs)
+        self._gone: set[str] = set()                      # ended, finished or refused
+        self._workers: dict[str, tuple[str, str]] = {}    # task id -> (job id, node)
+        self._launching: dict[str, Launch] = {}           # told to start, not yet running
+        self._stopping: set[str] = set()                  # being stopped by us
+        self._offered: dict[str, float | None] = {}       # node -> hole end, as told
+
+    # ------------------------------------------------------------------ read-only views
+    @property
+    def jobs(self) -> dict[str, JobRequest]:
+        """The live elastic jobs, by job id."""
+        return dict(self._jobs)
+
+    @property
+    def workers(self) -> dict[str, tuple[str, str]]:
+        """Running workers: task id → (job id, node)."""
+        return dict(self._workers)
+
+    @property
+    def offered(self) -> dict[str, float | None]:
+        """Nodes the engine has been told it may use (idle or running a worker) → hole end."""
+        return dict(self._offered)
+
+    # ------------------------------------------------------------------ for subclasses
+    def _job_of(self, task: str) -> str:
+        """The job id a task id belongs to."""
+        raise NotImplementedError
+
+    def _admit(self, job_id: str, request: JobRequest | None, now: float,
+               out: PollEvents) -> None:
+        """A job seen for the first time: known to the engine from now on, or refused for good
+        (``request`` None)."""
+        if request is None:
+            self._gone.add(job_id)
+            return
+        self._jobs[job_id] = request
+        out.submitted.append(JobSubmitted(now, request))
+
+    def _is_new(self, job_id: str) -> bool:
+        return job_id not in self._jobs and job_id not in self._gone
+
+    def _close(self, job_id: str, reason: EndReason, now: float, out: PollEvents) -> None:
+        """The job ended: forget it and send JobEnded instead of its workers' events."""
+        self._end(job_id)
+        out.stopped = [e for e in out.stopped if getattr(e, "job_id", None) != job_id]
+        out.started = [e for e in out.started if getattr(e, "job_id", None) != job_id]
+        out.ended.append(JobEnded(now, job_id, reason))
+
+    def _end(self, job_id: str) -> None:
+        self._jobs.pop(job_id, None)
+        self._gone.add(job_id)
+        for table in (self._workers, self._launching):
+            for task in [t for t in table if self._job_of(t) == job_id]:
+                del table[task]
+        self._stopping = {t for t in self._stopping if self._job_of(t) != job_id}
+
+    def _task_on(self, job_id: str, node: str) -> str | None:
+        """The task of ``job_id`` running or starting on ``node``."""
+        for task, (jid, where) in sorted(self._workers.items()):
+            if jid == job_id and where == node:
+                return task
+        for task, launch in sorted(self._launching.items()):
+            if launch.job_id == job_id and launch.node == node:
+                return task
+        return None
+
+    def _withdraw(self, node: str, reclaimed: list[str]) -> None:
+        """The engine may no longer use ``node``."""
+        if node in self._offered:
+            del self._offered[node]
+            reclaimed.append(node)
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
+        """Carry out the engine's actions: shrinks first (they free nodes), then grows, then
+        finishes; returns the events they caused at once (grows that failed)."""
+        events: list[Event] = []
+        self._shrink([a for a in actions if isinstance(a, Shrink)], now, events)
+        self._grow([a for a in actions if isinstance(a, Grow)], now, events)
+        self._finish([a for a in actions if isinstance(a, Finish)])
+        for action in actions:
+            if not isinstance(action, (Shrink, Grow, Finish, Checkpoint)):
+                log.warning("action %r is not for the %s backend: ignored", action, self.name)
+        return events
+
+    def _shrink(self, shrinks: list[Shrink], now: float, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _finish(self, finishes: list[Finish]) -> None:
+        raise NotImplementedError

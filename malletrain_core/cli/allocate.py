@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..allocator import SOLVERS, solve
+from ..allocator import POLICIES, SOLVERS, policy, solve
 from ..allocator.problem_io import load_problem
 from ..model import Problem, Solution
 
@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         '"curve": {"nodes": [1, 8, 32], "throughput": [100, 700, 2000]}}]}')
     parser.add_argument("--input", "-i", required=True, metavar="FILE",
                         help="problem file in JSON ('-' reads standard input)")
-    parser.add_argument("--solver", choices=SOLVERS, default="auto",
+    parser.add_argument("--solver", choices=list(POLICIES), default="auto",
                         help="auto: dp, or milp when the problem has side constraints "
                              "(default: %(default)s)")
     parser.add_argument("--time-limit", type=float, metavar="SECONDS", dest="time_limit_s",
@@ -60,7 +60,10 @@ def format_table(problem: Problem, solution: Solution, header: bool = True) -> s
 def run(args: argparse.Namespace) -> int:
     """Read, solve, print; errors propagate as MalleTrainError to the dispatcher."""
     problem = load_problem(args.input)
-    solution = solve(problem, args.solver, args.time_limit_s)
+    if args.solver in SOLVERS:
+        solution = solve(problem, args.solver, args.time_limit_s)
+    else:
+        solution = policy(args.solver)(problem)
     if args.json:
         record = solution.to_dict()
         record.update(status=solution.status, gap=solution.gap)

@@ -12,9 +12,10 @@ import argparse
 import os
 from typing import Any
 
-from ..api import ApiUnavailable, TcpClient, UnixClient, parse_address
 from ..config import Config, load
 from ..munge import Munge, MungeError
+from ..wire.api import ApiUnavailable, parse_address
+from ..worker.client import TcpClient, UnixClient
 from .output import CliError
 
 ENV_DAEMON = "MALLETRAIN_DAEMON"

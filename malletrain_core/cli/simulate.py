@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..model import DEFAULT_LOOKAHEAD_S
 from ..sim.compare import Progress, SimOptions, compare
 from ..sim.perfmodel import PerfParams
 from ..sim.policies import POLICIES, parse_policies
@@ -71,8 +72,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="write results.json, nodes.png and throughput.png into this folder")
     p.add_argument("--json", action="store_true", help="print results.json instead of a table")
-    p.add_argument("--lookahead-s", type=_non_negative, default=120.0,
-                   help="the allocator's look-ahead in seconds (default 120)")
+    p.add_argument("--lookahead-s", type=_non_negative, default=DEFAULT_LOOKAHEAD_S,
+                   help="the allocator's look-ahead in seconds (default %(default)g)")
     p.add_argument("--node-order", choices=("name", "random"), default="name",
                    help="which free node a growing job takes when nothing else decides: "
                         "lowest name first, or names shuffled by the seed (default: name)")

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..backends.base import Backend
-from ..epochs import EpochCoordinator
 from ..events import (
     Action,
     Checkpoint,
@@ -41,6 +40,7 @@ from ..events import (
     WorkerStarted,
     WorkerStopped,
 )
+from .epochs import EpochCoordinator
 
 log = logging.getLogger(__name__)
 

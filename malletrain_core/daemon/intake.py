@@ -27,10 +27,11 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from .. import protocol, reports
 from ..errors import MalleTrainError
 from ..events import ProgressReport
 from ..security import HOOK_SOCKET_GROUP, SOCKET_PRIVATE, restrict_socket
+from ..wire import hooks as protocol
+from ..wire import reports
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,7 @@ class HookListener(_Queued):
         self.allowed_uids = set(allowed_uids)
         self.decode = decode
         self._counts = _Counts("hook datagram")
-        self.listener = protocol.HookListener(Path(path), mode=SOCKET_PRIVATE).bind()
+        self.listener = protocol.HookSocket(Path(path), mode=SOCKET_PRIVATE).bind()
         self.path = self.listener.path
         try:
             self.mode = restrict_socket(self.path, group, HOOK_SOCKET_GROUP, mode)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import pwd
 import signal
 import socket
@@ -17,21 +16,23 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, logs, protocol
-from ..api import Dispatcher, LauncherService, TcpApiServer, UnixApiServer
+from .. import __version__, backends, logs
 from ..backends.base import Backend
 from ..config import Config, load
 from ..engine import Engine, EngineConfig
-from ..epochs import EpochCoordinator, EpochError
+from ..engine.survival import LifetimePredictor, SurvivalModel
 from ..errors import ConfigError, MalleTrainError
 from ..events import Event
-from ..lifetime import LifetimePredictor, SurvivalModel
 from ..model import Constraints, Objective
 from ..munge import Munge
-from ..runner import CommandRunner
+from ..wire import hooks as protocol
+from ..wire.orders import EpochError
+from .api import Dispatcher, TcpApiServer, UnixApiServer
 from .bridge import EpochBridge
 from .core import Daemon
+from .epochs import EpochCoordinator
 from .intake import HookListener, ReportListener, to_event
+from .launchers import LauncherService
 from .service import attach
 from .store import Store
 
@@ -69,24 +70,8 @@ def engine_config(config: Config) -> EngineConfig:
         default_time_limit_s=config.slurm.default_time_limit_s)
 
 
-def _runner(bin_dir: str, timeout_s: float) -> CommandRunner:
-    env = dict(os.environ)
-    if bin_dir:
-        env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
-    # Absolute times in Slurm's output: the backfill plan's hole ends depend on it.
-    env.pop("SLURM_TIME_FORMAT", None)
-    return CommandRunner(timeout_s=timeout_s, env=env)
-
-
 def make_backend(config: Config) -> Backend:
-    if config.daemon.batch_system == "pbs":
-        from ..backends.pbs import PbsBackend
-        return PbsBackend(_runner(config.pbs.bin_dir, config.pbs.command_timeout_s),
-                          queue=config.pbs.queue)
-    from ..backends.slurm import SlurmBackend
-    return SlurmBackend(_runner(config.slurm.bin_dir, config.slurm.command_timeout_s),
-                        partition=config.slurm.partition,
-                        default_time_limit_s=config.slurm.default_time_limit_s)
+    return backends.build(config)
 
 
 def admin_uids(names: Sequence[str]) -> set[int]:

@@ -20,10 +20,11 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from .. import __version__
-from ..api import ApiError, Dispatcher
 from ..engine.config import JobPhase, JobView
 from ..hostlist import fold
-from ..metrics import DaemonLike, MetricsServer, serve
+from ..wire.api import ApiError
+from .api import Dispatcher
+from .metrics import DaemonLike, MetricsServer, serve
 
 PHASES = tuple(phase.value for phase in JobPhase)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends.slurm_parse import parse_scontrol_show_job, parse_time
+from ..backends.slurm.parse import parse_scontrol_show_job, parse_time
 from ..hostlist import expand
 
 PROD_PARTITION = "prod"

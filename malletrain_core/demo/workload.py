@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, InputFileError
-from ..profiles import shared_dir
+from ..sim.measured import shared_dir
 
 FRAGMENTS_FILE = ("data", "summit", "fragments.npy")
 DEFAULT_COMPRESS = 60.0

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S, Constraints, Curve, Objective, Problem, Solution
 
 if TYPE_CHECKING:
-    from ..lifetime import LifetimePredictor
+    from .survival import LifetimePredictor
 
 Policy = Callable[[Problem], Solution]
 """An allocation policy: node counts for every job of a :class:`~malletrain_core.model.Problem`."""

@@ -58,9 +58,9 @@ class JobRecord:
     @staticmethod
     def validate(req: JobRequest) -> None:
         """Refuse a request that cannot be meant, naming the job and the field."""
-        Job(req.id, req.max_nodes, req.min_nodes, req.curve,
-            0.0 if req.scale_up_s is None else req.scale_up_s,
-            0.0 if req.scale_down_s is None else req.scale_down_s)
+        Job(req.id, max_nodes=req.max_nodes, min_nodes=req.min_nodes, curve=req.curve,
+            scale_up_s=0.0 if req.scale_up_s is None else req.scale_up_s,
+            scale_down_s=0.0 if req.scale_down_s is None else req.scale_down_s)
 
     def set_source(self, source: str, prior: Curve | None = None,
                    probe_point: tuple[int, float] | None = None) -> None:
@@ -118,8 +118,10 @@ class JobRecord:
         if (job is None or job.curve is not curve or job.current_nodes != len(self.nodes)
                 or job.max_nodes != max_nodes or job.scale_up_s != up_s
                 or job.scale_down_s != down_s):
-            job = self._job = Job(self.req.id, max_nodes, self.req.min_nodes, curve, up_s,
-                                  down_s, len(self.nodes), self.req.owner, self.req.model)
+            job = self._job = Job(self.req.id, max_nodes=max_nodes, min_nodes=self.req.min_nodes,
+                                  curve=curve, scale_up_s=up_s, scale_down_s=down_s,
+                                  current_nodes=len(self.nodes), owner=self.req.owner,
+                                  model=self.req.model)
         return job
 
     def view(self, monitor: Monitor, config: EngineConfig) -> JobView:

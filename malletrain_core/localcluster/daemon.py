@@ -150,7 +150,7 @@ class LocalDaemon:
 
     def query(self, op: str, **args: Any) -> Any:
         """One read-only API call over the unix socket (``status``, ``jobs``, ``nodes``)."""
-        from ..api import UnixClient
+        from ..worker.client import UnixClient
 
         with UnixClient(str(self.api_socket), timeout_s=10.0) as client:
             return client.call(op, **args)
@@ -173,7 +173,7 @@ class LocalDaemon:
                         poll_s: float = 1.0) -> str:
         """A batch script whose tasks run ``malletrain-run -- command`` against this daemon."""
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.job_env.items())
-        launcher = shlex.join([sys.executable, "-m", "malletrain_core.launcher", "--poll-s",
+        launcher = shlex.join([sys.executable, "-m", "malletrain_core.worker.launcher", "--poll-s",
                                str(poll_s)])
         ckpt = f'{shlex.quote(str(checkpoint_dir))}/ckpt-"$SLURM_ARRAY_JOB_ID"'
         return (f"#!/bin/bash\n{exports}cd {shlex.quote(str(REPO))}\n"

@@ -9,11 +9,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
+from ..engine.survival import learn_from_trace, split_trace
 from ..errors import ConfigError
-from ..lifetime import learn_from_trace, split_trace
-from ..model import Curve
-from ..profiles import load_profiles
+from ..model import DEFAULT_LOOKAHEAD_S, Curve
 from .bounds import BoundJob, Bounds, compute_bounds
+from .measured import load_profiles
 from .perfmodel import PerfParams
 from .policies import LIFETIME_POLICIES, RUN_POLICIES
 from .replay import RunResult, replay
@@ -35,7 +35,7 @@ class SimOptions:
     policies: tuple[str, ...] = ("malletrain", "freetrain-exact", "oracle")
     seed: int = 0
     seeds: int = 1
-    lookahead_s: float = 120.0
+    lookahead_s: float = DEFAULT_LOOKAHEAD_S
     node_order: str = "name"
     machine_nodes: int = THETA_NODES
     synthetic_nodes: int = 256

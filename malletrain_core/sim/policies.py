@@ -6,7 +6,7 @@ curves the jobs bring at submission:
 * ``malletrain`` — no curve, profiling on: the JPA measures each job (declared model names
   let later jobs of a model reuse the measured curve); the engine never sees a true curve;
 * ``malletrain-lifetime`` — the same, with each idle node valued at its predicted remaining
-  idle time (:mod:`malletrain_core.lifetime`; learned from the Summit fragments unless the
+  idle time (:mod:`malletrain_core.engine.survival`; learned from the Summit fragments unless the
   caller passes a ``lifetime`` predictor) instead of the fixed look-ahead;
 * ``malletrain-clairvoyant`` — the same, told every idle node's true reclaim time by the
   trace: an upper reference for reclaim prediction;
@@ -14,8 +14,9 @@ curves the jobs bring at submission:
 * ``freetrain-linear`` — the user assumes P(k) = k·P(1) from a one-node measurement;
 * ``freetrain-mismatched`` — another model's true curve (picked by the seed), scaled to this
   job's P(1), as a user who copies a colleague's profile would;
-* ``equal``, ``greedy``, ``rigid`` — the baselines of :mod:`malletrain_core.allocator.baselines`
-  on the true curves;
+* every other registered allocation policy (``malletrain_core.allocator.POLICIES``) that is
+  not an exact solver — ``equal``, ``greedy``, ``rigid`` (:mod:`malletrain_core.allocator.baselines`)
+  and any policy added there — played on the true curves;
 * ``oracle`` — no run: the upper bound UB_oracle of :mod:`.bounds`.
 
 FreeTrain variants and baselines declare the true rescale costs; MalleTrain measures them.
@@ -28,14 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from ..allocator.baselines import BASELINES
+from .. import allocator
 from ..errors import ConfigError
 from ..events import JobRequest
-from ..model import Curve
+from ..model import DEFAULT_LOOKAHEAD_S, Curve
 from .workloads import SimJob
 
+ALLOCATION_POLICIES = tuple(p for p in allocator.POLICIES if p not in allocator.SOLVERS)
+"""Registered allocation policies played as they are, on the jobs' true curves."""
 POLICIES = ("malletrain", "malletrain-lifetime", "malletrain-clairvoyant", "freetrain-exact",
-            "freetrain-linear", "freetrain-mismatched", "equal", "greedy", "rigid", "oracle")
+            "freetrain-linear", "freetrain-mismatched", *ALLOCATION_POLICIES, "oracle")
 RUN_POLICIES = tuple(p for p in POLICIES if p != "oracle")
 PROFILED = ("malletrain", "malletrain-lifetime", "malletrain-clairvoyant")
 """The policies that measure the jobs (MalleTrain) rather than trust declared curves."""
@@ -105,17 +108,18 @@ def make_engine(policy: str, lookahead_s: float, **config: Any) -> Any:
         config = dict(config)
         config["lifetime"] = lifetime_predictor(policy, config.get("lifetime"), lookahead_s)
     cfg = EngineConfig(lookahead_s=lookahead_s, profiling=policy in PROFILED, **config)
-    return Engine(cfg, policy=BASELINES.get(policy), name=policy)
+    chosen = allocator.POLICIES[policy] if policy in ALLOCATION_POLICIES else None
+    return Engine(cfg, policy=chosen, name=policy)
 
 
-def lifetime_predictor(policy: str, given: Any = None, lookahead_s: float = 120.0) -> Any:
+def lifetime_predictor(policy: str, given: Any = None, lookahead_s: float = DEFAULT_LOOKAHEAD_S) -> Any:
     """A private copy of the predictor ``policy`` uses (online learning must not leak from one
     run into the next): ``given``, else the Summit fragment lengths for ``malletrain-lifetime``;
     the plan only (true hole ends from the trace) for ``malletrain-clairvoyant``. The horizon
     is ``given``'s, else the look-ahead."""
     import copy
 
-    from ..lifetime import LifetimePredictor, SurvivalModel
+    from ..engine.survival import LifetimePredictor, SurvivalModel
     from .sources import FRAGMENTS_FILE, _shared_file
 
     horizon = given.horizon_s if given is not None else lookahead_s

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..model import Curve
+from ..model import DEFAULT_LOOKAHEAD_S, Curve
 from .backend import SimBackend
 from .perfmodel import PerfParams
 from .policies import job_requests, make_engine
@@ -50,7 +50,7 @@ class RunResult:
 
 
 def replay(trace: Trace, jobs: Sequence[SimJob], policy: str, *, seed: int = 0,
-           lookahead_s: float = 120.0, params: PerfParams | None = None,
+           lookahead_s: float = DEFAULT_LOOKAHEAD_S, params: PerfParams | None = None,
            catalogue: dict[str, Curve] | None = None, progress: ProgressFn | None = None,
            engine_options: dict[str, Any] | None = None) -> RunResult:
     """Play ``jobs`` on ``trace`` under ``policy`` with the real Engine."""

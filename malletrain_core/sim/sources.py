@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from ..profiles import shared_dir
+from .measured import shared_dir
 from .traces import (
     DAY_S,
     SUMMIT_SKIP_EVENTS,

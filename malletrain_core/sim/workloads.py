@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..model import Curve
-from ..profiles import WORKLOAD_FILES, ProfiledJob, load_profiles
+from .measured import WORKLOAD_FILES, ProfiledJob, load_profiles
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ import subprocess
 import pytest
 from pbs_testlib import GOLDEN
 
-from malletrain_core.backends import pbs_parse as pp
 from malletrain_core.backends.base import Backend
-from malletrain_core.backends.pbs import PbsBackend
+from malletrain_core.backends.pbs import parse as pp
+from malletrain_core.backends.pbs.backend import PbsBackend
+from malletrain_core.backends.states import NodeState, TaskState
 from malletrain_core.errors import CommandError, CommandNotFound, ValidationError
 from malletrain_core.events import (
     Checkpoint,
@@ -29,7 +30,6 @@ from malletrain_core.events import (
     WorkerStopped,
 )
 from malletrain_core.runner import CommandRunner
-from malletrain_core.states import NodeState, TaskState
 
 A, B = "123[].pbs-server", "124[].pbs-server"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pbs_testlib import FIXTURES, GOLDEN, HOOK
 
-from malletrain_core import protocol
+from malletrain_core.wire import hooks as protocol
 
 
 def periodic_fixture(path: Path, vnodes: dict[str, str], alarm: int = 20) -> Path:

@@ -17,7 +17,7 @@ import pytest
 from slurm_helpers import after_test, cluster_root, start_cluster
 
 from malletrain_core.localcluster import LocalCluster
-from malletrain_core.protocol import HookListener
+from malletrain_core.wire.hooks import HookSocket
 
 HERE = Path(__file__).resolve().parent
 TEST_USER = "mtuser1"
@@ -81,7 +81,7 @@ def test_user() -> str:
 
 
 @pytest.fixture
-def hook_listener(slurm_cluster: LocalCluster) -> Iterator[HookListener]:
+def hook_listener(slurm_cluster: LocalCluster) -> Iterator[HookSocket]:
     """The daemon's side of the hook socket that the cluster's EpilogSlurmctld sends to."""
-    with HookListener(slurm_cluster.hook_socket) as listener:
+    with HookSocket(slurm_cluster.hook_socket) as listener:
         yield listener

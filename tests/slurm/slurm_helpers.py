@@ -19,10 +19,10 @@ from training_logs import read_job
 
 from malletrain_core.localcluster import LocalCluster
 from malletrain_core.localcluster.daemon import LocalDaemon
-from malletrain_core.protocol import HookListener, JobEnd, Received
+from malletrain_core.wire.hooks import HookSocket, JobEnd, Received
 
 
-def wait_message(listener: HookListener, match: Callable[[JobEnd], bool],
+def wait_message(listener: HookSocket, match: Callable[[JobEnd], bool],
                  timeout_s: float = 20.0) -> Received:
     """The first job_end datagram that ``match`` accepts (others are skipped)."""
     deadline = time.monotonic() + timeout_s

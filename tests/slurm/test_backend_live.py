@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from slurm_helpers import SCRIPT, elastic, task_state, wait_task
 
-from malletrain_core.backends.slurm import SlurmBackend
+from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.events import (
     Event,
     Finish,

@@ -7,7 +7,7 @@ import time
 from slurm_helpers import SCRIPT, elastic, grow, squeue, task_state, wait_message, wait_task
 
 from malletrain_core.localcluster import LocalCluster
-from malletrain_core.protocol import HookListener, expand_hostlist
+from malletrain_core.wire.hooks import HookSocket, expand_hostlist
 
 
 def test_admin_hold_on_running_task_survives_preemption(cluster: LocalCluster) -> None:
@@ -57,7 +57,7 @@ def test_requeuehold_shrinks_back_to_held(cluster: LocalCluster) -> None:
     print(f"regrown {waited:.2f} s after release")
 
 
-def test_epilog_datagram_on_job_end(cluster: LocalCluster, hook_listener: HookListener) -> None:
+def test_epilog_datagram_on_job_end(cluster: LocalCluster, hook_listener: HookSocket) -> None:
     job = cluster.sbatch("-N", "2", "-o", "/dev/null", "--wrap", "sleep 1; exit 3")
     wait_task(cluster, job, "RUNNING")
     nodes = expand_hostlist(squeue(cluster, job, "%N"))
@@ -69,7 +69,7 @@ def test_epilog_datagram_on_job_end(cluster: LocalCluster, hook_listener: HookLi
 
 
 def test_epilog_datagram_on_preemption(cluster: LocalCluster,
-                                       hook_listener: HookListener) -> None:
+                                       hook_listener: HookSocket) -> None:
     job = elastic(cluster, "1-2")
     task = f"{job}_1"
     grow(cluster, task, "n07")
@@ -88,7 +88,7 @@ def test_epilog_datagram_on_preemption(cluster: LocalCluster,
 
 
 def test_epilog_datagram_on_requeuehold(cluster: LocalCluster,
-                                        hook_listener: HookListener) -> None:
+                                        hook_listener: HookSocket) -> None:
     job = elastic(cluster, "1-1")
     task = f"{job}_0"
     grow(cluster, task, "n08")

@@ -35,28 +35,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from ..errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
-from ..events import (
-    Action,
-    Checkpoint,
+from ...errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
+from ...events import (
     EndReason,
     Event,
     Finish,
     Grow,
     IdleNode,
-    JobEnded,
     JobRequest,
-    JobSubmitted,
     Shrink,
     WorkerStarted,
     WorkerStopped,
 )
-from ..runner import CommandRunner
+from ...runner import CommandRunner
+from ..base import Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
-from . import pbs_parse as pp
-from .base import PollEvents
+from . import parse as pp
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +61,6 @@ DEFAULT_GROW_TIMEOUT_S = 120.0
 MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
 MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
 _ACTIVE = (TaskState.RUNNING, TaskState.ENDING)
-
-
-@dataclass
-class _Launch:
-    job_id: str
-    node: str
-    deadline: float
 
 
 def job_request(array: pp.PbsJob, subjobs: Sequence[pp.PbsJob]) -> JobRequest | None:
@@ -87,11 +75,11 @@ def job_request(array: pp.PbsJob, subjobs: Sequence[pp.PbsJob]) -> JobRequest | 
                     "this", array.id, MIN_VAR, array.env.get(MIN_VAR), max_nodes)
         return None
     profile = array.env.get(PROFILE_VAR, "1").strip().lower() not in ("0", "no", "false")
-    return JobRequest(array.id, min_nodes, max_nodes, owner=array.owner,
+    return JobRequest(array.id, min_nodes=min_nodes, max_nodes=max_nodes, owner=array.owner,
                       model=array.env.get(MODEL_VAR, ""), profile=profile)
 
 
-class PbsBackend:
+class PbsBackend(TaskBackend):
     """PBS behind the :class:`~malletrain_core.backends.base.Backend` protocol.
 
     Clock-free: every method takes ``now``. Needs PBS operator privilege (qrun).
@@ -107,35 +95,22 @@ class PbsBackend:
         if not grow_timeout_s > 0:
             raise ValidationError("PbsBackend", "grow_timeout_s",
                                   f"{grow_timeout_s!r} must be a positive number of seconds")
+        super().__init__()
         self.runner = runner
         self.queue = queue
         self.grow_timeout_s = float(grow_timeout_s)
         self.group_resource = group_resource
         """A resources_available key naming a vnode's topology group (e.g. ``switch``)."""
         self._subjobs: dict[str, pp.PbsJob] = {}          # subjob id -> last seen
-        self._jobs: dict[str, JobRequest] = {}            # array id -> request (live jobs)
-        self._gone: set[str] = set()                      # ended, finished or refused
-        self._workers: dict[str, tuple[str, str]] = {}    # subjob id -> (array id, vnode)
-        self._launching: dict[str, _Launch] = {}          # qrun sent, not yet running
-        self._stopping: set[str] = set()                  # qrerun sent by us
-        self._offered: set[str] = set()                   # vnodes the engine may use
         self._to_delete: set[str] = set()                 # finished, qdel not yet done
         self._unwanted: dict[str, float] = {}             # shrunk while launching -> until
 
-    @property
-    def jobs(self) -> dict[str, JobRequest]:
-        """The live elastic jobs, by array id."""
-        return dict(self._jobs)
-
-    @property
-    def workers(self) -> dict[str, tuple[str, str]]:
-        """Running workers: subjob id → (job id, vnode)."""
-        return dict(self._workers)
-
-    @property
-    def offered(self) -> set[str]:
-        """Vnodes the engine has been told it may use (idle or running a worker)."""
-        return set(self._offered)
+    def _job_of(self, task: str) -> str:
+        seen = self._subjobs.get(task)
+        if seen is not None and seen.array_id is not None:
+            return str(seen.array_id)
+        head, _, rest = task.partition("[")          # 12[3].server -> 12[].server
+        return f"{head}[]{rest.partition(']')[2]}" if rest else task
 
     # ------------------------------------------------------------------ poll
     def poll(self, now: float) -> list[Event]:
@@ -155,7 +130,7 @@ class PbsBackend:
         current = {j.id: j for group in subjobs.values() for j in group}
         our_ids = {j.id for j in jobs.values() if j.queue == self.queue}
         out = PollEvents()
-        self._admit(arrays, subjobs, now, out)
+        self._admit_arrays(arrays, subjobs, now, out)
         self._reconcile_workers(current, now, out)
         self._reconcile_launches(current, now, out)
         self._reconcile_jobs(subjobs, now, out)
@@ -166,17 +141,11 @@ class PbsBackend:
 
         return out.ordered(now, idle)
 
-    def _admit(self, arrays: dict[str, pp.PbsJob], subjobs: dict[str, list[pp.PbsJob]],
-               now: float, out: PollEvents) -> None:
+    def _admit_arrays(self, arrays: dict[str, pp.PbsJob],
+                      subjobs: dict[str, list[pp.PbsJob]], now: float, out: PollEvents) -> None:
         for aid in sorted(arrays, key=_job_number):
-            if aid in self._jobs or aid in self._gone:
-                continue
-            req = job_request(arrays[aid], subjobs.get(aid, []))
-            if req is None:
-                self._gone.add(aid)
-                continue
-            self._jobs[aid] = req
-            out.submitted.append(JobSubmitted(now, req))
+            if self._is_new(aid):
+                self._admit(aid, job_request(arrays[aid], subjobs.get(aid, [])), now, out)
 
     def _reconcile_workers(self, current: dict[str, pp.PbsJob], now: float, out: PollEvents) -> None:
         unwanted = set(self._unwanted)
@@ -206,7 +175,7 @@ class PbsBackend:
                 out.stopped.append(WorkerStopped(now, aid, node))
             elif seen is not None and seen.state in (TaskState.PENDING, TaskState.HELD):
                 out.reclaimed.append(node)  # requeued by PBS: preempted
-                self._offered.discard(node)
+                self._offered.pop(node, None)
             else:
                 out.stopped.append(WorkerStopped(now, aid, node))
 
@@ -236,10 +205,7 @@ class PbsBackend:
                 reason = EndReason.FAILED
             else:
                 reason = EndReason.CANCELLED  # gone with no worker done: deleted (qdel)
-            self._end(aid)
-            out.stopped = [e for e in out.stopped if getattr(e, "job_id", None) != aid]
-            out.started = [e for e in out.started if getattr(e, "job_id", None) != aid]
-            out.ended.append(JobEnded(now, aid, reason))
+            self._close(aid, reason, now, out)
 
     def _reconcile_nodes(self, nodes: dict[str, pp.PbsNode], our_ids: set[str],
                          reclaimed: list[str]) -> list[IdleNode]:
@@ -255,54 +221,27 @@ class PbsBackend:
             if name in ours or (name in launching and name in self._offered):
                 if name not in self._offered:  # a worker we did not start (daemon restart)
                     idle.append(self._idle(vnode))
-                    self._offered.add(name)
+                    self._offered[name] = None
                 if name in ours or usable:
                     continue
             elif usable and name not in just_lost:
                 if name not in self._offered:
                     idle.append(self._idle(vnode))
-                    self._offered.add(name)
+                    self._offered[name] = None
                 continue
             elif (name in self._offered and vnode.jobs and set(vnode.jobs) <= our_ids
                   and vnode.state is not NodeState.DOWN):
                 continue
-            if name in self._offered:
-                self._offered.discard(name)
-                reclaimed.append(name)
+            self._withdraw(name, reclaimed)
             for sid in [s for s, la in self._launching.items() if la.node == name]:
                 del self._launching[sid]  # the engine drops it with NodesReclaimed
-        for name in sorted(self._offered - set(nodes)):
-            self._offered.discard(name)
-            reclaimed.append(name)
+        for name in sorted(set(self._offered) - set(nodes)):
+            self._withdraw(name, reclaimed)
         return idle
 
     def _idle(self, vnode: pp.PbsNode) -> IdleNode:
         group = vnode.resources.get(self.group_resource) if self.group_resource else None
         return IdleNode(vnode.name, None, str(group) if group is not None else None)
-
-    def _end(self, aid: str) -> None:
-        self._jobs.pop(aid, None)
-        self._gone.add(aid)
-        for sid in [s for s, (a, _) in self._workers.items() if a == aid]:
-            del self._workers[sid]
-        for sid in [s for s, la in self._launching.items() if la.job_id == aid]:
-            del self._launching[sid]
-        self._stopping = {s for s in self._stopping if not s.startswith(aid.split("[", 1)[0] + "[")}
-
-    # ------------------------------------------------------------------ execute
-    def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
-        """Carry out the engine's actions; returns WorkerStopped for grows that failed."""
-        events: list[Event] = []
-        for action in actions:
-            if isinstance(action, Shrink):
-                events += self._shrink(action, now)
-            elif isinstance(action, Grow):
-                events += self._grow(action, now)
-            elif isinstance(action, Finish):
-                self._finish(action.job_id)
-            elif not isinstance(action, Checkpoint):
-                log.warning("PBS backend: action %r not understood: ignored", action)
-        return events
 
     def _run(self, argv: list[str]) -> bool:
         """One command whose failure is logged (the next poll shows the truth)."""
@@ -315,8 +254,11 @@ class PbsBackend:
             log.warning("%s", exc)
             return False
 
-    def _shrink(self, action: Shrink, now: float) -> list[Event]:
-        events: list[Event] = []
+    def _shrink(self, shrinks: list[Shrink], now: float, events: list[Event]) -> None:
+        for action in shrinks:
+            self._shrink_one(action, now, events)
+
+    def _shrink_one(self, action: Shrink, now: float, events: list[Event]) -> None:
         for node in action.nodes:
             sid = next((s for s, (a, n) in sorted(self._workers.items())
                         if a == action.job_id and n == node), None)
@@ -336,9 +278,12 @@ class PbsBackend:
                 self._stopping.add(sid)
             else:
                 events.append(WorkerStarted(now, action.job_id, node))  # still running there
-        return events
 
-    def _grow(self, action: Grow, now: float) -> list[Event]:
+    def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
+        for action in grows:
+            events += self._grow_one(action, now)
+
+    def _grow_one(self, action: Grow, now: float) -> list[Event]:
         taken = set(self._workers) | set(self._launching) | self._stopping | set(self._unwanted)
         free = sorted((s for s, j in self._subjobs.items()
                        if j.array_id == action.job_id and j.state is TaskState.PENDING
@@ -351,14 +296,15 @@ class PbsBackend:
                 continue
             sid = free.pop(0)
             if self._run(["qrun", "-a", "-H", f"({node})", sid]):
-                self._launching[sid] = _Launch(action.job_id, node, now + self.grow_timeout_s)
+                self._launching[sid] = Launch(action.job_id, node, now + self.grow_timeout_s)
             else:
                 failed.append(WorkerStopped(now, action.job_id, node))
         return failed
 
-    def _finish(self, aid: str) -> None:
-        self._end(aid)
-        self._delete(aid)
+    def _finish(self, finishes: list[Finish]) -> None:
+        for action in finishes:
+            self._end(action.job_id)
+            self._delete(action.job_id)
 
     def _delete(self, aid: str) -> None:
         """``qdel`` the array; retried at the next poll when PBS did not answer."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .errors import InputFileError
-from .model import Curve
+from ..errors import InputFileError
+from ..model import Curve
 
 WORKLOAD_FILES = {
     "imagenet": ("ImageNet-imgps-JNPs-1001J.csv", "ImageNet-imgps-Jbnd-1001J.csv"),
@@ -29,7 +29,7 @@ def shared_dir() -> Path:
     env = os.environ.get("MALLETRAIN_SHARED")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared"
+    return Path(__file__).resolve().parents[2].parent / "shared"
 
 
 @dataclass(frozen=True)

@@ -30,54 +30,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import MalleTrainError, ValidationError
+from ..errors import ValidationError
+from ..wire.orders import EpochError, Order
 
 KEY_BYTES = 32
 LAUNCHER_STATES = ("idle", "running", "exited")
-ORDER_KINDS = ("run", "wait", "stop", "checkpoint", "exit")
-
-
-class EpochError(MalleTrainError):
-    """A request the coordinator cannot satisfy (unknown job, port range exhausted)."""
-
-
-@dataclass(frozen=True)
-class Order:
-    """What one launcher must do now; see the module docstring for the kinds."""
-
-    kind: str
-    epoch: int | None = None
-    rank: int | None = None
-    world: int | None = None
-    master: str | None = None
-    port: int | None = None
-    rdzv_id: str | None = None
-    request: int | None = None
-    rc: int | None = None
-    reason: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Order:
-        """Parse an order received over the wire; raises :class:`EpochError` if malformed."""
-        if not isinstance(data, dict) or data.get("kind") not in ORDER_KINDS:
-            raise EpochError(f"malformed order {data!r}; expected kind in {', '.join(ORDER_KINDS)}")
-        ints = ("epoch", "rank", "world", "port", "request", "rc")
-        try:
-            args = {k: (int(data[k]) if k in ints else str(data[k]))
-                    for k in ("epoch", "rank", "world", "master", "port", "rdzv_id", "request",
-                              "rc", "reason") if data.get(k) is not None}
-        except (TypeError, ValueError):
-            raise EpochError(f"malformed order {data!r}") from None
-        order = cls(kind=data["kind"], **args)  # type: ignore[arg-type]
-        if order.kind == "run" and None in (order.epoch, order.rank, order.world, order.master,
-                                            order.port, order.rdzv_id):
-            raise EpochError(f"incomplete run order {data!r}")
-        return order
-
-
 @dataclass
 class Epoch:
     """One membership of a job: ``members[r]`` is the node of rank ``r``."""

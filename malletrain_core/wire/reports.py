@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from .errors import MalleTrainError
+from ..errors import MalleTrainError
 
 MAGIC = b"MTR1"
 MAX_BYTES = 1024

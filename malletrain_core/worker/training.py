@@ -1,6 +1,6 @@
 """The training-side API: what a user's ``train.py`` calls.
 
-    from malletrain_core import training
+    from malletrain_core.worker import training
 
     session = training.Session()                 # reads what malletrain-run set up
     state = session.resume()                     # last checkpoint, at any world size, or None
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import reports
+from ..wire import reports
 
 ENV_JOB = "MALLETRAIN_JOB_ID"
 ENV_EPOCH = "MALLETRAIN_EPOCH"

@@ -33,8 +33,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import start_http_server
 
-from .engine.config import JobPhase
-from .errors import ConfigError
+from ..engine.config import JobPhase
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 

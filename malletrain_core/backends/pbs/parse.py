@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CommandError
+from ...errors import CommandError
 from ..states import NodeState, TaskState, translate
 
 log = logging.getLogger(__name__)

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
-
-from .errors import MalleTrainError
+from .. import hostlist
+from ..errors import MalleTrainError, ValidationError
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 4096
@@ -41,7 +40,6 @@ SOCKET_ENV = "MALLETRAIN_HOOK_SOCKET"
 KINDS = ("job_end", "nodes_free", "node_change")
 MAX_HOSTLIST_NODES = 65536
 _EXIT = re.compile(r"^-?\d+:\d+$")
-_NOT_HOSTLIST = set("@!&^*? \t\r\n\x00")
 
 
 class ProtocolError(MalleTrainError):
@@ -116,52 +114,13 @@ def _count(obj: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _hostlist_bound(text: str) -> int:
-    """An upper bound of the names in a hostlist, computed without expanding it: a 4 KiB
-    datagram must not make the daemon build a hundred million names."""
-    total, depth, element = 0, 0, ""
-    for char in text + ",":
-        depth += (char == "[") - (char == "]")
-        if char != "," or depth:
-            element += char
-            continue
-        count = 1
-        for inner in re.findall(r"\[([^\]]*)\]", element):
-            size = 0
-            for piece in inner.split(","):
-                lo, _, hi = piece.split("/")[0].partition("-")
-                lo, hi = lo.strip(), hi.strip()
-                if lo.isdigit() and hi.isdigit():
-                    size += max(int(hi[:19]) - int(lo[:19]) + 1, 1) if len(hi) < 19 \
-                        else MAX_HOSTLIST_NODES + 1
-                else:
-                    size += 1
-            count *= size
-        total += count
-        element = ""
-    return total
-
-
 def expand_hostlist(text: str) -> tuple[str, ...]:
-    """``n[01-03],m5`` -> ``('m5', 'n01', 'n02', 'n03')`` (ProtocolError when malformed).
-
-    Only Slurm's hostlist syntax is read: ClusterShell's groups (``@name``, which may run a
-    site's group upcalls) and set operators are refused, and so is a list of more than
-    :data:`MAX_HOSTLIST_NODES` names."""
-    if not text.strip():
-        return ()
-    bad = sorted(_NOT_HOSTLIST.intersection(text))
-    if bad:
-        raise ProtocolError(f"hook datagram: hostlist {text[:60]!r} contains "
-                            f"{''.join(bad)!r}; only names like n[01-04,07] are accepted")
-    if _hostlist_bound(text) > MAX_HOSTLIST_NODES:
-        raise ProtocolError(f"hook datagram: hostlist {text[:60]!r} names more than "
-                            f"{MAX_HOSTLIST_NODES} nodes")
+    """``n[01-03],m5`` -> ``('m5', 'n01', 'n02', 'n03')`` (ProtocolError when malformed or
+    naming more than :data:`MAX_HOSTLIST_NODES` nodes); see :mod:`malletrain_core.hostlist`."""
     try:
-        return tuple(NodeSet(text, resolver=RESOLVER_NOGROUP))
-    except (NodeSetException, ValueError, OverflowError, AssertionError) as exc:
-        reason = " ".join(str(exc).split())[:80]
-        raise ProtocolError(f"hook datagram: bad hostlist {text[:60]!r}: {reason}") from None
+        return tuple(hostlist.expand(text, max_nodes=MAX_HOSTLIST_NODES))
+    except ValidationError as exc:
+        raise ProtocolError(f"hook datagram: {exc}") from None
 
 
 def decode(data: bytes) -> Message:
@@ -219,7 +178,7 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, JobEnd):
         obj["job"] = msg.job
         if msg.nodes:
-            obj["nodes"] = str(NodeSet.fromlist(msg.nodes))
+            obj["nodes"] = hostlist.fold(msg.nodes)
         for key in ("user", "uid", "restarts", "exit", "partition"):
             if getattr(msg, key) is not None:
                 obj[key] = getattr(msg, key)
@@ -263,12 +222,13 @@ class Received:
     gid: int
 
 
-class HookListener:
-    """The daemon side: a unix datagram socket that learns each sender's uid from the kernel.
+class HookSocket:
+    """The receiving end of the hook socket: a unix datagram socket that learns each sender's
+    uid from the kernel.
 
     ``bind()`` creates the socket, mode 0o622 by default (any local user may send; the
     receiver decides by the kernel-reported uid what to believe), which suits tests and tools.
-    The daemon binds its socket through :class:`malletrain_core.daemon.intake.HookListener`,
+    The daemon reads its socket through :class:`malletrain_core.daemon.intake.HookListener`,
     private or SlurmUser-group-only. ``receive()`` returns one :class:`Received` or raises
     ProtocolError for a bad datagram.
     """
@@ -278,7 +238,7 @@ class HookListener:
         self.mode = mode
         self.sock: socket.socket | None = None
 
-    def bind(self) -> HookListener:
+    def bind(self) -> HookSocket:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_socket():
             self.path.unlink()
@@ -324,7 +284,7 @@ class HookListener:
         if self.path.is_socket():
             self.path.unlink()
 
-    def __enter__(self) -> HookListener:
+    def __enter__(self) -> HookSocket:
         return self.bind()
 
     def __exit__(self, *exc: object) -> None:

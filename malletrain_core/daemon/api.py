@@ -25,39 +25,29 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
 from typing import Any
 
-from . import reports
-from .epochs import EpochCoordinator, Order
-from .errors import MalleTrainError
-from .munge import Munge, MungeError
-from .security import API_SOCKET_GROUP, restrict_socket
+from ..errors import MalleTrainError
+from ..munge import Munge, MungeError
+from ..security import API_SOCKET_GROUP, restrict_socket
+from ..wire.api import (
+    AUTH_PAYLOAD,
+    MAX_LINE_BYTES,
+    ApiError,
+)
+from ..wire.api import (
+    encode_error as _error,
+)
+from ..wire.api import (
+    encode_line as _line,
+)
 
 log = logging.getLogger(__name__)
 
-MAX_LINE_BYTES = 64 * 1024
 # After refusing an oversized request: how long and how much to read and discard before closing.
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 16 * MAX_LINE_BYTES
-AUTH_PAYLOAD = "malletrain-api-v1"
 Handler = Callable[[int, dict[str, Any]], Any]
-
-
-class ApiError(MalleTrainError):
-    """A request the daemon refused, or an answer the client could not use."""
-
-
-class ApiUnavailable(ApiError):
-    """The daemon cannot be reached (not running, wrong address, connection lost)."""
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
-
-
-def _error(message: str) -> bytes:
-    return _line({"ok": False, "error": " ".join(str(message).split())})
 
 
 class Dispatcher:
@@ -335,232 +325,3 @@ def peer_uid(sock: socket.socket) -> int:
     return int(uid)
 
 
-class _Client:
-    """A persistent connection; :meth:`call` reconnects once if the daemon dropped it."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self._sock: socket.socket | None = None
-        self._file: Any = None
-        self._lock = threading.Lock()
-
-    def _connect(self) -> socket.socket:
-        raise NotImplementedError
-
-    def _where(self) -> str:
-        raise NotImplementedError
-
-    def _open(self) -> None:
-        try:
-            self._sock = self._connect()
-        except OSError as exc:
-            raise ApiUnavailable(f"cannot reach the MalleTrain daemon at {self._where()}: "
-                                 f"{exc.strerror or exc}; is malletraind running?") from None
-        self._file = self._sock.makefile("rb")
-        self._after_connect()
-
-    def _after_connect(self) -> None:
-        pass
-
-    def _exchange(self, payload: bytes) -> dict[str, Any]:
-        assert self._sock is not None
-        try:
-            try:
-                self._sock.sendall(payload)
-            except BrokenPipeError:
-                pass  # the daemon refused and closed its side: its reply may still be queued
-            line = self._file.readline(MAX_LINE_BYTES + 1)
-        except OSError as exc:
-            self.close()
-            raise ApiUnavailable(f"lost the connection to the daemon at {self._where()}: "
-                                 f"{exc}") from None
-        if not line:
-            self.close()
-            raise ApiUnavailable(f"the daemon at {self._where()} closed the connection")
-        try:
-            reply = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            self.close()
-            raise ApiError(f"the daemon at {self._where()} sent a malformed reply") from None
-        if not isinstance(reply, dict) or "ok" not in reply:
-            raise ApiError(f"the daemon at {self._where()} sent a malformed reply")
-        return reply
-
-    def connect(self) -> None:
-        """Open (and authenticate) the connection now rather than on the first call."""
-        with self._lock:
-            if self._sock is None:
-                self._open()
-
-    def call(self, op: str, **args: Any) -> Any:
-        """Send one request; returns its result or raises :class:`ApiError`."""
-        payload = _line({"op": op, "args": args})
-        if len(payload) > MAX_LINE_BYTES:
-            raise ApiError(f"request {op!r} is {len(payload)} bytes, over the daemon's limit of "
-                           f"{MAX_LINE_BYTES}; send less per call")
-        with self._lock:
-            fresh = self._sock is None
-            if fresh:
-                self._open()
-            try:
-                reply = self._exchange(payload)
-            except ApiUnavailable:
-                if fresh:
-                    raise
-                self._open()
-                reply = self._exchange(payload)
-        if not reply["ok"]:
-            raise ApiError(str(reply.get("error", "request refused")))
-        return reply.get("result")
-
-    def close(self) -> None:
-        for obj in (self._file, self._sock):
-            if obj is not None:
-                try:
-                    obj.close()
-                except OSError:
-                    pass
-        self._sock = self._file = None
-
-    def __enter__(self) -> _Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class UnixClient(_Client):
-    """Client of the local API socket."""
-
-    def __init__(self, path: str, timeout_s: float = 30.0) -> None:
-        super().__init__(timeout_s)
-        self.path = path
-
-    def _where(self) -> str:
-        return self.path
-
-    def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout_s)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-
-
-class TcpClient(_Client):
-    """Client of the network API, authenticated by a fresh munge credential per connection."""
-
-    def __init__(self, host: str, port: int, munge: Munge, timeout_s: float = 30.0) -> None:
-        super().__init__(timeout_s)
-        self.host, self.port, self.munge = host, int(port), munge
-        self.uid: int | None = None
-
-    def _where(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def _connect(self) -> socket.socket:
-        return socket.create_connection((self.host, self.port), timeout=self.timeout_s)
-
-    def local_address(self) -> str | None:
-        """This end's IP address on the connection (the interface that reaches the daemon)."""
-        return None if self._sock is None else str(self._sock.getsockname()[0])
-
-    def _after_connect(self) -> None:
-        try:
-            credential = self.munge.encode(AUTH_PAYLOAD)
-        except MungeError:
-            self.close()
-            raise
-        reply = self._exchange(_line({"auth": "munge", "credential": credential}))
-        if not reply["ok"]:
-            self.close()
-            raise ApiError(f"the daemon refused our credential: {reply.get('error')}")
-        self.uid = int(reply["result"]["uid"])
-
-
-def parse_address(text: str, default_port: int = 7817) -> tuple[str, int]:
-    """``HOST[:PORT]`` (or ``[v6]:PORT``) → (host, port); one-line error if malformed."""
-    text = text.strip()
-    host, port = text, str(default_port)
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else port
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ApiError(f"bad daemon address {text!r}; use HOST:PORT, e.g. head01:{default_port}")
-    return host, int(port)
-
-
-class LauncherService:
-    """The daemon's side of ``malletrain-run``: check-ins become orders, reports acknowledge
-    checkpoints.
-
-    ``wrap_key(key_hex, uid)`` returns the job's report key inside a munge credential that only
-    ``uid`` can decode; ``report_addr`` is the ``HOST:PORT`` where reports are received.
-    """
-
-    def __init__(self, coordinator: EpochCoordinator, wrap_key: Callable[[str, int], str],
-                 report_addr: str, clock: Callable[[], float],
-                 lock: AbstractContextManager[Any] | None = None, admin_uids: frozenset[int] = frozenset({0})
-                 ) -> None:
-        self.coordinator = coordinator
-        self.wrap_key = wrap_key
-        self.report_addr = report_addr
-        self.clock = clock
-        self.lock = lock or threading.Lock()
-        self.admin_uids = admin_uids
-        self.replay = reports.ReplayGuard()
-        self.dropped_reports = 0
-
-    def register(self, dispatcher: Dispatcher) -> None:
-        dispatcher.register("checkin", self.checkin)
-
-    def checkin(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
-        """``checkin {job, node, epoch, state, rc, addr, ckpt_seen}`` → ``{order[, key, ...]}``."""
-        try:
-            job, node = str(args["job"]), str(args["node"])
-            epoch = None if args.get("epoch") is None else int(args["epoch"])
-            rc = None if args.get("rc") is None else int(args["rc"])
-            state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
-            ckpt_seen = int(args.get("ckpt_seen", 0))
-        except (KeyError, TypeError, ValueError):
-            raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
-                           "are integers") from None
-        with self.lock:
-            owner = self.coordinator.owner(job)
-            if owner is None:
-                return {"order": Order("wait", reason=f"job {job} is not known to the daemon "
-                                       "yet").to_dict()}
-            if uid != owner and uid not in self.admin_uids:
-                raise ApiError(f"job {job} belongs to uid {owner}, not to uid {uid}")
-            order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch, state=state,
-                                             rc=rc, addr=addr, ckpt_seen=ckpt_seen)
-            key = self.coordinator.key(job).hex()
-        reply: dict[str, Any] = {"order": order.to_dict()}
-        if order.kind == "run" and state != "running":
-            reply["key"] = self.wrap_key(key, owner)
-            reply["report_addr"] = self.report_addr
-        return reply
-
-    def handle_report(self, data: bytes) -> reports.Report:
-        """Verify one report datagram and feed a checkpoint acknowledgement to the
-        coordinator; raises :class:`~malletrain_core.reports.ReportError` (counted) if dropped."""
-        try:
-            _mac, _payload, unverified = reports.parse(data)
-            with self.lock:
-                owner = self.coordinator.owner(unverified.job)
-                if owner is None:
-                    raise reports.ReportError(f"report for unknown job {unverified.job!r}")
-                report = reports.verify(data, self.coordinator.key(unverified.job))
-                self.replay.check(report)
-                if report.ckpt is not None:
-                    self.coordinator.acknowledge_checkpoint(report.job, report.epoch,
-                                                            self.clock())
-            return report
-        except reports.ReportError:
-            self.dropped_reports += 1
-            raise

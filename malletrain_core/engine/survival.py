@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, ValidationError
+from ..errors import ConfigError, ValidationError
 
 DEFAULT_HORIZON_S = 3600.0
 """Idle time beyond this counts no more: later re-plans decide what happens after it."""

@@ -18,9 +18,10 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..errors import ValidationError
-from ..hostlist import EMPTY_MARKERS, expand
-from ..states import NodeState, TaskState, slurm_node_state, slurm_task_state
+from ...errors import ValidationError
+from ...hostlist import EMPTY_MARKERS, expand
+from ..states import NodeState, TaskState
+from .states import node_state, task_state
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ def parse_squeue(text: str) -> list[TaskRow]:
         index = int(tid) if tid.isdigit() else None
         rows.append(TaskRow(
             job_id=jid, array_id=aid if aid.isdigit() else jid, index=index,
-            state_code=st, state=slurm_task_state(st), nodes=_nodes(nl),
+            state_code=st, state=task_state(st), nodes=_nodes(nl),
             time_limit_s=parse_duration(tl), restarts=_int(rc),
             priority=_int(prio, default=-1), user=user, reason=reason,
             admin_comment="" if comment in ("(null)", "N/A") else comment))
@@ -266,7 +267,7 @@ def parse_sinfo(text: str) -> dict[str, NodeRow]:
         if not sep or not name or not code or any(c in name for c in "[],"):
             warn_once(f"si:{line[:60]}", "sinfo line not understood, skipped: %r", line[:200])
             continue
-        nodes.setdefault(name, NodeRow(name, code, slurm_node_state(code)))
+        nodes.setdefault(name, NodeRow(name, code, node_state(code)))
     return nodes
 
 

@@ -37,27 +37,23 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
-from ..events import (
-    Action,
-    Checkpoint,
+from ...errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
+from ...events import (
     EndReason,
     Event,
     Finish,
     Grow,
     IdleNode,
-    JobEnded,
     JobRequest,
-    JobSubmitted,
     NodesReclaimed,
     Shrink,
     WorkerStarted,
     WorkerStopped,
 )
-from ..runner import CommandRunner
+from ...runner import CommandRunner
+from ..base import Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
-from . import slurm_parse as sp
-from .base import PollEvents
+from . import parse as sp
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +87,7 @@ class _PollEvents(PollEvents):
     to_requeuehold: list[str] = field(default_factory=list)
 
 
-@dataclass
-class _Launch:
-    job_id: str
-    node: str
-    deadline: float
-
-
-class SlurmBackend:
+class SlurmBackend(TaskBackend):
     """Slurm behind the :class:`~malletrain_core.backends.base.Backend` protocol.
 
     Clock-free: every method takes ``now`` (Unix seconds, as in Slurm's timestamps).
@@ -113,36 +102,18 @@ class SlurmBackend:
         if default_time_limit_s < 60:
             raise ValidationError("SlurmBackend", "default_time_limit_s",
                                   f"{default_time_limit_s:g} s is under Slurm's one-minute unit")
+        super().__init__()
         self.runner = runner
         self.partition = partition
         self.default_time_limit_s = float(default_time_limit_s)
         self.grow_timeout_s = float(grow_timeout_s)
         self.hole_margin_s = float(hole_margin_s)
-        self._rows: dict[str, sp.TaskRow] = {}           # task key -> last seen row
-        self._jobs: dict[str, JobRequest] = {}            # array id -> request (live jobs)
-        self._gone: set[str] = set()                      # ended, finished or unreadable
-        self._workers: dict[str, tuple[str, str]] = {}    # task key -> (array id, node)
-        self._launching: dict[str, _Launch] = {}          # released, not yet running
+        self._rows: dict[str, sp.TaskRow] = {}           # task key (A_i) -> last seen row
         self._dropped: list[tuple[str, str]] = []         # workers lost, not stopped by us
-        self._stopping: set[str] = set()                  # requeue-held by us
-        self._offered: dict[str, float | None] = {}       # node -> hole end, as told
         self._to_cancel: set[str] = set()                 # finished, scancel not yet done
 
-    # ------------------------------------------------------------------ read-only views
-    @property
-    def jobs(self) -> dict[str, JobRequest]:
-        """The live elastic jobs, by array id."""
-        return dict(self._jobs)
-
-    @property
-    def workers(self) -> dict[str, tuple[str, str]]:
-        """Running workers: task key (``A_i``) → (job id, node)."""
-        return dict(self._workers)
-
-    @property
-    def offered(self) -> dict[str, float | None]:
-        """Nodes the engine has been told it may use (idle or running a worker) → hole end."""
-        return dict(self._offered)
+    def _job_of(self, task: str) -> str:
+        return task.split("_", 1)[0]
 
     # ------------------------------------------------------------------ commands
     def _query(self) -> tuple[dict[str, sp.NodeRow], list[sp.TaskRow], list[sp.PlanRow]]:
@@ -183,7 +154,7 @@ class SlurmBackend:
                 tagged.setdefault(row.array_id, []).append(row)
         current = {row.key: row for group in tagged.values() for row in group}
         out = _PollEvents()
-        self._admit(tagged, now, out)
+        self._admit_arrays(tagged, now, out)
         self._reconcile_workers(current, now, out)
         self._reconcile_tasks(current, now, out)
         self._reconcile_jobs(tagged, now, out)
@@ -200,24 +171,22 @@ class SlurmBackend:
 
         return out.ordered(now, idle)
 
-    def _admit(self, tagged: dict[str, list[sp.TaskRow]], now: float, out: _PollEvents) -> None:
+    def _admit_arrays(self, tagged: dict[str, list[sp.TaskRow]], now: float,
+                      out: _PollEvents) -> None:
         for aid, group in sorted(tagged.items(), key=lambda kv: int(kv[0])):
-            if aid in self._jobs or aid in self._gone:
+            if not self._is_new(aid):
                 continue
-            if all(r.state is TaskState.DONE and not _recoverable(r) for r in group):
-                self._gone.add(aid)
-                continue
-            try:
-                tag = sp.parse_tag(group[0].admin_comment)
-            except ValidationError as exc:
-                log.warning("job %s ignored: %s", aid, exc)
-                self._gone.add(aid)
-                continue
-            assert tag is not None
-            req = JobRequest(aid, tag.min_nodes, tag.max_nodes, owner=group[0].user,
-                             model=tag.model, profile=tag.profile)
-            self._jobs[aid] = req
-            out.submitted.append(JobSubmitted(now, req))
+            req: JobRequest | None = None
+            if any(r.state is not TaskState.DONE or _recoverable(r) for r in group):
+                try:
+                    tag = sp.parse_tag(group[0].admin_comment)
+                except ValidationError as exc:
+                    log.warning("job %s ignored: %s", aid, exc)
+                else:
+                    assert tag is not None
+                    req = JobRequest(aid, min_nodes=tag.min_nodes, max_nodes=tag.max_nodes,
+                                     owner=group[0].user, model=tag.model, profile=tag.profile)
+            self._admit(aid, req, now, out)
 
     def _reconcile_workers(self, current: dict[str, sp.TaskRow], now: float,
                            out: _PollEvents) -> None:
@@ -292,11 +261,8 @@ class SlurmBackend:
                 reason = EndReason.CANCELLED
             else:
                 reason = EndReason.FAILED
-            self._end(aid)
-            out.stopped = [e for e in out.stopped if getattr(e, "job_id", None) != aid]
-            out.started = [e for e in out.started if getattr(e, "job_id", None) != aid]
-            out.to_requeuehold = [k for k in out.to_requeuehold if not k.startswith(f"{aid}_")]
-            out.ended.append(JobEnded(now, aid, reason))
+            out.to_requeuehold = [k for k in out.to_requeuehold if self._job_of(k) != aid]
+            self._close(aid, reason, now, out)
 
     def _reconcile_nodes(self, nodes: dict[str, sp.NodeRow], plan: list[sp.PlanRow],
                          reclaimed: list[str]) -> list[IdleNode]:
@@ -349,36 +315,7 @@ class SlurmBackend:
             log.warning("%s: retried at the next poll", exc)
             return set()
 
-    def _end(self, aid: str) -> None:
-        self._jobs.pop(aid, None)
-        self._gone.add(aid)
-        prefix = f"{aid}_"
-        for table in (self._workers, self._launching):
-            for key in [k for k in table if k.startswith(prefix)]:
-                del table[key]
-        self._stopping = {k for k in self._stopping if not k.startswith(prefix)}
-
     # ------------------------------------------------------------------ execute
-    def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
-        """Carry out the engine's actions; returns WorkerStopped for grows that failed."""
-        events: list[Event] = []
-        self._shrink([a for a in actions if isinstance(a, Shrink)], now, events)
-        self._grow([a for a in actions if isinstance(a, Grow)], now, events)
-        self._finish([a for a in actions if isinstance(a, Finish)])
-        for action in actions:
-            if not isinstance(action, (Shrink, Grow, Finish, Checkpoint)):
-                log.warning("action %r is not for the Slurm backend: ignored", action)
-        return events
-
-    def _task_on(self, job_id: str, node: str) -> str | None:
-        for key, (aid, where) in self._workers.items():
-            if aid == job_id and where == node:
-                return key
-        for key, launch in self._launching.items():
-            if launch.job_id == job_id and launch.node == node:
-                return key
-        return None
-
     def _shrink(self, shrinks: list[Shrink], now: float, events: list[Event]) -> None:
         requeue: list[str] = []
         unlaunch: list[str] = []
@@ -449,7 +386,7 @@ class SlurmBackend:
                         del self._offered[node]
                         events.append(NodesReclaimed(now, (node,)))
                     continue
-                self._launching[key] = _Launch(action.job_id, node, now + self.grow_timeout_s)
+                self._launching[key] = Launch(action.job_id, node, now + self.grow_timeout_s)
                 released.append(key)
         try:
             failed = self._scontrol_batch("release", released)

@@ -9,7 +9,7 @@ for each epoch it runs ::
     torchrun --nnodes=W --node-rank=r --nproc-per-node=1 --master-addr=A --master-port=P
              --rdzv-backend=static --rdzv-id=ID --max-restarts=0 --no-python python train.py ARGS
 
-with the training environment of :mod:`malletrain_core.training`; it relays checkpoint
+with the training environment of :mod:`malletrain_core.worker.training`; it relays checkpoint
 requests by touching the control flag, stops the workers when told (or reports their exit when
 a peer was lost: torchrun exits), keeps its epoch running and reconnects with backoff while the
 daemon is away, and exits at once on SIGTERM, killing the workers' process group.
@@ -37,11 +37,13 @@ from typing import Any
 
 import psutil
 
-from . import config, training
-from .api import ApiError, ApiUnavailable, TcpClient, parse_address
-from .epochs import EpochError, Order
-from .errors import MalleTrainError
-from .munge import Munge
+from .. import config
+from ..errors import MalleTrainError
+from ..munge import Munge
+from ..wire.api import ApiError, ApiUnavailable, parse_address
+from ..wire.orders import EpochError, Order
+from . import training
+from .client import TcpClient
 
 log = logging.getLogger("malletrain-run")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import events as ev
-from .model import Curve
+from .. import events as ev
+from ..model import Curve
 
 _TYPES: dict[str, type] = {
     cls.__name__: cls for cls in (

@@ -1,0 +1,16 @@
+"""PBS Professional / OpenPBS: an elastic job is an array of one-node subjobs in a
+preemptable queue (see :mod:`.backend`)."""
+
+from __future__ import annotations
+
+from ...config import Config
+from ...runner import with_bin_dir
+from .backend import PbsBackend
+
+__all__ = ["PbsBackend", "from_config"]
+
+
+def from_config(config: Config) -> PbsBackend:
+    """The backend ``malletraind`` runs with ``daemon.batch_system = "pbs"``."""
+    p = config.pbs
+    return PbsBackend(with_bin_dir(p.bin_dir, p.command_timeout_s), queue=p.queue)

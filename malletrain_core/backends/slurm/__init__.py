@@ -1,0 +1,16 @@
+"""Slurm: an elastic job is a held array of one-node tasks (see :mod:`.backend`)."""
+
+from __future__ import annotations
+
+from ...config import Config
+from ...runner import with_bin_dir
+from .backend import SlurmBackend
+
+__all__ = ["SlurmBackend", "from_config"]
+
+
+def from_config(config: Config) -> SlurmBackend:
+    """The backend ``malletraind`` runs with ``daemon.batch_system = "slurm"``."""
+    s = config.slurm
+    return SlurmBackend(with_bin_dir(s.bin_dir, s.command_timeout_s), partition=s.partition,
+                        default_time_limit_s=s.default_time_limit_s)

@@ -1,0 +1,62 @@
+"""The daemon's side of ``malletrain-run``: launcher check-ins become epoch orders."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..wire.api import ApiError
+from .api import Dispatcher
+from .epochs import EpochCoordinator, Order
+
+
+class LauncherService:
+    """The daemon's side of ``malletrain-run``: check-ins become orders, reports acknowledge
+    checkpoints.
+
+    ``wrap_key(key_hex, uid)`` returns the job's report key inside a munge credential that only
+    ``uid`` can decode; ``report_addr`` is the ``HOST:PORT`` where reports are received.
+    """
+
+    def __init__(self, coordinator: EpochCoordinator, wrap_key: Callable[[str, int], str],
+                 report_addr: str, clock: Callable[[], float],
+                 lock: AbstractContextManager[Any] | None = None, admin_uids: frozenset[int] = frozenset({0})
+                 ) -> None:
+        self.coordinator = coordinator
+        self.wrap_key = wrap_key
+        self.report_addr = report_addr
+        self.clock = clock
+        self.lock = lock or threading.Lock()
+        self.admin_uids = admin_uids
+
+    def register(self, dispatcher: Dispatcher) -> None:
+        dispatcher.register("checkin", self.checkin)
+
+    def checkin(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
+        """``checkin {job, node, epoch, state, rc, addr, ckpt_seen}`` → ``{order[, key, ...]}``."""
+        try:
+            job, node = str(args["job"]), str(args["node"])
+            epoch = None if args.get("epoch") is None else int(args["epoch"])
+            rc = None if args.get("rc") is None else int(args["rc"])
+            state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
+            ckpt_seen = int(args.get("ckpt_seen", 0))
+        except (KeyError, TypeError, ValueError):
+            raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
+                           "are integers") from None
+        with self.lock:
+            owner = self.coordinator.owner(job)
+            if owner is None:
+                return {"order": Order("wait", reason=f"job {job} is not known to the daemon "
+                                       "yet").to_dict()}
+            if uid != owner and uid not in self.admin_uids:
+                raise ApiError(f"job {job} belongs to uid {owner}, not to uid {uid}")
+            order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch, state=state,
+                                             rc=rc, addr=addr, ckpt_seen=ckpt_seen)
+            key = self.coordinator.key(job).hex()
+        reply: dict[str, Any] = {"order": order.to_dict()}
+        if order.kind == "run" and state != "running":
+            reply["key"] = self.wrap_key(key, owner)
+            reply["report_addr"] = self.report_addr
+        return reply

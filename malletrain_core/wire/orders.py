@@ -1,0 +1,58 @@
+"""The orders the daemon gives each ``malletrain-run`` launcher, as they travel on the wire.
+
+* ``run``        be in epoch ``e`` with this rank, world size, master, port and id;
+* ``wait``       no epoch for this node now: stay idle and ask again;
+* ``stop``       leave the epoch you run (the job shrank off this node, or a peer was lost);
+* ``checkpoint`` ask rank 0 to checkpoint at its next step (before a planned change);
+* ``exit``       training finished: the launcher exits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import MalleTrainError
+
+ORDER_KINDS = ("run", "wait", "stop", "checkpoint", "exit")
+
+
+class EpochError(MalleTrainError):
+    """A request the coordinator cannot satisfy (unknown job, port range exhausted)."""
+
+
+@dataclass(frozen=True)
+class Order:
+    """What one launcher must do now; see the module docstring for the kinds."""
+
+    kind: str
+    epoch: int | None = None
+    rank: int | None = None
+    world: int | None = None
+    master: str | None = None
+    port: int | None = None
+    rdzv_id: str | None = None
+    request: int | None = None
+    rc: int | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Order:
+        """Parse an order received over the wire; raises :class:`EpochError` if malformed."""
+        if not isinstance(data, dict) or data.get("kind") not in ORDER_KINDS:
+            raise EpochError(f"malformed order {data!r}; expected kind in {', '.join(ORDER_KINDS)}")
+        ints = ("epoch", "rank", "world", "port", "request", "rc")
+        try:
+            args = {k: (int(data[k]) if k in ints else str(data[k]))
+                    for k in ("epoch", "rank", "world", "master", "port", "rdzv_id", "request",
+                              "rc", "reason") if data.get(k) is not None}
+        except (TypeError, ValueError):
+            raise EpochError(f"malformed order {data!r}") from None
+        order = cls(kind=data["kind"], **args)  # type: ignore[arg-type]
+        if order.kind == "run" and None in (order.epoch, order.rank, order.world, order.master,
+                                            order.port, order.rdzv_id):
+            raise EpochError(f"incomplete run order {data!r}")
+        return order
