@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
-from .errors import ConfigError
+from . import hostlist
+from .errors import ConfigError, MalleTrainError
 from .model import DEFAULT_LOOKAHEAD_S
 
 DEFAULT_PATH = Path("/etc/malletrain/malletrain.toml")
@@ -99,6 +101,27 @@ class EpochsConfig:
 
 
 @dataclass(frozen=True)
+class TrainerConfig:
+    """One of several trainers (``[[trainer]]``): an engine of its own over a disjoint node set.
+
+    ``nodes`` is a hostlist; the one trainer that leaves it empty takes every node no other
+    trainer names. ``solver``/``lookahead_s``/``max_running_jobs`` default to the
+    ``[allocator]`` values (empty, 0 and -1 mean "as [allocator]"). A job picks its trainer
+    with ``--comment=trainer=NAME``; a job that names none goes to the first trainer.
+    """
+
+    name: str = ""
+    nodes: str = ""
+    solver: str = ""
+    lookahead_s: float = 0.0
+    max_running_jobs: int = -1
+
+
+TRAINER_NAME = re.compile(r"^[A-Za-z0-9_.+/-]{1,64}$")
+"""What ``--comment=trainer=NAME`` can carry through job_submit.lua."""
+
+
+@dataclass(frozen=True)
 class Config:
     """Every setting of ``malletraind``; see ``malletrain.toml`` beside this module."""
 
@@ -109,6 +132,7 @@ class Config:
     pbs: PbsConfig = field(default_factory=PbsConfig)
     munge: MungeConfig = field(default_factory=MungeConfig)
     epochs: EpochsConfig = field(default_factory=EpochsConfig)
+    trainer: tuple[TrainerConfig, ...] = ()
 
     def validate(self) -> Config:
         """Cross-field checks; returns self for chaining."""
@@ -164,7 +188,44 @@ class Config:
             raise ConfigError(f"epochs.max_failures: {e.max_failures!r} must be ≥ 1")
         if not 0.0 <= self.allocator.min_share <= 1.0:
             raise ConfigError(f"allocator.min_share: {self.allocator.min_share!r} must lie in [0, 1]")
+        self._validate_trainers()
         return self
+
+    def _validate_trainers(self) -> None:
+        names: set[str] = set()
+        catch_all: list[str] = []
+        owner: dict[str, str] = {}
+        for t in self.trainer:
+            if not TRAINER_NAME.match(t.name):
+                raise ConfigError(f"[[trainer]] name {t.name!r}: give each trainer a name of "
+                                  "letters, digits and _ . + / - (at most 64)")
+            if t.name in names:
+                raise ConfigError(f"[[trainer]] name {t.name!r} is used twice; names must differ")
+            names.add(t.name)
+            if t.solver.strip() == "pernode":
+                raise ConfigError(f"trainer {t.name}: solver 'pernode' is a slow reference, "
+                                  "not for the daemon")
+            if t.lookahead_s < 0 or not math.isfinite(t.lookahead_s):
+                raise ConfigError(f"trainer {t.name}: lookahead_s {t.lookahead_s!r} must be a "
+                                  "finite number ≥ 0 (0: as [allocator])")
+            if t.max_running_jobs < -1:
+                raise ConfigError(f"trainer {t.name}: max_running_jobs {t.max_running_jobs!r} "
+                                  "must be ≥ 0, or -1 for the [allocator] value")
+            if not t.nodes.strip():
+                catch_all.append(t.name)
+                continue
+            try:
+                members = hostlist.expand(t.nodes)
+            except MalleTrainError as exc:
+                raise ConfigError(f"trainer {t.name}: nodes: {exc}") from None
+            for node in members:
+                if node in owner:
+                    raise ConfigError(f"trainer {t.name}: node {node} is also trainer "
+                                      f"{owner[node]}'s; node sets must be disjoint")
+                owner[node] = t.name
+        if len(catch_all) > 1:
+            raise ConfigError(f"trainers {', '.join(catch_all)} leave nodes empty; at most one "
+                              "trainer may take the nodes no other trainer names")
 
 
 def _convert(value: Any, typ: Any, where: str) -> Any:
@@ -227,8 +288,15 @@ def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
 def from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
     """Build a :class:`Config` from nested tables (as TOML gives them)."""
     hints = get_type_hints(Config)
-    sections = {}
+    sections: dict[str, Any] = {}
     for name, table in data.items():
+        if name == "trainer":
+            if not isinstance(table, list) or not all(isinstance(t, dict) for t in table):
+                raise ConfigError(f"{source}: trainer must be an array of tables: write each "
+                                  "trainer as a [[trainer]] section")
+            sections[name] = tuple(_section(TrainerConfig, t, f"{source}: trainer[{i}]")
+                                   for i, t in enumerate(table))
+            continue
         if name not in hints:
             raise ConfigError(f"{source}: unknown section [{name}]; valid sections: "
                               f"{', '.join(hints)}")
@@ -246,7 +314,7 @@ def _environment(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
             continue
         rest = var[len("MALLETRAIN_"):].lower()
         for section in hints:
-            if rest.startswith(section + "_"):
+            if section != "trainer" and rest.startswith(section + "_"):
                 out.setdefault(section, {})[rest[len(section) + 1:]] = value
                 break
     return out
@@ -298,6 +366,9 @@ def to_mapping(config: Config) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for f in dataclasses.fields(config):
         section = getattr(config, f.name)
+        if f.name == "trainer":
+            out[f.name] = [dataclasses.asdict(t) for t in section]  # type: ignore[assignment]
+            continue
         out[f.name] = {k: (list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping)
                            else v) for k, v in dataclasses.asdict(section).items()}
     return out

@@ -39,6 +39,8 @@ class JobRequest:
     scale_down_s: float | None = None
     work: float | None = None
     """Samples to train before the job is done (simulator workloads); ``None``: until it ends."""
+    trainer: str = ""
+    """The trainer the user asked for (``--comment=trainer=NAME``); "": the default one."""
 
 
 class EndReason(str, Enum):

@@ -35,7 +35,8 @@ def test_ops_answer_plain_json(api):
     assert client.call("jobs", state="running", user="alice")["jobs"][0]["job"] == "101"
     nodes = client.call("nodes")["nodes"]
     assert [n["node"] for n in nodes] == [f"n0{i}" for i in range(1, 9)]
-    assert nodes[4] == {"node": "n05", "state": "free", "job": "", "hole_end": T0 + 5 * 3600}
+    assert nodes[4] == {"node": "n05", "state": "free", "job": "", "hole_end": T0 + 5 * 3600,
+                        "trainer": ""}
     profile = client.call("profile", job=101)  # a number is taken as the id
     assert profile["measured"] == [[4, 390.0]] and profile["table"][0] == [1, 97.5]
 
@@ -78,8 +79,10 @@ def test_a_router_of_engines_is_read_as_one(tmp_path):
         counters = None
 
     nodes = StatusService(Holder()).nodes(0, {})["nodes"]
-    assert nodes == [{"node": "n01", "state": "free", "job": "", "hole_end": T0 + 60},
-                     {"node": "n09", "state": "free", "job": "", "hole_end": None}]
+    assert nodes == [{"node": "n01", "state": "free", "job": "", "hole_end": T0 + 60,
+                      "trainer": "a"},
+                     {"node": "n09", "state": "free", "job": "", "hole_end": None,
+                      "trainer": "b"}]
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ TABLE = Table([
     Column("state", "STATE", lambda r: str(r["state"]).upper()),
     Column("user", "USER", lambda r: r["owner"] or "-"),
     Column("model", "MODEL", lambda r: r["model"] or "-"),
+    Column("trainer", "TRAINER", lambda r: r.get("trainer") or "-"),
     Column("nodes", "NODES", lambda r: str(r["nodes"]), right=True),
     Column("min", "MIN", lambda r: str(r["min_nodes"]), right=True),
     Column("max", "MAX", lambda r: str(r["max_nodes"]), right=True),

@@ -30,6 +30,7 @@ TABLE = Table([
     Column("node", "NODE", lambda r: r["node"]),
     Column("state", "STATE", lambda r: r["state"]),
     Column("job", "JOBID", lambda r: r["job"] or "-"),
+    Column("trainer", "TRAINER", lambda r: r.get("trainer") or "-"),
     Column("remaining", "IDLE_LEFT", _remaining, right=True),
     Column("end", "HOLE_END", lambda r: "-" if r["hole_end"] is None else fmt_time(r["hole_end"])),
 ], default=["node", "state", "job", "remaining", "end"])

@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, backends, logs
+from .. import __version__, backends, hostlist, logs
 from ..backends.base import Backend
-from ..config import Config, load
+from ..config import Config, TrainerConfig, load
 from ..engine import Engine, EngineConfig
+from ..engine.router import Router
 from ..engine.survival import LifetimePredictor, SurvivalModel
 from ..errors import ConfigError, MalleTrainError
-from ..events import Event
+from ..events import Event, JobRequest
 from ..model import Constraints, Objective
 from ..munge import Munge
 from ..wire import hooks as protocol
@@ -59,15 +60,47 @@ def lifetime_predictor(config: Config) -> LifetimePredictor | None:
     return LifetimePredictor(survival, a.lookahead_s)
 
 
-def engine_config(config: Config) -> EngineConfig:
+def engine_config(config: Config, trainer: TrainerConfig | None = None) -> EngineConfig:
     a, p = config.allocator, config.profiler
+    solver, lookahead_s, max_running = a.solver, a.lookahead_s, a.max_running_jobs
+    if trainer is not None:
+        solver = trainer.solver.strip() or solver
+        lookahead_s = trainer.lookahead_s or lookahead_s
+        max_running = max_running if trainer.max_running_jobs < 0 else trainer.max_running_jobs
     return EngineConfig(lifetime=lifetime_predictor(config),
-        lookahead_s=a.lookahead_s, objective=Objective(a.objective),
-        max_running_jobs=a.max_running_jobs or None,
+        lookahead_s=lookahead_s, objective=Objective(a.objective),
+        max_running_jobs=max_running or None,
         constraints=Constraints(user_max_nodes=dict(a.user_max_nodes), min_share=a.min_share),
-        solver=a.solver, profiling=p.enabled, profile_window_s=p.window_s,
+        solver=solver, profiling=p.enabled, profile_window_s=p.window_s,
         default_scale_up_s=p.default_scale_up_s, default_scale_down_s=p.default_scale_down_s,
         default_time_limit_s=config.slurm.default_time_limit_s)
+
+
+def make_engine(config: Config) -> Engine | Router:
+    """One engine, or with ``[[trainer]]`` tables a router over one engine per trainer: nodes
+    go to the trainer whose node set names them (else to the trainer without one, else to
+    none), jobs to the trainer they name (else to the first)."""
+    if not config.trainer:
+        return Engine(engine_config(config))
+    engines = {t.name: Engine(engine_config(config, t), name=t.name) for t in config.trainer}
+    sets = {t.name: frozenset(hostlist.expand(t.nodes)) for t in config.trainer if t.nodes}
+    rest = next((t.name for t in config.trainer if not t.nodes), None)
+    first = config.trainer[0].name
+    warned: set[str] = set()
+
+    def node_owner(node: str) -> str | None:
+        return next((name for name, members in sets.items() if node in members), rest)
+
+    def job_owner(job: JobRequest) -> str:
+        if job.trainer in engines:
+            return job.trainer
+        if job.trainer and job.trainer not in warned:
+            warned.add(job.trainer)
+            log.warning("job %s asks for trainer %r, which is not configured (%s): it goes "
+                        "to trainer %s", job.id, job.trainer, ", ".join(engines), first)
+        return first
+
+    return Router(engines, node_owner, job_owner)
 
 
 def make_backend(config: Config) -> Backend:
@@ -136,7 +169,7 @@ def build(config: Config) -> Service:
     d = config.daemon
     store = Store(d.state_dir)
     coordinator = make_coordinator(config, store)
-    engine = Engine(engine_config(config))
+    engine = make_engine(config)
     bridge = EpochBridge(make_backend(config), coordinator)
     daemon = Daemon(engine, bridge, store, poll_interval_s=d.poll_interval_s,
                     tick_interval_s=max(1.0, min(config.profiler.window_s / 4, 10.0)))

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client.core import (
@@ -70,6 +71,11 @@ class DaemonCollector:
             actions = dict(counters.actions)
             failures, last_ms = counters.command_failures, counters.last_cycle_ms
             last_poll = counters.last_poll_time
+            inner = getattr(engine, "engines", None)
+            per_trainer = [(str(name), len(one.idle_nodes), len(one.node_map),
+                            Counter(v.phase.value for v in one.jobs.values()))
+                           for name, one in (inner.items() if isinstance(inner, Mapping)
+                                             else [(getattr(engine, "name", "default"), engine)])]
 
         nodes = GaugeMetricFamily("malletrain_nodes", "Idle nodes offered to MalleTrain, by "
                                   "state (free, or held by an elastic job)", labels=["state"])
@@ -80,6 +86,18 @@ class DaemonCollector:
         for phase, n in phases.items():
             jobs.add_metric([phase], n)
         yield jobs
+        t_nodes = GaugeMetricFamily("malletrain_trainer_nodes", "Idle nodes by trainer and "
+                                    "state (free, or held by an elastic job)",
+                                    labels=["trainer", "state"])
+        t_jobs = GaugeMetricFamily("malletrain_trainer_jobs", "Elastic jobs by trainer and "
+                                   "phase", labels=["trainer", "state"])
+        for name, t_free, t_held, t_phases in per_trainer:
+            t_nodes.add_metric([name, "free"], t_free)
+            t_nodes.add_metric([name, "held"], t_held)
+            for phase in phases:
+                t_jobs.add_metric([name, phase], t_phases.get(phase, 0))
+        yield t_nodes
+        yield t_jobs
         rescales = CounterMetricFamily("malletrain_rescales", "Rescales ordered, by direction",
                                        labels=["direction"])
         rescales.add_metric(["up"], stats.grows)

@@ -35,11 +35,32 @@ def _engines(engine: Any) -> list[Any]:
     return list(inner.values()) if isinstance(inner, Mapping) else [engine]
 
 
+def trainer_of_job(engine: Any, job_id: str) -> str:
+    """The trainer that holds ``job_id`` ("" with a single engine)."""
+    find = getattr(engine, "trainer_of_job", None)
+    return str(find(job_id)) if find is not None else ""
+
+
+def trainer_of_node(engine: Any, node: str) -> str:
+    """The trainer a node belongs to ("" with a single engine)."""
+    find = getattr(engine, "trainer_of_node", None)
+    return str(find(node)) if find is not None else ""
+
+
 def _hole_ends(engine: Any) -> dict[str, float | None]:
     ends: dict[str, float | None] = {}
     for one in _engines(engine):
         ends.update(getattr(one, "hole_ends", {}))
     return ends
+
+
+def _trainers(engine: Any) -> dict[str, dict[str, int]]:
+    """Node and job counts per trainer (empty with a single engine)."""
+    inner = getattr(engine, "engines", None)
+    if not isinstance(inner, Mapping):
+        return {}
+    return {name: {"free": len(one.idle_nodes), "held": len(one.node_map),
+                   "jobs": len(one.jobs)} for name, one in inner.items()}
 
 
 def _throughput(view: JobView) -> float | None:
@@ -52,11 +73,12 @@ def _throughput(view: JobView) -> float | None:
     return None if view.curve is None else float(view.curve.at(k))
 
 
-def job_record(view: JobView) -> dict[str, Any]:
+def job_record(view: JobView, trainer: str = "") -> dict[str, Any]:
     """One job as the ``jobs`` op returns it."""
     rate = _throughput(view)
     return {
         "job": view.id, "state": view.phase.value, "owner": view.owner, "model": view.model,
+        "trainer": trainer,
         "nodes": len(view.nodes), "node_list": fold(view.nodes) if view.nodes else "",
         "min_nodes": view.min_nodes, "max_nodes": view.max_nodes,
         "submitted": view.submitted, "throughput": rate,
@@ -122,6 +144,7 @@ class StatusService:
                            "last_poll_time": c.last_poll_time,
                            "hook_to_action_ms": c.hook_latency()},
                 "engine": engine.stats.to_dict(),
+                "trainers": _trainers(engine),
                 "intake": _intake(self.daemon),
             }
 
@@ -135,7 +158,9 @@ class StatusService:
             raise ApiError("jobs: 'user' must be a user name")
         viewer = self._viewer(uid)
         with self.daemon.lock:
-            records = [job_record(view) for view in self.daemon.engine.jobs.values()
+            engine = self.daemon.engine
+            records = [job_record(view, trainer_of_job(engine, view.id))
+                       for view in engine.jobs.values()
                        if (state is None or view.phase.value == state)
                        and (user is None or view.owner == user)
                        and (viewer is None or view.owner == viewer)]
@@ -158,7 +183,8 @@ class StatusService:
             ends = _hole_ends(engine)
             names = set(engine.idle_nodes) | set(owner)
             records = [{"node": name, "state": "held" if name in owner else "free",
-                        "job": shown.get(name, ""), "hole_end": ends.get(name)}
+                        "job": shown.get(name, ""), "hole_end": ends.get(name),
+                        "trainer": trainer_of_node(engine, name)}
                        for name in names]
             now = self._now()
         records.sort(key=lambda r: _natural(r["node"]))

@@ -1,7 +1,8 @@
 """Several engines side by side on disjoint node sets (the paper's multiple trainers).
 
 Every node belongs to the engine ``node_owner`` names the first time the node is seen, and
-stays there; every job to the engine ``job_owner`` names at submission. Node events are split
+stays there (None: the node belongs to no engine and is not offered); every job to the engine
+``job_owner`` names at submission. Node events are split
 by owner, job events go to the job's engine, ticks to all. A burst is split per engine and
 each engine re-plans at most once for it.
 """
@@ -33,7 +34,7 @@ from .engine import Engine
 class Router:
     """Routes events to engines and merges their actions (engine order, as given)."""
 
-    def __init__(self, engines: Mapping[str, Engine], node_owner: Callable[[str], str],
+    def __init__(self, engines: Mapping[str, Engine], node_owner: Callable[[str], str | None],
                  job_owner: Callable[[JobRequest], str]) -> None:
         if not engines:
             raise ValidationError("router", "engines", "give at least one engine")
@@ -41,6 +42,7 @@ class Router:
         self._node_owner = node_owner
         self._job_owner = job_owner
         self._node_engine: dict[str, str] = {}
+        self._unowned: set[str] = set()
         self._job_engine: dict[str, str] = {}
 
     def _engine_for(self, owner: str, what: str) -> str:
@@ -54,10 +56,15 @@ class Router:
             parts: dict[str, list[IdleNode]] = {}
             for node in event.nodes:
                 name = self._node_engine.get(node.name)
-                if name is None:
-                    name = self._engine_for(self._node_owner(node.name), f"node {node.name!r}")
+                if name is None and node.name not in self._unowned:
+                    owner = self._node_owner(node.name)
+                    if owner is None:
+                        self._unowned.add(node.name)
+                        continue
+                    name = self._engine_for(owner, f"node {node.name!r}")
                     self._node_engine[node.name] = name
-                parts.setdefault(name, []).append(node)
+                if name is not None:
+                    parts.setdefault(name, []).append(node)
             return {name: replace(event, nodes=tuple(nodes)) for name, nodes in parts.items()}
         if isinstance(event, NodesReclaimed):
             names: dict[str, list[str]] = {}
@@ -101,6 +108,12 @@ class Router:
 
     def engine_of_job(self, job_id: str) -> str | None:
         return self._job_engine.get(job_id)
+
+    def trainer_of_job(self, job_id: str) -> str:
+        return self._job_engine.get(job_id, "")
+
+    def trainer_of_node(self, node: str) -> str:
+        return self._node_engine.get(node, "")
 
     @property
     def jobs(self) -> Mapping[str, JobView]:

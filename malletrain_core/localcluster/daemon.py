@@ -56,10 +56,11 @@ def _toml(value: Any) -> str:
 
 class LocalDaemon:
     """One ``malletraind`` process for ``cluster``; ``settings`` overrides config sections,
-    e.g. ``{"profiler": {"window_s": 5.0}}``."""
+    e.g. ``{"profiler": {"window_s": 5.0}}``; ``trainers`` become ``[[trainer]]`` tables."""
 
     def __init__(self, cluster: LocalCluster, root: str | Path | None = None,
-                 settings: dict[str, dict[str, Any]] | None = None) -> None:
+                 settings: dict[str, dict[str, Any]] | None = None,
+                 trainers: list[dict[str, Any]] | None = None) -> None:
         self.cluster = cluster
         self.root = Path(root) if root is not None else cluster.root / "malletraind"
         self.port = free_port()
@@ -83,6 +84,7 @@ class LocalDaemon:
         for name, table in (settings or {}).items():
             sections.setdefault(name, {}).update(table)
         self.sections = sections
+        self.trainers = list(trainers or [])
         self.proc: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ the process
@@ -91,6 +93,9 @@ class LocalDaemon:
         lines = []
         for name, table in self.sections.items():
             lines.append(f"[{name}]")
+            lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+        for table in self.trainers:
+            lines.append("[[trainer]]")
             lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
         self.config_path.write_text("\n".join(lines) + "\n")
         return self.config_path

@@ -60,6 +60,7 @@ DEFAULT_GROW_TIMEOUT_S = 120.0
 """A subjob qrun has not started after this long is a failed grow."""
 MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
 MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
+TRAINER_VAR = "MALLETRAIN_TRAINER"
 _ACTIVE = (TaskState.RUNNING, TaskState.ENDING)
 
 
@@ -76,7 +77,8 @@ def job_request(array: pp.PbsJob, subjobs: Sequence[pp.PbsJob]) -> JobRequest | 
         return None
     profile = array.env.get(PROFILE_VAR, "1").strip().lower() not in ("0", "no", "false")
     return JobRequest(array.id, min_nodes=min_nodes, max_nodes=max_nodes, owner=array.owner,
-                      model=array.env.get(MODEL_VAR, ""), profile=profile)
+                      model=array.env.get(MODEL_VAR, ""), profile=profile,
+                      trainer=array.env.get(TRAINER_VAR, ""))
 
 
 class PbsBackend(TaskBackend):

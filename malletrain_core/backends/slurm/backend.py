@@ -185,7 +185,8 @@ class SlurmBackend(TaskBackend):
                 else:
                     assert tag is not None
                     req = JobRequest(aid, min_nodes=tag.min_nodes, max_nodes=tag.max_nodes,
-                                     owner=group[0].user, model=tag.model, profile=tag.profile)
+                                     owner=group[0].user, model=tag.model, profile=tag.profile,
+                                     trainer=tag.options.get("trainer", ""))
             self._admit(aid, req, now, out)
 
     def _reconcile_workers(self, current: dict[str, sp.TaskRow], now: float,
