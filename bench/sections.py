@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import re
 from pathlib import Path
+
+
+def host() -> str:
+    """The CPU, its cores, the load at the end and Python's version, for a section's first
+    line (bench/e2e.py's ``machine()`` adds Slurm's version for the cluster benches)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1).strip() if m else cpu
+        load = Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        load = "n/a"
+    return (f"{cpu}, {os.cpu_count()} cores (1-min load {load} at the end), "
+            f"Python {platform.python_version()}")
 
 
 def replace_section(path: Path, begin: str, end: str, body: str, heading: str) -> None:
