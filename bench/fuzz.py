@@ -416,10 +416,30 @@ class Toml(FileTarget):
         return True
 
 
-class IdleCsv(FileTarget):
+class TraceTarget(FileTarget):
+    """A trace reader: refusals are ``InputFileError``; an accepted trace has nodes and
+    ``end ≥ start``."""
+
+    allowed = (InputFileError,)
+
+    def read(self) -> Any:
+        raise NotImplementedError
+
+    def check(self, case: bytes) -> bool | None:
+        self.path.write_bytes(case)
+        try:
+            trace = self.read()
+        except InputFileError as exc:
+            one_line(str(exc))
+            return None
+        if not trace.node_names or not trace.end >= trace.start:
+            raise Crash("accepted a trace without nodes or with end < start")
+        return True
+
+
+class IdleCsv(TraceTarget):
     name = "idle-csv"
     filename = "trace.csv"
-    allowed = (InputFileError,)
 
     def make(self, rng: random.Random) -> bytes:
         rows = ["unix_time,node,idle"]
@@ -430,23 +450,14 @@ class IdleCsv(FileTarget):
         base = ("\n".join(rows) + "\n").encode()
         return mutate_bytes(rng, base) if rng.random() < 0.8 else base
 
-    def check(self, case: bytes) -> bool | None:
+    def read(self) -> Any:
         from malletrain_core.sim import traces
-        self.path.write_bytes(case)
-        try:
-            trace = traces.read_idle_csv(self.path, use_cache=False)
-        except InputFileError as exc:
-            one_line(str(exc))
-            return
-        if not trace.node_names or not trace.end >= trace.start:
-            raise Crash("accepted a trace without nodes or with end < start")
-        return True
+        return traces.read_idle_csv(self.path, use_cache=False)
 
 
-class Swf(FileTarget):
+class Swf(TraceTarget):
     name = "swf"
     filename = "log.swf"
-    allowed = (InputFileError,)
 
     def make(self, rng: random.Random) -> bytes:
         rows = ["; MaxNodes: 8"]
@@ -459,17 +470,9 @@ class Swf(FileTarget):
         base = ("\n".join(rows) + "\n").encode()
         return mutate_bytes(rng, base) if rng.random() < 0.8 else base
 
-    def check(self, case: bytes) -> bool | None:
+    def read(self) -> Any:
         from malletrain_core.sim import sources
-        self.path.write_bytes(case)
-        try:
-            trace = sources.read_swf(self.path, machine_nodes=8, use_cache=False)
-        except InputFileError as exc:
-            one_line(str(exc))
-            return
-        if not trace.end >= trace.start:
-            raise Crash("accepted a log with end < start")
-        return True
+        return sources.read_swf(self.path, machine_nodes=8, use_cache=False)
 
 
 LUA_DRIVER = r"""

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 
-def host() -> str:
-    """The CPU, its cores, the load at the end and Python's version, for a section's first
-    line (bench/e2e.py's ``machine()`` adds Slurm's version for the cluster benches)."""
+def host(extra: str = "") -> str:
+    """The CPU, its cores, the load at the end, ``extra`` (the cluster benches name Slurm's
+    version) and Python's version, for a section's first line."""
     cpu = platform.processor() or platform.machine()
     try:
         m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
@@ -18,7 +18,8 @@ def host() -> str:
         load = Path("/proc/loadavg").read_text().split()[0]
     except OSError:
         load = "n/a"
-    return (f"{cpu}, {os.cpu_count()} cores (1-min load {load} at the end), "
+    extra = f"{extra}, " if extra else ""
+    return (f"{cpu}, {os.cpu_count()} cores (1-min load {load} at the end), {extra}"
             f"Python {platform.python_version()}")
 
 
