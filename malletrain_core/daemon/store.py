@@ -4,7 +4,9 @@ The engine is pure and deterministic, so its state is a function of the events i
 the daemon journals every event before handing it to the engine and, on restart, replays the
 journal into a fresh engine (discarding the actions) and then reconciles with the batch system,
 which is the truth. The key-value table holds what is not derived from events (the epoch
-coordinator's state, counters). Only two faults stop the daemon instead of being recovered: a
+coordinator's state, counters). Once the journal holds more than ``daemon.journal_max_events``
+events it is compacted: a snapshot of the engine (:mod:`.snapshot`) replaces every row before
+it, in one transaction, and a restart loads the snapshot and replays only the rows after it. Only two faults stop the daemon instead of being recovered: a
 full disk and a database locked by another process; both raise :class:`StateError` with one
 clear message and leave the database consistent (every write is one transaction).
 """
