@@ -93,6 +93,8 @@ def run(events: int, bound: int, seed: int, sample_every: int) -> dict[str, Any]
             saved = live.store.snapshot()
             samples.append({"events": live.counters.events, "rows": live.store.rows,
                             "db_bytes": live.store.size_bytes(),
+                            "db_file_bytes": live.store.size_bytes(""),
+                            "wal_bytes": live.store.size_bytes("-wal"),
                             "snapshot_bytes": 0 if saved is None else len(saved[1]),
                             "rss_mib": round(rss_mib(), 1),
                             "jobs": len(live.engine.jobs)})

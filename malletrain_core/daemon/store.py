@@ -154,17 +154,21 @@ class Store:
                 removed = self.db.execute("DELETE FROM journal WHERE seq <= ?", (last,)).rowcount
                 announce("commit")
             announce("done")
+            # The deletion went through the write-ahead log: give its space back now, so that
+            # the files on disk, not only the rows, stay within the bound.
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
             raise _explain(self.path, exc) from None
         self.rows = self.journal_length()
         return int(removed)
 
-    def size_bytes(self) -> int:
-        """Bytes on disk of the database and its write-ahead log."""
+    def size_bytes(self, suffix: str | None = None) -> int:
+        """Bytes on disk of the database and its write-ahead log (``suffix=""``: the database
+        file only, ``"-wal"``: the log only)."""
         total = 0
-        for suffix in ("", "-wal"):
+        for part in ("", "-wal") if suffix is None else (suffix,):
             try:
-                total += os.stat(f"{self.path}{suffix}").st_size
+                total += os.stat(f"{self.path}{part}").st_size
             except OSError:
                 pass
         return total
