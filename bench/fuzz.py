@@ -706,7 +706,9 @@ def section(r: dict[str, Any]) -> str:
         "contract (an accepted input that does not round-trip, an API handler's internal "
         "error, a Lua error or an elastic job accepted with an array or tag that does not "
         "match its range). \"accepted\": cases the parser took as valid. The targets are "
-        "described in bench/fuzz.py.",
+        "described in bench/fuzz.py; inputs that crashed a parser in earlier runs are kept as "
+        "regression tests in tests/test_fuzz_regressions.py. The run's JSON: "
+        "bench/results/fuzz.json.",
         END])
 
 
