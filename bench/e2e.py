@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import shlex
 import statistics
@@ -41,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sections import replace_section  # noqa: E402
+from sections import host, replace_section  # noqa: E402
 
 from malletrain_core.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
@@ -207,17 +205,9 @@ def run(nodes: int, submissions: int, rounds: int) -> dict[str, Any]:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        cpu = m.group(1).strip() if m else cpu
-        load = Path("/proc/loadavg").read_text().split()[0]
-    except OSError:
-        load = "n/a"
     slurm = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True,
                            check=False).stdout.strip()
-    return (f"{cpu}, {os.cpu_count()} cores (1-min load {load} at the end), {slurm}, "
-            f"Python {platform.python_version()}")
+    return host(slurm)
 
 
 def section(r: dict[str, Any], command: str) -> str:

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import re
 from pathlib import Path
+
+
+def host(extra: str = "") -> str:
+    """The CPU, its cores, the load at the end, ``extra`` (the cluster benches name Slurm's
+    version) and Python's version, for a section's first line."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1).strip() if m else cpu
+        load = Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        load = "n/a"
+    extra = f"{extra}, " if extra else ""
+    return (f"{cpu}, {os.cpu_count()} cores (1-min load {load} at the end), {extra}"
+            f"Python {platform.python_version()}")
 
 
 def replace_section(path: Path, begin: str, end: str, body: str, heading: str) -> None:

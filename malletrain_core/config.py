@@ -47,6 +47,7 @@ class DaemonConfig:
     admin_users: tuple[str, ...] = ("root", "slurm")
     api_group: str = ""
     hook_group: str = "slurm"
+    journal_max_events: int = 50_000
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,9 @@ class Config:
         if e.checkpoint_timeout_s <= 0 or e.launcher_timeout_s <= 0 or e.join_timeout_s < 0:
             raise ConfigError("epochs: checkpoint_timeout_s and launcher_timeout_s must be > 0, "
                               "join_timeout_s ≥ 0")
+        if not 1000 <= d.journal_max_events <= 10_000_000:
+            raise ConfigError(f"daemon.journal_max_events: {d.journal_max_events!r} must lie in "
+                              "1000-10000000 (events kept before the journal is compacted)")
         if e.max_failures < 1:
             raise ConfigError(f"epochs.max_failures: {e.max_failures!r} must be ≥ 1")
         if not 0.0 <= self.allocator.min_share <= 1.0:

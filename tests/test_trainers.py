@@ -113,3 +113,21 @@ def test_status_jobs_nodes_and_metrics_show_the_trainer():
     samples = {(s.labels["trainer"], s.labels["state"]): s.value
                for s in families["malletrain_trainer_nodes"].samples}
     assert samples[("h100", "held")] + samples[("h100", "free")] == 4
+
+
+def test_a_router_snapshot_restores_every_trainer_and_the_routes():
+    from malletrain_core.daemon import snapshot as snapshots
+    from malletrain_core.events import NodesReclaimed, Tick
+
+    cfg = from_mapping(TWO).validate()
+    live = daemon_main.make_engine(cfg)
+    route(live)
+    restored = daemon_main.make_engine(cfg)
+    snapshots.restore(restored, snapshots.snapshot(live))
+    assert snapshots.canonical(restored) == snapshots.canonical(live)
+    later = [NodesReclaimed(30.0, ("n02", "n06")), Tick(60.0),
+             JobSubmitted(61.0, JobRequest("4", min_nodes=1, max_nodes=2, trainer="h100"))]
+    assert restored.handle_many(later) == live.handle_many(later)
+    other = daemon_main.make_engine(from_mapping({"trainer": [{"name": "x"}]}).validate())
+    with pytest.raises(snapshots.SnapshotError, match=r"holds trainers \['a100', 'h100'\]"):
+        snapshots.restore(other, snapshots.snapshot(live))

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -186,11 +187,13 @@ def _checked(problem: Problem, held: Mapping[str, Sequence[Life]], free: Sequenc
     (see :func:`solve`), with that value."""
     mine = [_sorted(held.get(j.id, ()), descending=True) for j in problem.jobs]
     pool = _sorted(free, descending=True)
-    best = [j.current_nodes for j in problem.jobs]
+    # Staying put, except that a job left below its minimum (a reclaim took nodes) stops.
+    best = [j.current_nodes if j.min_nodes <= j.current_nodes else 0 for j in problem.jobs]
     best_value = sum(float(t[c]) if c < len(t) else -np.inf for t, c in zip(tables, best))
     for _ in range(rounds):
         values, starts, nodes = _hand_out(problem, tables, mine, pool, counts)
-        if sum(values) > best_value + 1e-9 * max(1.0, abs(best_value)):
+        if not math.isfinite(best_value) or \
+                sum(values) > best_value + 1e-9 * max(1.0, abs(best_value)):
             best, best_value = list(counts), sum(values)
         short = [i for i, (job, k) in enumerate(zip(problem.jobs, counts))
                  if k > job.current_nodes and values[i] < tables[i][k] - 1e-9 * abs(tables[i][k])]

@@ -35,6 +35,7 @@ from ..events import (
     Tick,
     WorkerStarted,
 )
+from . import snapshot as snapshots
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,8 @@ class Daemon:
                  poll_interval_s: float = 5.0, wake_delay_s: float = 0.2,
                  tick_interval_s: float = 5.0,
                  clock: Callable[[], float] = time.time,
-                 on_actions: Callable[[list[Action], float], None] | None = None) -> None:
+                 on_actions: Callable[[list[Action], float], None] | None = None,
+                 journal_max_events: int | None = None) -> None:
         self.engine = engine
         self.backend = backend
         self.store = store
@@ -88,6 +90,10 @@ class Daemon:
         self._last_tick = float("-inf")
         self.clock = clock
         self.on_actions = on_actions
+        # Compact the journal (engine snapshot + truncation) once it holds more events.
+        self.journal_max_events = journal_max_events
+        self.compactions = 0
+        self._compact_after = 0
         # Called after every cycle (persisting state that is not in the journal).
         self.after_cycle: list[Callable[[], None]] = []
         self.counters = Counters()
@@ -108,15 +114,41 @@ class Daemon:
 
     # -- recovery ---------------------------------------------------------------------------
     def recover(self) -> int:
-        """Replay the journal into the (fresh) engine; returns the number of batches replayed."""
+        """Load the engine snapshot, if the journal was compacted, then replay the journal
+        after it into the (fresh) engine; returns the number of batches replayed."""
         n = 0
+        saved = self.store.snapshot()
+        if saved is not None:
+            snapshots.restore(self.engine, saved[1])
+            log.info("recovered the engine snapshot at journal position %d", saved[0])
+            self._recovered = True
         for batch in self.store.replay():
             self.engine.handle_many(batch)
             n += 1
         if n:
             log.info("recovered state from %d journalled batches", n)
-        self._recovered = n > 0
+        self._recovered = self._recovered or n > 0
         return n
+
+    def compact(self, step: Callable[[str], None] | None = None) -> int:
+        """Snapshot the engine and drop the journal it covers; returns the rows removed.
+        Only between cycles: the engine must have consumed every journalled batch."""
+        removed = self.store.compact(snapshots.snapshot(self.engine), step)
+        self.compactions += 1
+        self._compact_after = 0
+        log.info("journal compacted: %d events replaced by an engine snapshot", removed)
+        return removed
+
+    def _maybe_compact(self) -> None:
+        bound = self.journal_max_events
+        if bound is None or self.store.rows <= max(bound, self._compact_after):
+            return
+        try:
+            self.compact()
+        except snapshots.SnapshotError as exc:
+            # The journal still holds everything: keep going, try again a bound later.
+            self._compact_after = self.store.rows + bound
+            log.error("journal compaction failed, the journal keeps growing: %s", exc)
 
     def _after_recovery(self, events: list[Event], now: float) -> list[Event]:
         """Reconcile the replayed engine with the first poll after a restart (which reports
@@ -244,6 +276,7 @@ class Daemon:
             if self.on_actions is not None:
                 self.on_actions(actions, now)
         self._hook_at = None
+        self._maybe_compact()
         self.counters.cycles += 1
         self.counters.last_cycle_ms = (time.perf_counter() - t0) * 1e3
         for hook in self.after_cycle:

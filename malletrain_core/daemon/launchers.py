@@ -42,7 +42,7 @@ class LauncherService:
             rc = None if args.get("rc") is None else int(args["rc"])
             state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
             ckpt_seen = int(args.get("ckpt_seen", 0))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
                            "are integers") from None
         with self.lock:

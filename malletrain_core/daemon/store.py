@@ -4,7 +4,9 @@ The engine is pure and deterministic, so its state is a function of the events i
 the daemon journals every event before handing it to the engine and, on restart, replays the
 journal into a fresh engine (discarding the actions) and then reconciles with the batch system,
 which is the truth. The key-value table holds what is not derived from events (the epoch
-coordinator's state, counters). Only two faults stop the daemon instead of being recovered: a
+coordinator's state, counters). Once the journal holds more than ``daemon.journal_max_events``
+events it is compacted: a snapshot of the engine (:mod:`.snapshot`) replaces every row before
+it, in one transaction, and a restart loads the snapshot and replays only the rows after it. Only two faults stop the daemon instead of being recovered: a
 full disk and a database locked by another process; both raise :class:`StateError` with one
 clear message and leave the database consistent (every write is one transaction).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,13 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT,
                                     batch INTEGER NOT NULL, t REAL NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshot (id INTEGER PRIMARY KEY CHECK (id = 1),
+                                     seq INTEGER NOT NULL, body TEXT NOT NULL);
 """
+
+COMPACTION_STEPS = ("begin", "snapshot", "truncate", "commit", "done")
+"""The steps of :meth:`Store.compact`, each announced to its ``step`` callback before it runs
+("done": after the commit; the crash tests stop the process at every one of them)."""
 
 
 class StateError(MalleTrainError):
@@ -76,6 +84,7 @@ class Store:
             self.db.executescript(SCHEMA)
             self.db.execute("BEGIN IMMEDIATE")
             self.db.execute("COMMIT")
+            self.rows = self.journal_length()
         except sqlite3.Error as exc:
             raise _explain(self.path, exc) from None
 
@@ -96,12 +105,15 @@ class Store:
                 self.db.executemany("INSERT INTO journal (batch, t, body) VALUES (?, ?, ?)", rows)
         except sqlite3.Error as exc:
             raise _explain(self.path, exc) from None
+        self.rows += len(rows)
 
     def replay(self) -> Iterator[list[Event]]:
         """Every journalled batch of events, oldest first (as the engine consumed them)."""
         batch: list[Event] = []
         current = None
-        for number, body in self.db.execute("SELECT batch, body FROM journal ORDER BY seq"):
+        after = self.snapshot_seq()
+        for number, body in self.db.execute("SELECT batch, body FROM journal WHERE seq > ? "
+                                            "ORDER BY seq", (after,)):
             if current is not None and number != current and batch:
                 yield batch
                 batch = []
@@ -112,6 +124,54 @@ class Store:
 
     def journal_length(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM journal").fetchone()[0])
+
+    # -- compaction -------------------------------------------------------------------------
+    def snapshot(self) -> tuple[int, str] | None:
+        """(journal position, body) of the latest engine snapshot, or ``None``."""
+        row = self.db.execute("SELECT seq, body FROM snapshot WHERE id = 1").fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    def snapshot_seq(self) -> int:
+        row = self.db.execute("SELECT seq FROM snapshot WHERE id = 1").fetchone()
+        return 0 if row is None else int(row[0])
+
+    def compact(self, body: str, step: Callable[[str], None] | None = None) -> int:
+        """Replace the journal so far by ``body``, a snapshot of the engine that has consumed
+        every journalled batch: one transaction writes the snapshot and deletes the journal
+        rows it covers, so a crash at any point leaves the old journal or the new snapshot,
+        never neither. Returns the number of rows removed."""
+        announce = step if step is not None else (lambda _name: None)
+        try:
+            announce("begin")
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                (last,) = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM journal").fetchone()
+                last = max(int(last), self.snapshot_seq())
+                announce("snapshot")
+                self.db.execute("INSERT OR REPLACE INTO snapshot (id, seq, body) VALUES (1, ?, ?)",
+                                (last, body))
+                announce("truncate")
+                removed = self.db.execute("DELETE FROM journal WHERE seq <= ?", (last,)).rowcount
+                announce("commit")
+            announce("done")
+            # The deletion went through the write-ahead log: give its space back now, so that
+            # the files on disk, not only the rows, stay within the bound.
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+        self.rows = self.journal_length()
+        return int(removed)
+
+    def size_bytes(self, suffix: str | None = None) -> int:
+        """Bytes on disk of the database and its write-ahead log (``suffix=""``: the database
+        file only, ``"-wal"``: the log only)."""
+        total = 0
+        for part in ("", "-wal") if suffix is None else (suffix,):
+            try:
+                total += os.stat(f"{self.path}{part}").st_size
+            except OSError:
+                pass
+        return total
 
     def put(self, key: str, value: Any) -> None:
         try:

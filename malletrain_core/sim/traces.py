@@ -235,6 +235,8 @@ def read_idle_csv(path: str | os.PathLike[str], name: str | None = None,
                 try:
                     t_text, node, v = row
                     t = int(t_text)
+                    if not -2**62 < t < 2**62:  # kept as float64 and int64 below
+                        raise ValueError(t_text)
                     flag = {"1": True, "0": False}[v.strip()]
                 except (ValueError, KeyError):
                     raise InputFileError(str(path), f"bad row {','.join(row)[:60]!r}: want "

@@ -140,6 +140,11 @@ def decode(data: bytes) -> Message:
         raise ProtocolError("hook datagram: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"hook datagram: a JSON object expected, got {type(obj).__name__}")
+    try:  # "\ud800" escapes decode to lone surrogates, which no later writer can encode
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError("hook datagram: a string holds a lone surrogate escape "
+                            "(not Unicode text)") from None
     version = obj.get("v")
     if isinstance(version, bool) or version != VERSION:
         raise ProtocolError(f"hook datagram: version {version!r} not understood "
@@ -148,7 +153,8 @@ def decode(data: bytes) -> Message:
     if kind not in KINDS:
         raise ProtocolError(f"hook datagram: unknown kind {kind!r}; one of {', '.join(KINDS)}")
     src = _name(obj, "src")
-    t = float(_get(obj, "t", (int, float), True, "a number (unix time)"))
+    raw_t = _get(obj, "t", (int, float), True, "a number (unix time)")
+    t = float(raw_t) if -1e300 < raw_t < 1e300 else math.inf  # a huge int overflows float()
     if not math.isfinite(t) or t < 0:
         raise ProtocolError(f"hook datagram: field 't' must be a unix time, got {t}")
     assert src is not None

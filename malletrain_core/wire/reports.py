@@ -69,6 +69,14 @@ def _field(body: dict[str, object], name: str, kinds: tuple[type, ...]) -> objec
     return value
 
 
+def _finite(value: object) -> float:
+    """``value`` as a float; integers too large for one become inf (refused by the caller)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return math.inf
+
+
 def parse(data: bytes) -> tuple[bytes, bytes, Report]:
     """Split a datagram into (mac, payload, report) without checking the signature."""
     if len(data) > MAX_BYTES:
@@ -85,8 +93,8 @@ def parse(data: bytes) -> tuple[bytes, bytes, Report]:
         raise ReportError("payload is not UTF-8 JSON") from None
     if not isinstance(body, dict):
         raise ReportError("payload is not a JSON object")
-    samples = float(_field(body, "samples", (int, float)))  # type: ignore[arg-type]
-    t = float(_field(body, "t", (int, float)))  # type: ignore[arg-type]
+    samples = _finite(_field(body, "samples", (int, float)))
+    t = _finite(_field(body, "t", (int, float)))
     if not (math.isfinite(samples) and samples >= 0 and math.isfinite(t)):
         raise ReportError("samples and t must be finite, samples ≥ 0")
     ckpt = body.get("ckpt")
@@ -99,6 +107,10 @@ def parse(data: bytes) -> tuple[bytes, bytes, Report]:
                     world=int(_field(body, "world", (int,))),  # type: ignore[call-overload]
                     rank=int(_field(body, "rank", (int,))),  # type: ignore[call-overload]
                     ckpt=ckpt)
+    try:
+        report.job.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ReportError("field 'job' holds a lone surrogate escape (not Unicode text)") from None
     if report.world < 1 or report.epoch < 0 or report.seq < 0 or not 0 <= report.rank < report.world:
         raise ReportError("epoch, seq, world or rank out of range")
     return mac, payload, report
