@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup setup-full test check lint demo bench bench-quick clean
+.PHONY: setup setup-full test test-long check lint demo bench bench-quick clean
 
 setup:
 	@bash scripts/setup-machine.sh
@@ -15,6 +15,10 @@ setup-full:
 ## Whole suite: unit, property, simulator, PBS (fake), real-Slurm and real-torch tests.
 test: setup-full
 	$(PYTEST) -q || [ $$? -eq 5 ]
+
+## Long loops (not in `make test`): 200 cancellations during rescale churn on real Slurm.
+test-long: setup-full
+	MALLETRAIN_REVIVAL_CANCELS=200 $(PYTEST) -q -s tests/slurm/test_revival.py
 
 ## Quick development loop: everything that needs neither Slurm nor torch, plus lint.
 check: setup lint

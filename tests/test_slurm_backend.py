@@ -350,7 +350,7 @@ def test_shrink_requeue_holds_in_one_call(slurm: FakeSlurm, backend: SlurmBacken
     slurm.sinfo = nodes(n01="allocated", n02="allocated", n03="allocated")
     backend.poll(T)
     assert backend.execute([Shrink("7", ("n01", "n03", "n09"))], T) == []
-    assert slurm.commands() == [["scontrol", "requeuehold", "7_[0,2]"]]
+    assert slurm.commands() == [["scontrol", "requeuehold", "Incomplete", "7_[0,2]"]]
     slurm.squeue = (task(20, 7, 0, reason="job requeued in held state")
                     + task(21, 7, 1, "RUNNING", "n02", reason="JobHeldAdmin")
                     + task(22, 7, 2, reason="job requeued in held state"))

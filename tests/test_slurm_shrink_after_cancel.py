@@ -53,10 +53,51 @@ def test_a_running_sibling_is_still_requeued() -> None:
     backend.poll(T + 1)
     slurm.calls.clear()
     assert backend.execute([Shrink("7", ("n01", "n02"))], T + 1) == []
-    assert slurm.commands() == [["scontrol", "requeuehold", "7_1"]]
+    assert slurm.commands() == [["scontrol", "requeuehold", "Incomplete", "7_1"]]
     slurm.squeue = (task(20, 7, 0, "CANCELLED", "n01")
                     + task(21, 7, 1, reason="job requeued in held state"))
     slurm.sinfo = nodes(n01="idle", n02="idle")
     events = backend.poll(T + 2)
     assert sorted(e.node for e in events if isinstance(e, WorkerStopped)) == ["n01", "n02"]
     assert "7" in backend.jobs
+
+
+class ReadBack(FakeSlurm):
+    """The poll sees ``squeue``; the read-back after a requeue (``squeue -j``) sees ``after``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after = ""
+
+    def _spawn(self, argv, timeout_s, input):  # type: ignore[no-untyped-def]
+        result = super()._spawn(argv, timeout_s, input)
+        if argv[0] == "squeue" and "-j" in argv:
+            result.stdout = self.after
+        return result
+
+
+def recycle(after_cancel: bool) -> ReadBack:
+    slurm = ReadBack()
+    backend = SlurmBackend(slurm, grow_timeout_s=120)
+    running_job(slurm, backend)
+    # 7_0 hit its time limit; the poll sees it TIMEOUT and recycles it with requeuehold.
+    slurm.squeue = (task(20, 7, 0, "TIMEOUT", "n01", reason="TimeLimit")
+                    + task(21, 7, 1, "RUNNING", "n02", reason="JobHeldAdmin"))
+    # Meanwhile (or not) the user cancels the array: 7_1 is being killed.
+    slurm.after = (task(20, 7, 0, "PENDING", reason="job requeued in held state")
+                   + task(21, 7, 1, "COMPLETING" if after_cancel else "RUNNING", "n02"))
+    if after_cancel:
+        slurm.after = slurm.after.replace("COMPLETING", "CANCELLED")
+    slurm.calls.clear()
+    backend.poll(T + 1)
+    return slurm
+
+
+def test_a_task_recycled_while_the_user_cancels_is_cancelled_again() -> None:
+    slurm = recycle(after_cancel=True)
+    assert slurm.commands() == [["scontrol", "requeuehold", "7_0"], ["scancel", "7_0"]]
+
+
+def test_a_recycled_task_of_a_live_job_stays() -> None:
+    slurm = recycle(after_cancel=False)
+    assert slurm.commands() == [["scontrol", "requeuehold", "7_0"]]

@@ -10,7 +10,9 @@ makes it and tags it in admin_comment). The engine's id of a job is the array's 
   from preemption without one) and requeue-holds tasks that hit their time limit.
 * **execute** turns Grow into one ``scontrol update JobId=A_i ReqNodeList=<node>
   StartTime=now TimeLimit=<min>`` per task (StartTime=now lifts the requeue blackout) and one
-  batched ``scontrol release``; Shrink into one batched ``scontrol requeuehold``; Finish into
+  batched ``scontrol release``; Shrink into one batched ``scontrol requeuehold Incomplete``
+  (Incomplete: Slurm requeues only a task still running, atomically under its job lock, so a
+  task the user cancelled since the last poll stays cancelled); Finish into
   one ``scancel`` of all the arrays. Checkpoint is the epoch coordinator's business, not
   Slurm's: it is ignored here.
 
@@ -130,7 +132,7 @@ class SlurmBackend(TaskBackend):
         if not keys:
             return set()
         try:
-            self.runner.run(["scontrol", verb, sp.fold_tasks(keys)])
+            self.runner.run(["scontrol", *verb.split(), sp.fold_tasks(keys)])
             return set()
         except (CommandNotFound, CommandTimeout):
             raise
@@ -166,8 +168,11 @@ class SlurmBackend(TaskBackend):
         self._rows = current
         self._gone &= set(tagged)  # a purged job id never comes back
         self._run_quietly("hold", out.to_hold)
-        self._run_quietly("requeuehold", out.to_requeuehold)
+        recycled = sorted(set(out.to_requeuehold) - self._run_quietly("requeuehold",
+                                                                        out.to_requeuehold))
         self._stopping.update(out.to_requeuehold)
+        if recycled:
+            self._cancel_revived(recycled)
 
         return out.ordered(now, idle)
 
@@ -308,6 +313,34 @@ class SlurmBackend(TaskBackend):
             reclaimed.append(name)
         return idle
 
+    def _cancel_revived(self, recycled: list[str]) -> None:
+        """Time-limit recycling requeues a *finished* task, which the conditional requeue of a
+        shrink cannot do and a user's ``scancel`` does not touch. So after the requeue, read
+        the arrays again: a task that turned CANCELLED since the poll means the user cancelled
+        the job in between, and the recycled tasks are cancelled too (a cancel that comes
+        after the requeue cancels them itself)."""
+        arrays = sorted({self._job_of(k) for k in recycled}, key=lambda s: (len(s), s))
+        try:
+            out = self.runner.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(arrays),
+                                   "-O", sp.SQUEUE_FORMAT], check=False)
+        except CommandError as exc:
+            log.warning("reading back recycled tasks: %s (the next poll looks again)", exc)
+            return
+        rows = sp.parse_squeue(out.stdout)
+        cancelled_now = set()
+        for row in rows:
+            before = self._rows.get(row.key)  # the poll this cycle made
+            if _code(row) == "CANCELLED" and (before is None or _code(before) != "CANCELLED"):
+                cancelled_now.add(row.array_id)
+        revived = [k for k in recycled if self._job_of(k) in cancelled_now]
+        if revived:
+            log.warning("job(s) %s cancelled while tasks %s were recycled: cancelled those "
+                        "too", ",".join(sorted(cancelled_now)), sp.fold_tasks(revived))
+            try:
+                self.runner.run(["scancel", *revived])
+            except CommandError as exc:
+                log.warning("scancel %s: %s", " ".join(revived), exc)
+
     def _run_quietly(self, verb: str, keys: Sequence[str]) -> set[str]:
         """A batched scontrol call whose failure is retried by the next poll."""
         try:
@@ -336,7 +369,7 @@ class SlurmBackend(TaskBackend):
                     unlaunch.append(key)
                     del self._launching[key]
                     events.append(WorkerStopped(now, action.job_id, node))
-        failed = self._run_quietly("requeuehold", requeue)
+        failed = self._run_quietly("requeuehold Incomplete", requeue)
         self._stopping.update(k for k in requeue if k not in failed)
         for key in sorted(failed):  # still running there: say so
             aid, node = self._workers[key]
