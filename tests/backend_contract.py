@@ -145,6 +145,31 @@ def preemption(world: World) -> None:
     running_on(world, backend, job, ("n2",), T + 6)
 
 
+def shrink_while_starting(world: World) -> None:
+    """A shrink of a worker not confirmed yet answers WorkerStopped at once; the batch system
+    does not keep it running (even if it had started), it is never reported started, and the
+    node stays offered: the job can grow onto it again."""
+    backend, job = setup(world)
+    assert backend.execute([Grow(job, ("n1", "n2"), None)], T + 1) == []
+    assert backend.execute([Shrink(job, ("n2",))], T + 2) == [WorkerStopped(T + 2, job, "n2")]
+    assert backend.poll(T + 3) == [WorkerStarted(T + 3, job, "n1")]
+    assert backend.poll(T + 4) == []
+    assert world.running(job) == {"n1"}
+    running_on(world, backend, job, ("n2",), T + 5)
+
+
+def node_taken_while_starting(world: World) -> None:
+    """The batch system takes a node a grow was starting a worker on: NodesReclaimed only,
+    no WorkerStarted for it."""
+    backend, job = setup(world)
+    assert backend.execute([Grow(job, ("n1", "n2"), None)], T + 1) == []
+    world.take("n2")
+    assert backend.poll(T + 2) == [NodesReclaimed(T + 2, ("n2",)),
+                                   WorkerStarted(T + 2, job, "n1")]
+    assert world.running(job) == {"n1"}
+    assert backend.poll(T + 3) == []
+
+
 def training_done(world: World) -> None:
     """Workers that end successfully end the job: JobEnded(COMPLETED), no WorkerStopped; the
     engine's Finish then clears it from the batch system, and nothing more is reported."""
@@ -207,6 +232,27 @@ def reconcile_after_restart(world: World) -> None:
     running_on(world, again, other, ("n2", "n3"), T + 14)
 
 
+def restart_after_training_done(world: World) -> None:
+    """A job whose training ended while no daemon ran is never reported live: either not at
+    all, or JobSubmitted and JobEnded(COMPLETED) in one poll, so that the engine's Finish
+    clears what the batch system still holds of it."""
+    backend, job = setup(world, max_nodes=3)
+    running_on(world, backend, job, ("n1", "n2"), T + 1)
+    world.complete(job)
+    again = world.backend()
+    events = [e for e in again.poll(T + 5) if isinstance(e, (JobSubmitted, JobEnded))]
+    if events:
+        assert [type(e) for e in events] == [JobSubmitted, JobEnded]
+        assert events[0].job.id == job
+        assert events[1] == JobEnded(T + 5, job, EndReason.COMPLETED)
+        assert again.execute([Finish(job)], T + 6) == []
+    assert job not in again.jobs and not again.workers
+    assert again.poll(T + 7) == [] and world.running(job) == set()
+    other = world.submit(1, 3, "bob")
+    assert [e.job.id for e in again.poll(T + 8)] == [other]
+    running_on(world, again, other, ("n1", "n2", "n3"), T + 9)
+
+
 def engine_drives_it(world: World) -> None:
     """The real Engine over the backend: it grows a job onto the idle nodes, and its view of
     which node runs which job stays the batch system's through a preemption and a cancel."""
@@ -239,6 +285,7 @@ def engine_drives_it(world: World) -> None:
 
 SCENARIOS: dict[str, Callable[[World], None]] = {
     f.__name__: f for f in (submit_and_offer, grow_onto_idle_nodes, shrink, preemption,
-                            training_done, cancelled_by_user, finish_by_engine,
-                            reconcile_after_restart, engine_drives_it)
+                            shrink_while_starting, node_taken_while_starting, training_done,
+                            cancelled_by_user, finish_by_engine, reconcile_after_restart,
+                            restart_after_training_done, engine_drives_it)
 }
