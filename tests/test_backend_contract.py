@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from backend_contract import SCENARIOS, World
-from world_pbs import PbsSim, PbsWorld
-from world_slurm import SlurmSim, SlurmWorld
+from world_pbs import PbsSim
+from world_slurm import SlurmSim
 
 from malletrain_core.backends import BATCH_SYSTEMS
 from malletrain_core.backends.pbs import parse as pp
@@ -22,8 +22,8 @@ CAPTURED = Path(__file__).parent / "golden" / "slurm" / "22.05"
 PBS_GOLDEN = Path(__file__).parent / "pbs" / "golden"
 
 WORLDS: dict[str, type[World]] = {
-    "slurm": SlurmWorld,
-    "pbs": PbsWorld,
+    "slurm": SlurmSim,
+    "pbs": PbsSim,
 }
 
 
@@ -61,10 +61,9 @@ def test_simulated_slurm_prints_what_slurm_printed(step: str) -> None:
 
 def test_simulated_slurm_runs_the_golden_replay() -> None:
     """The states the simulated Slurm goes through print as the captured ones do."""
-    world = SlurmWorld()
-    sim = world.sim
+    sim = SlurmSim()
     for name in ("n01", "n02", "n03", "n04"):
-        world.add_node(name)
+        sim.add_node(name)
     sim.submit(1, 3, "root")
     captured = sp.parse_squeue((CAPTURED / "01_submitted.squeue").read_text())
     mine = sp.parse_squeue(sim.squeue())

@@ -62,7 +62,10 @@ class Job:
 
 
 class PbsSim(CommandRunner):
-    """One PBS server: vnodes, the stopped queue ``mt_preemptable`` and its job arrays."""
+    """One PBS server: vnodes, the stopped queue ``mt_preemptable`` and its job arrays; a World
+    of the contract suite (tests/backend_contract.py)."""
+
+    name = "pbs"
 
     def __init__(self) -> None:
         super().__init__()
@@ -142,12 +145,24 @@ class PbsSim(CommandRunner):
         attrs = self.vnodes[node].attrs if node in self.vnodes else {}
         self.vnodes[node] = Vnode("free", [], attrs)
 
+    add_node = free
+
+    def running(self, aid: str) -> set[str]:
+        return {j.vnode for j in self.jobs.values() if j.array_id == aid and j.state == "R"}
+
+    def backend(self) -> PbsBackend:
+        return PbsBackend(self, queue=QUEUE)
+
     def complete(self, aid: str) -> None:
         """Training done: the running subjobs exit 0 (finished subjobs show as X)."""
         for sid, job in self.jobs.items():
             if job.array_id == aid and job.state == "R":
                 self._unplace(sid, "X")
                 job.exit_status = 0
+
+    def cancel(self, aid: str) -> None:
+        """``qdel`` by the owner."""
+        self.delete(aid)
 
     def delete(self, aid: str) -> bool:
         """``qdel`` of an array: its running subjobs are killed, the array leaves qstat."""
@@ -190,37 +205,3 @@ class PbsSim(CommandRunner):
         else:
             raise FileNotFoundError(argv[0])
         return subprocess.CompletedProcess(argv, 1 if err else 0, out, err)
-
-
-class PbsWorld:
-    """The contract suite's view of :class:`PbsSim`."""
-
-    name = "pbs"
-
-    def __init__(self) -> None:
-        self.sim = PbsSim()
-
-    def backend(self) -> PbsBackend:
-        return PbsBackend(self.sim, queue=QUEUE)
-
-    def add_node(self, name: str) -> None:
-        self.sim.free(name)
-
-    def submit(self, min_nodes: int, max_nodes: int, owner: str) -> str:
-        return self.sim.submit(min_nodes, max_nodes, owner)
-
-    def take(self, node: str) -> None:
-        self.sim.take(node)
-
-    def free(self, node: str) -> None:
-        self.sim.free(node)
-
-    def complete(self, job_id: str) -> None:
-        self.sim.complete(job_id)
-
-    def cancel(self, job_id: str) -> None:
-        self.sim.delete(job_id)
-
-    def running(self, job_id: str) -> set[str]:
-        return {j.vnode for j in self.sim.jobs.values()
-                if j.array_id == job_id and j.state == "R"}

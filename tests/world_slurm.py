@@ -56,7 +56,10 @@ def duration(minutes: int) -> str:
 
 
 class SlurmSim(CommandRunner):
-    """Slurm's partition ``preemptable``: nodes and MalleTrain's held arrays."""
+    """Slurm's partition ``preemptable``: nodes and MalleTrain's held arrays; a World of the
+    contract suite (tests/backend_contract.py)."""
+
+    name = "slurm"
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,12 +92,12 @@ class SlurmSim(CommandRunner):
                        for t in self.tasks.values() if t.state == "PENDING")
 
     # ------------------------------------------------------------------ the world
-    def submit(self, min_nodes: int, max_nodes: int, user: str) -> str:
+    def submit(self, min_nodes: int, max_nodes: int, owner: str) -> str:
         """``sbatch -N LO-HI`` through job_submit.lua: a user-held array of HI tasks."""
         aid = str(self.next_id)
         self.next_id += 1
         for i in range(max_nodes):
-            task = Task(aid, aid, str(i), "PENDING", "", "UNLIMITED", "0", "0", user,
+            task = Task(aid, aid, str(i), "PENDING", "", "UNLIMITED", "0", "0", owner,
                         "JobHeldUser", f"malletrain:min={min_nodes},max={max_nodes}")
             self.tasks[task.key] = task
         return aid
@@ -110,6 +113,18 @@ class SlurmSim(CommandRunner):
 
     def free(self, node: str) -> None:
         self.nodes[node] = "idle"
+
+    add_node = free
+
+    def cancel(self, aid: str) -> None:
+        """``scancel`` by the owner."""
+        self.end(aid, "CANCELLED")
+
+    def running(self, aid: str) -> set[str]:
+        return {t.node for t in self.tasks.values() if t.array_id == aid and t.state == "RUNNING"}
+
+    def backend(self) -> SlurmBackend:
+        return SlurmBackend(self, partition=PARTITION, grow_timeout_s=120)
 
     def end(self, aid: str, state: str) -> None:
         """Every task of array ``aid`` that is not done ends as ``state``."""
@@ -195,37 +210,3 @@ class SlurmSim(CommandRunner):
         else:
             raise AssertionError(f"scontrol {verb}: not a command the backend runs")
         return ""
-
-
-class SlurmWorld:
-    """The contract suite's view of :class:`SlurmSim`."""
-
-    name = "slurm"
-
-    def __init__(self) -> None:
-        self.sim = SlurmSim()
-
-    def backend(self) -> SlurmBackend:
-        return SlurmBackend(self.sim, partition=PARTITION, grow_timeout_s=120)
-
-    def add_node(self, name: str) -> None:
-        self.sim.free(name)
-
-    def submit(self, min_nodes: int, max_nodes: int, owner: str) -> str:
-        return self.sim.submit(min_nodes, max_nodes, owner)
-
-    def take(self, node: str) -> None:
-        self.sim.take(node)
-
-    def free(self, node: str) -> None:
-        self.sim.free(node)
-
-    def complete(self, job_id: str) -> None:
-        self.sim.complete(job_id)
-
-    def cancel(self, job_id: str) -> None:
-        self.sim.end(job_id, "CANCELLED")
-
-    def running(self, job_id: str) -> set[str]:
-        return {t.node for t in self.sim.tasks.values()
-                if t.array_id == job_id and t.state == "RUNNING"}
