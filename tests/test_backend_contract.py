@@ -13,6 +13,7 @@ import pytest
 from backend_contract import SCENARIOS, World
 from world_pbs import PbsSim
 from world_slurm import SlurmSim
+from world_toy import ToyWorld
 
 from malletrain_core.backends import BATCH_SYSTEMS
 from malletrain_core.backends.pbs import parse as pp
@@ -24,6 +25,7 @@ PBS_GOLDEN = Path(__file__).parent / "pbs" / "golden"
 WORLDS: dict[str, type[World]] = {
     "slurm": SlurmSim,
     "pbs": PbsSim,
+    "toy": ToyWorld,
 }
 
 
