@@ -85,6 +85,9 @@ class ToyCluster:
     def set_node(self, node: str, state: str) -> None:
         """Add a node, or set it free, taken (by another job: a task there is requeued) or
         down."""
+        if state not in (FREE, TAKEN, DOWN):
+            raise ValidationError("toy", "node state", f"{state!r}; use {FREE!r}, {TAKEN!r} "
+                                  f"or {DOWN!r}")
         self.read()
         for job in self.jobs.values():
             for entry in job.tasks.values():
@@ -95,6 +98,9 @@ class ToyCluster:
 
     def submit(self, min_nodes: int, max_nodes: int, owner: str = "") -> str:
         """A new elastic job of ``max_nodes`` queued tasks; returns its id."""
+        if not 1 <= min_nodes <= max_nodes:
+            raise ValidationError("toy", "job", f"min_nodes={min_nodes}, max_nodes={max_nodes}: "
+                                  "give 1 <= min_nodes <= max_nodes")
         self.read()
         job_id = next(f"t{n}" for n in itertools.count(len(self.jobs) + 1)
                       if f"t{n}" not in self.jobs)
@@ -106,7 +112,10 @@ class ToyCluster:
     def end(self, job_id: str, how: str = EndReason.CANCELLED.value) -> None:
         """End a job (``completed``: training done; ``cancelled``): every task is done."""
         self.read()
-        job = self.jobs[job_id]
+        job = self.jobs.get(job_id)
+        if job is None or how not in (EndReason.COMPLETED.value, EndReason.CANCELLED.value):
+            raise ValidationError("toy", "end", f"{job_id!r} as {how!r}: name one of the jobs "
+                                  f"{sorted(self.jobs)} and \"completed\" or \"cancelled\"")
         for entry in job.tasks.values():
             if entry[0] == RUNNING:
                 self.nodes[entry[1]] = FREE
