@@ -61,8 +61,11 @@ class SlurmSim(CommandRunner):
 
     name = "slurm"
 
-    def __init__(self) -> None:
+    def __init__(self, deferred: bool = False) -> None:
         super().__init__()
+        self.deferred = deferred
+        """Released tasks start at the next scheduling pass (the next poll's sinfo), not at
+        once: what a shrink between a grow and that pass meets is a task still pending."""
         self.nodes: dict[str, str] = {}    # name -> sinfo state
         self.tasks: dict[str, Task] = {}   # A_i -> task
         self.next_id = 1
@@ -148,6 +151,7 @@ class SlurmSim(CommandRunner):
         out, err = "", []
         if argv[0] == "sinfo":
             assert argv[-1] == sp.SINFO_FORMAT and PARTITION in argv
+            self.schedule()
             out = self.sinfo()
         elif argv[0] == "squeue" and "--start" in argv:
             assert argv[-1] == sp.PLAN_FORMAT
@@ -183,6 +187,17 @@ class SlurmSim(CommandRunner):
         return subprocess.CompletedProcess(argv, 1 if err else 0, out, "".join(
             e + "\n" for e in err))
 
+    def schedule(self) -> None:
+        """A scheduling pass: released tasks start on their requested node when it is idle."""
+        for t in self.tasks.values():
+            node = t.wanted
+            if t.state == "PENDING" and t.priority != "0" and node and \
+                    self.nodes.get(node) == "idle":
+                if t.job_id == t.array_id:  # a task split off its array gets its own id
+                    t.job_id = str(1000 + len(self.calls))
+                t.state, t.node, t.priority = "RUNNING", node, RUNNING_PRIORITY
+                self.nodes[node] = "allocated"
+
     def _scontrol(self, verb: str, key: str) -> str:
         """One task of a batched ``scontrol VERB list``; returns the error, "" when done."""
         t = self.tasks.get(key)
@@ -194,12 +209,8 @@ class SlurmSim(CommandRunner):
         elif verb == "release":
             t.priority = "1"
             t.reason = "None"
-            node = t.wanted
-            if t.state == "PENDING" and node and self.nodes.get(node) == "idle":
-                if t.job_id == t.array_id:  # a task split off its array gets its own id
-                    t.job_id = str(1000 + len(self.calls))
-                t.state, t.node, t.priority = "RUNNING", node, RUNNING_PRIORITY
-                self.nodes[node] = "allocated"
+            if not self.deferred:
+                self.schedule()
         elif verb == "requeuehold":
             if t.state not in ("RUNNING", "TIMEOUT"):
                 return "Job is pending execution"
