@@ -170,6 +170,18 @@ def node_taken_while_starting(world: World) -> None:
     assert backend.poll(T + 3) == []
 
 
+def node_taken_while_shrinking(world: World) -> None:
+    """A node taken back while our shrink of its worker is under way: the node is reclaimed
+    and the shrink confirmed (WorkerStopped), in that order."""
+    backend, job = setup(world)
+    running_on(world, backend, job, ("n1", "n2"), T + 1)
+    assert backend.execute([Shrink(job, ("n2",))], T + 3) == []
+    world.take("n2")
+    assert backend.poll(T + 4) == [NodesReclaimed(T + 4, ("n2",)),
+                                   WorkerStopped(T + 4, job, "n2")]
+    assert backend.poll(T + 5) == [] and world.running(job) == {"n1"}
+
+
 def training_done(world: World) -> None:
     """Workers that end successfully end the job: JobEnded(COMPLETED), no WorkerStopped; the
     engine's Finish then clears it from the batch system, and nothing more is reported."""
@@ -195,14 +207,29 @@ def cancelled_by_user(world: World) -> None:
     running_on(world, backend, running, ("n1",), T + 6)
 
 
-def finish_by_engine(world: World) -> None:
-    """Finish ends every worker of the job in the batch system; no event follows for it."""
+def cancelled_while_starting(world: World) -> None:
+    """The owner cancels a job whose workers are still starting: JobEnded(CANCELLED) only."""
     backend, job = setup(world)
-    running_on(world, backend, job, ("n1", "n2"), T + 1)
-    assert backend.execute([Finish(job)], T + 3) == []
-    assert world.running(job) == set()
-    assert backend.poll(T + 4) == []
-    assert backend.poll(T + 5) == []
+    assert backend.execute([Grow(job, ("n1", "n2"), None)], T + 1) == []
+    world.cancel(job)
+    assert backend.poll(T + 2) == [JobEnded(T + 2, job, EndReason.CANCELLED)]
+    assert backend.poll(T + 3) == [] and world.running(job) == set()
+
+
+def finish_by_engine(world: World) -> None:
+    """Finish ends every worker of that job, and only of that job, in the batch system; no
+    event follows for it."""
+    backend, job = setup(world, nodes=4)
+    other = world.submit(1, 2, "bob")
+    backend.poll(T + 1)
+    running_on(world, backend, job, ("n1", "n2"), T + 2)
+    running_on(world, backend, other, ("n3", "n4"), T + 4)
+    assert backend.execute([Finish(job)], T + 6) == []
+    assert world.running(job) == set() and world.running(other) == {"n3", "n4"}
+    assert backend.poll(T + 7) == []
+    assert backend.poll(T + 8) == []
+    assert backend.execute([Shrink(other, ("n4",))], T + 9) == []
+    assert backend.poll(T + 10) == [WorkerStopped(T + 10, other, "n4")]
 
 
 def reconcile_after_restart(world: World) -> None:
@@ -285,7 +312,8 @@ def engine_drives_it(world: World) -> None:
 
 SCENARIOS: dict[str, Callable[[World], None]] = {
     f.__name__: f for f in (submit_and_offer, grow_onto_idle_nodes, shrink, preemption,
-                            shrink_while_starting, node_taken_while_starting, training_done,
-                            cancelled_by_user, finish_by_engine, reconcile_after_restart,
+                            shrink_while_starting, node_taken_while_starting,
+                            node_taken_while_shrinking, training_done, cancelled_by_user,
+                            cancelled_while_starting, finish_by_engine, reconcile_after_restart,
                             restart_after_training_done, engine_drives_it)
 }
