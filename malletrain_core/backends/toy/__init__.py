@@ -3,8 +3,8 @@
 :class:`ToyCluster` is a batch system of its own, small enough to read in one sitting: nodes
 that are free, taken by another job or down, and elastic jobs of one-node tasks that are
 queued, running or done. Its state lives in memory, or in a JSON file (``path``) so that a
-second process — a shell, a test, the demo — can submit jobs to a ``malletraind`` running
-with ``daemon.batch_system = "toy"``. Nothing runs on the nodes: a started task is only
+second process (a shell, a test) can submit jobs to a ``malletraind`` running with
+``daemon.batch_system = "toy"``. Nothing runs on the nodes: a started task is only
 marked running. Use it to try MalleTrain without Slurm or PBS, never on a cluster.
 
 :class:`ToyBackend` is what a real backend writes on top of the shared bookkeeping of
