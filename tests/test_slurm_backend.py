@@ -378,6 +378,31 @@ def test_shrink_of_a_task_not_yet_started(slurm: FakeSlurm, backend: SlurmBacken
     assert slurm.commands() == [["scontrol", "hold", "7_0"]]
 
 
+def test_a_task_shrunk_after_it_started_is_stopped_not_adopted(slurm: FakeSlurm,
+                                                               backend: SlurmBackend) -> None:
+    """Slurm started the released task before the shrink's hold reached it: the hold leaves
+    it running, so the next poll requeue-holds it instead of reporting it as a worker (the
+    engine was told WorkerStopped and gives the node to others), and keeps the node offered."""
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01",), 600.0)], T)
+    assert backend.execute([Shrink("7", ("n01",))], T) == [WorkerStopped(T, "7", "n01")]
+    slurm.squeue = task(9, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin") + task(7, 7, 1)
+    slurm.sinfo = nodes(n01="allocated")
+    slurm.calls.clear()
+    assert backend.poll(T + 3) == []
+    assert slurm.commands() == [["scontrol", "requeuehold", "7_0"]]
+    slurm.squeue = task(9, 7, 0, "COMPLETING", "n01", reason="JobHeldAdmin") + task(7, 7, 1)
+    assert backend.poll(T + 4) == [] and backend.workers == {}
+    slurm.squeue = task(9, 7, 0, reason="job requeued in held state") + task(7, 7, 1)
+    slurm.sinfo = nodes(n01="idle")
+    assert backend.poll(T + 5) == []
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01",), 600.0)], T + 6) == []
+    assert slurm.commands()[-1] == ["scontrol", "release", "7_0"]
+
+
 def test_finish_cancels_and_is_retried(slurm: FakeSlurm, backend: SlurmBackend) -> None:
     slurm.squeue = held_array(7, 2) + held_array(12, 1)
     backend.poll(T)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ..errors import ValidationError
 from ..model import Problem, Solution
-from . import baselines, dp, milp, pernode
+from . import baselines, dp, fifo, milp, pernode
 from .placement import place
 
 SOLVERS = ("auto", "dp", "milp", "pernode")
@@ -64,6 +64,7 @@ POLICIES: dict[str, Callable[[Problem], Solution]] = {
     "equal": baselines.equal_share,
     "greedy": baselines.greedy,
     "rigid": baselines.rigid,
+    "fifo": fifo.fifo,
 }
 """Every allocation policy by name."""
 

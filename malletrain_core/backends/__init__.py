@@ -12,12 +12,13 @@ from collections.abc import Callable
 
 from ..config import Config
 from ..errors import ConfigError
-from . import pbs, slurm
+from . import pbs, slurm, toy
 from .base import Backend, TaskBackend
 
 BATCH_SYSTEMS: dict[str, Callable[[Config], Backend]] = {
     "slurm": slurm.from_config,
     "pbs": pbs.from_config,
+    "toy": toy.from_config,
 }
 
 __all__ = ["BATCH_SYSTEMS", "Backend", "TaskBackend", "build"]

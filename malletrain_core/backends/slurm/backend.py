@@ -65,6 +65,7 @@ DEFAULT_GROW_TIMEOUT_S = 300.0
 long enough for a backfill cycle at site settings (bf_interval=30 s) and a preempted
 predecessor's KillWait."""
 
+_ACTIVE = (TaskState.RUNNING, TaskState.ENDING)
 _REQUEUED_BY_SLURM = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 
 
@@ -164,7 +165,9 @@ class SlurmBackend(TaskBackend):
             if aid in self._jobs:  # the engine drops that node: offer it again when usable
                 self._offered.pop(node, None)
         self._dropped.clear()
-        idle = self._reconcile_nodes(nodes, plan, out.reclaimed)
+        leaving = {row.node for key, row in current.items() if key in self._stopping
+                   and key not in self._workers and row.node and row.state in _ACTIVE}
+        idle = self._reconcile_nodes(nodes, plan, out.reclaimed, leaving)
         self._rows = current
         self._gone &= set(tagged)  # a purged job id never comes back
         self._run_quietly("hold", out.to_hold)
@@ -198,8 +201,13 @@ class SlurmBackend(TaskBackend):
                            out: _PollEvents) -> None:
         """Workers that started, and workers that are gone (preempted or stopped)."""
         for key, row in current.items():
-            if row.array_id not in self._jobs or not row.node or row.state not in (
-                    TaskState.RUNNING, TaskState.ENDING):
+            if row.array_id not in self._jobs or not row.node or row.state not in _ACTIVE:
+                continue
+            if key not in self._workers and key in self._stopping:
+                # Shrunk while launching, but it had started before our hold reached it:
+                # no worker of the engine's, stop it (it was told WorkerStopped already).
+                if row.state is TaskState.RUNNING:
+                    out.to_requeuehold.append(key)
                 continue
             if key not in self._workers:
                 self._launching.pop(key, None)
@@ -209,7 +217,7 @@ class SlurmBackend(TaskBackend):
                 out.to_hold.append(key)  # so that a preemption brings it back held
         for key in list(self._workers):
             seen = current.get(key)
-            if seen is not None and seen.state in (TaskState.RUNNING, TaskState.ENDING):
+            if seen is not None and seen.state in _ACTIVE:
                 continue
             aid, node = self._workers.pop(key)
             if key in self._stopping:
@@ -271,11 +279,13 @@ class SlurmBackend(TaskBackend):
             self._close(aid, reason, now, out)
 
     def _reconcile_nodes(self, nodes: dict[str, sp.NodeRow], plan: list[sp.PlanRow],
-                         reclaimed: list[str]) -> list[IdleNode]:
+                         reclaimed: list[str], leaving: set[str]) -> list[IdleNode]:
         """Update the offered pool from sinfo and the plan; returns the NodesIdle entries.
 
         ``reclaimed`` comes in with the nodes whose workers Slurm took back and goes out with
         every node taken from the pool; such a node is not offered again in the same poll.
+        ``leaving`` names the nodes where a task we are stopping, no worker, still runs: they
+        stay offered.
         """
         ends = sp.hole_ends(plan, exclude=set(self._jobs) | self._gone)
         ours = {node for _, node in self._workers.values()}
@@ -285,6 +295,8 @@ class SlurmBackend(TaskBackend):
         for name in sorted(nodes):
             row = nodes[name]
             hole = ends.get(name)
+            if name in leaving and name in self._offered:
+                continue
             if name in ours or (name in launching and name in self._offered):
                 if name not in self._offered:  # a worker we did not start (daemon restart)
                     idle.append(IdleNode(name, hole))
@@ -366,8 +378,9 @@ class SlurmBackend(TaskBackend):
                 elif key in self._workers:
                     requeue.append(key)
                 else:
-                    unlaunch.append(key)
+                    unlaunch.append(key)  # held; requeue-held by the next poll if it started
                     del self._launching[key]
+                    self._stopping.add(key)
                     events.append(WorkerStopped(now, action.job_id, node))
         failed = self._run_quietly("requeuehold Incomplete", requeue)
         self._stopping.update(k for k in requeue if k not in failed)
