@@ -156,6 +156,10 @@ class SlurmSim(CommandRunner):
         elif argv[0] == "squeue" and "--start" in argv:
             assert argv[-1] == sp.PLAN_FORMAT
             out = self.plan()
+        elif argv[0] == "squeue" and "-j" in argv:  # the read-back of recycled tasks
+            assert argv[-1] == sp.SQUEUE_FORMAT
+            arrays = set(argv[argv.index("-j") + 1].split(","))
+            out = "".join(t.line() + "\n" for t in self.tasks.values() if t.array_id in arrays)
         elif argv[0] == "squeue":
             assert argv[-1] == sp.SQUEUE_FORMAT and PARTITION in argv
             out = self.squeue()
@@ -168,8 +172,10 @@ class SlurmSim(CommandRunner):
                 task.wanted = fields["ReqNodeList"]
                 task.limit = duration(int(fields["TimeLimit"]))
         elif argv[0] == "scontrol":
-            for key in sp.expand_task_ids(argv[2]) if len(argv) == 3 else []:
-                problem = self._scontrol(argv[1], key)
+            incomplete = len(argv) == 4 and argv[2] == "Incomplete"
+            listed = argv[3] if incomplete else argv[2] if len(argv) == 3 else ""
+            for key in sp.expand_task_ids(listed) if listed else []:
+                problem = self._scontrol(argv[1], key, incomplete)
                 if problem:
                     err.append(f"{key}: {problem}")
         elif argv[0] == "scancel":
@@ -198,8 +204,10 @@ class SlurmSim(CommandRunner):
                 t.state, t.node, t.priority = "RUNNING", node, RUNNING_PRIORITY
                 self.nodes[node] = "allocated"
 
-    def _scontrol(self, verb: str, key: str) -> str:
-        """One task of a batched ``scontrol VERB list``; returns the error, "" when done."""
+    def _scontrol(self, verb: str, key: str, incomplete: bool = False) -> str:
+        """One task of a batched ``scontrol VERB [Incomplete] list``; returns the error, ""
+        when done. With ``Incomplete`` Slurm requeues only a running task and does nothing,
+        successfully, to any other."""
         t = self.tasks.get(key)
         if t is None:
             return "Invalid job id specified"
@@ -212,6 +220,8 @@ class SlurmSim(CommandRunner):
             if not self.deferred:
                 self.schedule()
         elif verb == "requeuehold":
+            if incomplete and t.state != "RUNNING":
+                return ""
             if t.state not in ("RUNNING", "TIMEOUT"):
                 return "Job is pending execution"
             if t.state == "RUNNING":
