@@ -158,7 +158,7 @@ def section(r: dict[str, Any]) -> str:
         "",
         f"A real daemon (engine, SQLite store on disk) against a seeded stand-in batch system "
         f"with random churn (`ChurnBackend`): {r['events']} events in {r['cycles']} cycles, "
-        f"{r['seconds']} s; compaction at {r['bound']} events ran {r['compactions']} times "
+        f"{r['seconds']} s for both daemons below (niced, on a shared machine); compaction at {r['bound']} events ran {r['compactions']} times "
         f"(median {r['compaction_ms']['median']} ms, max {r['compaction_ms']['max']} ms, the "
         "cycle waits for it). A second daemon on the same seed journalled the same events "
         "without compaction.",
