@@ -152,7 +152,7 @@ def test_dispatcher_answers_bad_requests_with_one_line(line, fragment):
 
 def test_dispatcher_passes_the_uid_and_args():
     reply = json.loads(make_dispatcher().dispatch(42, b'{"op": "whoami"}'))
-    assert reply == {"ok": True, "result": {"uid": 42}}
+    assert reply == {"v": 1, "ok": True, "result": {"uid": 42}}
 
 
 # ----- unix socket ------------------------------------------------------------------------------

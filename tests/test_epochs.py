@@ -279,7 +279,7 @@ def test_bad_input_is_refused_with_one_line():
         co.checkin("1", "n1", 0.0, state="dancing")
     with pytest.raises(ValidationError):
         EpochCoordinator(port_range=(100, 50))
-    with pytest.raises(EpochError, match="malformed order"):
+    with pytest.raises(EpochError, match="not one this launcher knows"):
         Order.from_dict({"kind": "explode"})
     with pytest.raises(EpochError, match="incomplete"):
         Order.from_dict({"kind": "run", "epoch": 1})

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pytest
 
 from malletrain_core.daemon.api import Dispatcher, TcpApiServer
 from malletrain_core.daemon.epochs import EpochCoordinator
+from malletrain_core.daemon.intake import ReportListener
 from malletrain_core.daemon.launchers import LauncherService
 from malletrain_core.errors import MalleTrainError
 from malletrain_core.munge import PrivateMunged
@@ -75,12 +75,15 @@ class MiniDaemon:
         self.co = coordinator
         self.lock = threading.Lock()
         self.reports: list[reports.Report] = []
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", 0))
-        self.udp.settimeout(0.2)
+        # the daemon's own report intake: signature, replay and owner checks, then the
+        # checkpoint acknowledgements through LauncherService.acknowledge
+        self.intake = ReportListener(
+            "127.0.0.1", 0,
+            key_for=lambda job: coordinator.key(job) if coordinator.owner(job) is not None
+            else None)
         m = munged.client()
         self.svc = LauncherService(coordinator, lambda key, uid: m.encode(key, restrict_uid=uid),
-                                   f"127.0.0.1:{self.udp.getsockname()[1]}", time.time,
+                                   f"127.0.0.1:{self.intake.address[1]}", time.time,
                                    lock=self.lock)
         d = Dispatcher()
         self.svc.register(d)
@@ -97,15 +100,11 @@ class MiniDaemon:
         return f"127.0.0.1:{self.server.port}"
 
     def _intake(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.udp.recv(2048)
-            except OSError:
-                continue
-            try:
-                self.reports.append(self.svc.handle_report(data))
-            except reports.ReportError:
-                pass
+        while not self._stop.wait(0.05):
+            with self.lock:
+                verified = self.intake.drain()
+                self.svc.acknowledge(verified)
+            self.reports += verified
 
     def _tick(self) -> None:
         while not self._stop.wait(0.3):
@@ -117,7 +116,7 @@ class MiniDaemon:
         self.server.close()
         for t in self._threads:
             t.join(2)
-        self.udp.close()
+        self.intake.close()
 
 
 def start_launcher(daemon_addr: str, munged: PrivateMunged, node: str, task: int,

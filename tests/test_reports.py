@@ -45,7 +45,8 @@ def test_replay_is_refused():
 
 @pytest.mark.parametrize("data, reason", [
     (b"x" * 2000, "oversized"),
-    (b"MTR2 " + b"0" * 64 + b" {}", "bad magic"),
+    (b"MTR2 " + b"0" * 64 + b" {}", "report format MTR2, this daemon reads MTR1"),
+    (b"MTRX " + b"0" * 64 + b" {}", "bad magic"),
     (b"MTR1 abc {}", "malformed signature"),
     (b"MTR1 " + b"0" * 64 + b" \xff\xfe", "not UTF-8 JSON"),
     (b"MTR1 " + b"0" * 64 + b" [1]", "not a JSON object"),

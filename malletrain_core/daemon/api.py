@@ -33,7 +33,9 @@ from ..security import API_SOCKET_GROUP, restrict_socket
 from ..wire.api import (
     AUTH_PAYLOAD,
     MAX_LINE_BYTES,
+    VERSION,
     ApiError,
+    version_of,
 )
 from ..wire.api import (
     encode_error as _error,
@@ -84,6 +86,10 @@ class Dispatcher:
         if not isinstance(request, dict) or not isinstance(request.get("op"), str):
             return _error('malformed request: expected {"op": NAME, "args": {...}}')
         op, args = request["op"], request.get("args", {})
+        try:
+            version_of(request)
+        except ApiError as exc:
+            return _error(str(exc))
         if not isinstance(args, dict):
             return _error(f"malformed request for {op!r}: 'args' must be a JSON object")
         handler = self._handlers.get(op)
@@ -101,7 +107,7 @@ class Dispatcher:
             log.exception("api: handler for %r failed", op)
             return _error(f"internal error in {op!r}; see the daemon log")
         try:
-            return _line({"ok": True, "result": result})
+            return _line({"v": VERSION, "ok": True, "result": result})
         except (TypeError, ValueError):
             log.error("api: handler for %r returned a value that is not JSON", op)
             return _error(f"internal error in {op!r}; see the daemon log")
@@ -300,6 +306,12 @@ class TcpApiServer(_ServerMixin, socketserver.ThreadingMixIn, socketserver.TCPSe
             hello = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             hello = None
+        if isinstance(hello, dict):
+            try:
+                version_of(hello)
+            except ApiError as exc:
+                conn.wfile.write(_error(str(exc)))
+                return None
         if not isinstance(hello, dict) or hello.get("auth") != "munge" \
                 or not isinstance(hello.get("credential"), str):
             conn.wfile.write(_error('authenticate first: {"auth": "munge", "credential": '
@@ -314,7 +326,7 @@ class TcpApiServer(_ServerMixin, socketserver.ThreadingMixIn, socketserver.TCPSe
         if cred.payload != AUTH_PAYLOAD:
             conn.wfile.write(_error("munge credential was not made for the MalleTrain API"))
             return None
-        conn.wfile.write(_line({"ok": True, "result": {"uid": cred.uid}}))
+        conn.wfile.write(_line({"v": VERSION, "ok": True, "result": {"uid": cred.uid}}))
         return cred.uid
 
 

@@ -8,6 +8,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..wire.api import ApiError
+from ..wire.orders import VERSION as ORDERS_VERSION
+from ..wire.reports import Report
 from .api import Dispatcher
 from .epochs import EpochCoordinator, Order
 
@@ -42,9 +44,13 @@ class LauncherService:
             rc = None if args.get("rc") is None else int(args["rc"])
             state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
             ckpt_seen = int(args.get("ckpt_seen", 0))
+            proto = int(args.get("proto", 1))  # release 0.1's launchers sent none: 1
         except (KeyError, TypeError, ValueError, OverflowError):
             raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
                            "are integers") from None
+        if proto > ORDERS_VERSION:
+            raise ApiError(f"this malletraind speaks launcher protocol {ORDERS_VERSION}, the "
+                           f"launcher {proto}: upgrade malletraind before malletrain-run")
         with self.lock:
             owner = self.coordinator.owner(job)
             if owner is None:
@@ -60,3 +66,13 @@ class LauncherService:
             reply["key"] = self.wrap_key(key, owner)
             reply["report_addr"] = self.report_addr
         return reply
+
+    def acknowledge(self, verified: list[Report]) -> bool:
+        """Feed the checkpoint acknowledgements among verified reports to the coordinator
+        (call with the lock held); True when there was one."""
+        acked = False
+        for report in verified:
+            if report.ckpt is not None:
+                self.coordinator.acknowledge_checkpoint(report.job, report.epoch, self.clock())
+                acked = True
+        return acked

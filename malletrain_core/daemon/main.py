@@ -235,14 +235,10 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
         service.dispatcher.register("checkin", checkin)
 
         def on_reports() -> list[Event]:
-            out: list[Event] = []
-            acked = False
             with daemon.lock:
-                for report in reports_in.drain():
-                    if report.ckpt is not None:
-                        coordinator.acknowledge_checkpoint(report.job, report.epoch, time.time())
-                        acked = True
-                    out.append(to_event(report))
+                verified = reports_in.drain()
+                acked = launchers.acknowledge(verified)
+                out: list[Event] = [to_event(report) for report in verified]
                 if acked and bridge.deferred and bridge.releasable():
                     daemon.wake()
             return out

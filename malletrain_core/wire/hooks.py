@@ -147,8 +147,10 @@ def decode(data: bytes) -> Message:
                             "(not Unicode text)") from None
     version = obj.get("v")
     if isinstance(version, bool) or version != VERSION:
-        raise ProtocolError(f"hook datagram: version {version!r} not understood "
-                            f"(this daemon speaks v={VERSION})")
+        newer = isinstance(version, int) and version > VERSION
+        raise ProtocolError(f"hook datagram: version {version!r} not understood (this daemon "
+                            f"speaks v={VERSION})" + ("; upgrade malletraind before the hooks"
+                                                      if newer else ""))
     kind = obj.get("kind")
     if kind not in KINDS:
         raise ProtocolError(f"hook datagram: unknown kind {kind!r}; one of {', '.join(KINDS)}")

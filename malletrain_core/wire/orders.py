@@ -14,6 +14,9 @@ from typing import Any
 
 from ..errors import MalleTrainError
 
+VERSION = 1
+"""The launcher protocol: what a check-in announces (``proto``) and which orders it knows.
+A check-in without ``proto`` is from a launcher of release 0.1, which spoke 1."""
 ORDER_KINDS = ("run", "wait", "stop", "checkpoint", "exit")
 
 
@@ -42,6 +45,11 @@ class Order:
     @classmethod
     def from_dict(cls, data: Any) -> Order:
         """Parse an order received over the wire; raises :class:`EpochError` if malformed."""
+        if isinstance(data, dict) and isinstance(data.get("kind"), str) \
+                and data["kind"] not in ORDER_KINDS and data["kind"].isidentifier():
+            raise EpochError(f"order {data['kind']!r} is not one this launcher knows (launcher "
+                             f"protocol {VERSION}: {', '.join(ORDER_KINDS)}); the daemon must "
+                             "send only what a launcher's check-in announces")
         if not isinstance(data, dict) or data.get("kind") not in ORDER_KINDS:
             raise EpochError(f"malformed order {data!r}; expected kind in {', '.join(ORDER_KINDS)}")
         ints = ("epoch", "rank", "world", "port", "request", "rc")

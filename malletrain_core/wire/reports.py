@@ -82,6 +82,10 @@ def parse(data: bytes) -> tuple[bytes, bytes, Report]:
     if len(data) > MAX_BYTES:
         raise ReportError(f"oversized report ({len(data)} bytes > {MAX_BYTES})")
     parts = data.split(b" ", 2)
+    if len(parts) == 3 and parts[0][:3] == MAGIC[:3] and parts[0] != MAGIC \
+            and parts[0][3:].isdigit() and len(parts[0]) <= 8:
+        raise ReportError(f"report format {parts[0].decode()}, this daemon reads "
+                          f"{MAGIC.decode()}: upgrade malletraind before the launchers")
     if len(parts) != 3 or parts[0] != MAGIC:
         raise ReportError("not a MalleTrain report (bad magic or version)")
     mac, payload = parts[1], parts[2]

@@ -12,6 +12,7 @@ from ..munge import Munge, MungeError
 from ..wire.api import (
     AUTH_PAYLOAD,
     MAX_LINE_BYTES,
+    VERSION,
     ApiError,
     ApiUnavailable,
     encode_line,
@@ -77,7 +78,7 @@ class _Client:
 
     def call(self, op: str, **args: Any) -> Any:
         """Send one request; returns its result or raises :class:`ApiError`."""
-        payload = encode_line({"op": op, "args": args})
+        payload = encode_line({"v": VERSION, "op": op, "args": args})
         if len(payload) > MAX_LINE_BYTES:
             raise ApiError(f"request {op!r} is {len(payload)} bytes, over the daemon's limit of "
                            f"{MAX_LINE_BYTES}; send less per call")
@@ -157,7 +158,8 @@ class TcpClient(_Client):
         except MungeError:
             self.close()
             raise
-        reply = self._exchange(encode_line({"auth": "munge", "credential": credential}))
+        reply = self._exchange(encode_line({"v": VERSION, "auth": "munge",
+                                                "credential": credential}))
         if not reply["ok"]:
             self.close()
             raise ApiError(f"the daemon refused our credential: {reply.get('error')}")

@@ -41,6 +41,7 @@ from .. import config
 from ..errors import MalleTrainError
 from ..munge import Munge
 from ..wire.api import ApiError, ApiUnavailable, parse_address
+from ..wire.orders import VERSION as ORDERS_VERSION
 from ..wire.orders import EpochError, Order
 from . import training
 from .client import TcpClient
@@ -200,7 +201,8 @@ class Launcher:
             self.node_addr = self.client.local_address() or ""
         reply = self.client.call("checkin", job=self.ident.job, node=self.ident.node,
                                  task=self.ident.task, epoch=self.epoch, state=self.state,
-                                 rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen)
+                                 rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen,
+                                 proto=ORDERS_VERSION)
         if not isinstance(reply, dict):
             raise ApiError("malformed check-in reply")
         return reply
