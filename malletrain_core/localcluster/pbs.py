@@ -58,6 +58,26 @@ COMMANDS = ("qsub", "qstat", "qdel", "qrun", "qrerun", "qhold", "qrls", "qalter"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+@dataclass(frozen=True)
+class Timings:
+    """The settings that decide how fast a killed job's node comes back (seconds)."""
+
+    kill_delay_s: int
+    """Queue ``kill_delay``: SIGTERM to SIGKILL. The mom reports a killed job over only then
+    (or at its next poll), even when the job exited at once (measured, docs/pbs.md)."""
+    min_check_poll_s: int
+    max_check_poll_s: int
+    """The mom's ``$min_check_poll`` / ``$max_check_poll``."""
+    scheduler_iteration_s: int
+
+
+TEST_TIMINGS = Timings(kill_delay_s=2, min_check_poll_s=1, max_check_poll_s=2,
+                       scheduler_iteration_s=10)
+SITE_TIMINGS = Timings(kill_delay_s=10, min_check_poll_s=10, max_check_poll_s=120,
+                       scheduler_iteration_s=600)
+"""OpenPBS 23.06's defaults."""
+
+
 @dataclass
 class StartReport:
     """What :meth:`PbsComplex.start` did and how long each phase took (seconds)."""
@@ -85,13 +105,15 @@ class PbsComplex:
 
     def __init__(self, moms: int = 8, root: str | Path | None = None,
                  exec_dir: str | Path | None = None, cpus_per_node: int = 2,
-                 hook_socket: str | Path | None = None) -> None:
+                 hook_socket: str | Path | None = None, site_defaults: bool = False) -> None:
         if not 1 <= moms <= 200:
             raise ConfigError(f"moms={moms}: give between 1 and 200 moms")
         if cpus_per_node < 1:
             raise ConfigError(f"cpus_per_node={cpus_per_node}: give at least 1")
         self.moms = moms
         self.cpus_per_node = cpus_per_node
+        self.site_defaults = site_defaults
+        self.timings = SITE_TIMINGS if site_defaults else TEST_TIMINGS
         self.root = Path(root).resolve() if root is not None else default_root().resolve()
         self.exec_dir = Path(exec_dir).resolve() if exec_dir is not None else DEFAULT_EXEC
         self.hook_socket = Path(hook_socket) if hook_socket else self.root / "hook.sock"
@@ -175,7 +197,7 @@ class PbsComplex:
 
     def _settings(self) -> dict[str, object]:
         return {"moms": self.moms, "cpus_per_node": self.cpus_per_node,
-                "exec": str(self.exec_dir)}
+                "exec": str(self.exec_dir), "site_defaults": self.site_defaults}
 
     def _ns_exists(self, ns: str) -> bool:
         return (Path("/run/netns") / ns).exists()
@@ -264,6 +286,9 @@ class PbsComplex:
             config = self.home(node) / "mom_priv" / "config"
             with config.open("a") as fh:  # no sshd here: deliver job output with cp
                 fh.write("$usecp *:/ /\n")
+                if not self.site_defaults:
+                    fh.write(f"$min_check_poll {self.timings.min_check_poll_s}\n"
+                             f"$max_check_poll {self.timings.max_check_poll_s}\n")
             kill(self._lock_pid(self.home(node) / "mom_priv" / "mom.lock"), signal.SIGHUP)
         phase("moms")
         self._configure()
@@ -355,10 +380,11 @@ class PbsComplex:
         ncpus = self.cpus_per_node
         self.qmgr(
             "set server job_history_enable = true",
-            "set server scheduler_iteration = 10",
+            f"set server scheduler_iteration = {self.timings.scheduler_iteration_s}",
             "create queue preemptable queue_type = execution",
             "set queue preemptable enabled = true",
             "set queue preemptable started = true",
+            f"set queue preemptable kill_delay = {self.timings.kill_delay_s}",
             "set server default_queue = preemptable",
             "create queue prod queue_type = execution",
             "set queue prod priority = 200",
@@ -368,6 +394,29 @@ class PbsComplex:
             "set sched preempt_order = R",
             *(f"create node {n} resources_available.ncpus = {ncpus}" for n in self.node_names),
         )
+
+    def install_malletrain(self, freq_s: int = 30, max_nodes: int = 0,
+                           socket: str | Path | None = None) -> Result:
+        """The administrator's steps of docs/pbs.md on this complex: MalleTrain's queues
+        (``malletrain`` routing to ``mt_preemptable``, enabled but not started), then
+        ``pbs_hooks/install.sh`` through this complex's qmgr. Idempotent."""
+        def exists(queue: str) -> bool:
+            return self.run(["qstat", "-Q", queue], check=False).returncode == 0
+        if not exists("mt_preemptable"):
+            self.qmgr("create queue mt_preemptable queue_type = execution")
+        self.qmgr("set queue mt_preemptable enabled = true",
+                  "set queue mt_preemptable started = false",
+                  f"set queue mt_preemptable kill_delay = {self.timings.kill_delay_s}",
+                  "set queue mt_preemptable max_run_soft = [o:PBS_ALL=0]")
+        if not exists("malletrain"):
+            self.qmgr("create queue malletrain queue_type = route")
+        self.qmgr("set queue malletrain route_destinations = mt_preemptable",
+                  "set queue malletrain enabled = true", "set queue malletrain started = true")
+        env = dict(os.environ, QMGR=str(self.bin_dir / "qmgr"))
+        argv = ["bash", str(REPO / "pbs_hooks" / "install.sh"), "--socket",
+                str(socket or self.hook_socket), "--freq", str(freq_s), "--max-nodes",
+                str(max_nodes)]
+        return CommandRunner(timeout_s=60, env=env).run(argv)
 
     # ------------------------------------------------------------------ waiting, dumping
     def wait_for(self, what: str, check: Callable[[], bool], timeout_s: float,
@@ -434,13 +483,11 @@ class PbsComplex:
             except MalleTrainError as exc:
                 print(f"stop: could not delete jobs ({exc}); stopping daemons anyway",
                       file=sys.stderr)
-        for node in self.node_names:
-            if self.ns_pids(self.mom_ns[node]):
-                self._init_d_quietly(self.mom_ns[node], self.mom_conf(node))
-        if self.ns_pids(self.server_ns):
+        # Moms (and any job left) first, all at once: a mom ends its jobs on SIGTERM.
+        self._kill_ns(list(self.mom_ns.values()), timeout_s)
+        if self.ns_pids(self.server_ns):  # qterm, then the scheduler, comm and datastore
             self._init_d_quietly(self.server_ns, self.conf_path)
-        for ns in self.namespaces:
-            self._kill_ns(ns, timeout_s)
+        self._kill_ns([self.server_ns], timeout_s)
         for ns in self.namespaces:
             if self._ns_exists(ns):
                 CommandRunner(timeout_s=15).run(["ip", "netns", "del", ns], check=False)
@@ -457,18 +504,19 @@ class PbsComplex:
         except CommandError as exc:
             print(f"stop: pbs_init.d stop in {ns}: {exc}", file=sys.stderr)
 
-    def _kill_ns(self, ns: str, timeout_s: float) -> None:
-        """TERM every process in ``ns``, then KILL what outlives ``timeout_s``."""
-        pids = self.ns_pids(ns)
-        for pid in pids:
+    def _kill_ns(self, namespaces: list[str], timeout_s: float) -> None:
+        """TERM every process in ``namespaces``, then KILL what outlives ``timeout_s``."""
+        def pids() -> list[int]:
+            return [p for ns in namespaces for p in self.ns_pids(ns)]
+        for pid in pids():
             kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while self.ns_pids(ns) and time.monotonic() < deadline:
+        while pids() and time.monotonic() < deadline:
             time.sleep(0.1)
-        for pid in self.ns_pids(ns):
+        for pid in pids():
             kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while self.ns_pids(ns) and time.monotonic() < deadline:
+        while pids() and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -480,9 +528,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("action", choices=("start", "stop", "status", "dump"))
     p.add_argument("--moms", type=int, default=8, help="separate pbs_moms, one node each")
     p.add_argument("--root", default=None, help="default: $MALLETRAIN_PBS_DIR or ./.cluster/pbs")
+    p.add_argument("--site-defaults", action="store_true",
+                   help="PBS's own kill_delay and mom poll (10 s, 10-120 s) and scheduler "
+                        "iteration (600 s) instead of the tests' 2 s, 1-2 s and 10 s")
+    p.add_argument("--malletrain", action="store_true",
+                   help="also create MalleTrain's queues and install its hooks (install.sh)")
     args = p.parse_args(argv)
     try:
-        cx = PbsComplex(moms=args.moms, root=args.root)
+        cx = PbsComplex(moms=args.moms, root=args.root, site_defaults=args.site_defaults)
         if args.action == "start":
             rep = cx.start()
             if rep.already_running:
@@ -490,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 phases = ", ".join(f"{k} {v:.2f} s" for k, v in rep.phases_s.items())
                 print(f"started server + {cx.moms} moms in {rep.total_s:.2f} s ({phases})")
+            if args.malletrain:
+                print(cx.install_malletrain().stdout.strip())
             print(f"use it with: . {cx.root / 'env.sh'}")
         elif args.action == "stop":
             was = cx.is_running()
