@@ -23,8 +23,9 @@ Queues: ``preemptable`` (the default) and ``prod`` (priority 200, above the sche
 are requeued. Each mom is one node (``n01``...) of ``cpus_per_node`` CPUs.
 
 Built by ``scripts/build-openpbs.sh`` into ``build/openpbs/install``; needs root (namespaces,
-pbs_iff). Ports are PBS's defaults (15001-15007, 17001): each namespace has its own, so
-several complexes can run side by side with distinct roots.
+pbs_iff). Ports are PBS's defaults (15001-15004, 17001): each namespace has its own. The
+datastore's port is derived from the root, as PostgreSQL's unix socket lives in a directory
+all namespaces share; so several complexes run side by side with distinct roots.
 """
 
 from __future__ import annotations
@@ -119,6 +120,9 @@ class PbsComplex:
         self.hook_socket = Path(hook_socket) if hook_socket else self.root / "hook.sock"
         digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:6]
         self.prefix = f"mtpbs{digest}"
+        # PostgreSQL's unix socket (/var/run/postgresql/.s.PGSQL.<port>) is shared by every
+        # namespace: each complex's datastore gets a port of its own.
+        self.datastore_port = 20000 + int(digest, 16) % 10000
         self.server_ns = f"{self.prefix}-s"
         self.node_names = [f"n{i:02d}" for i in range(1, moms + 1)]
         self.mom_ns = {n: f"{self.prefix}-m{i}" for i, n in enumerate(self.node_names, 1)}
@@ -226,6 +230,22 @@ class PbsComplex:
             raise ClusterError(f"OpenPBS is not built in {self.exec_dir}: run "
                                f"scripts/build-openpbs.sh (make setup-pbs) first")
 
+    def check_root(self) -> None:
+        """PBS_HOME must be reachable by the datastore's owner (postgres) and job owners, and
+        PBS refuses a PBS_HOME below a directory others may write (even /tmp, sticky)."""
+        for p in (self.root, *self.root.parents):
+            if not p.exists():
+                continue
+            mode = p.stat().st_mode
+            if not mode & 0o001:
+                raise ClusterError(f"{p} is not searchable by other users (mode "
+                                   f"{mode & 0o777:o}); PBS's datastore user and job owners "
+                                   "must reach PBS_HOME: choose another root")
+            if mode & 0o002 or (p != self.root and p.stat().st_uid != 0):
+                raise ClusterError(f"{p} is writable by others or not owned by root; PBS "
+                                   "refuses such a PBS_HOME (chk_file_sec): choose a root "
+                                   "outside /tmp, e.g. under the checkout's .cluster/")
+
     def start(self, timeout_s: float = 120.0) -> StartReport:
         """Create the namespaces, start every daemon, configure the queues and wait until every
         node is free; idempotent."""
@@ -263,12 +283,7 @@ class PbsComplex:
             shutil.rmtree(self.root / sub, ignore_errors=True)
         (self.root / "etc").mkdir(parents=True)
         self.bin_dir.mkdir()
-        # The datastore's owner (postgres) and job users must reach PBS_HOME.
-        for p in (self.root, *self.root.parents):
-            if p.exists() and not p.stat().st_mode & 0o001:
-                raise ClusterError(f"{p} is not searchable by other users (mode "
-                                   f"{p.stat().st_mode & 0o777:o}); PBS's datastore user and "
-                                   "job owners must reach PBS_HOME: choose another root")
+        self.check_root()
         self.root.chmod(0o755)
         for name in ("pbs_iff", "pbs_rcp"):  # authenticate non-root users' commands
             path = self.exec_dir / "sbin" / name
@@ -346,6 +361,7 @@ class PbsComplex:
             "PBS_START_COMM": int(server), "PBS_START_MOM": int(not server),
             "PBS_CORE_LIMIT": "unlimited", "PBS_SCP": "/usr/bin/scp",
             "PBS_SERVER_HOST_NAME": SERVER_NAME, "PBS_LEAF_NAME": node or SERVER_NAME,
+            "PBS_DATA_SERVICE_PORT": self.datastore_port,
         }
         if node is not None:
             lines["PBS_MOM_NODE_NAME"] = node
