@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pbs_real_helpers import complex_root
 
-from malletrain_core.localcluster.pbs import BUILD_SCRIPT, REPO, PbsComplex
+from malletrain_core.localcluster.pbs import BUILD_SCRIPT, PbsComplex
 
 HERE = Path(__file__).resolve().parent
 TEST_USER = "mtuser1"
@@ -58,16 +58,6 @@ def build_or_skip() -> None:
                     f"{proc.stderr}", pytrace=False)
     if proc.stdout.strip():
         print(f"{proc.stdout.strip()}\n(OpenPBS build: {time.monotonic() - t0:.0f} s)")
-
-
-def complex_root() -> Path:
-    """A fresh directory for one complex: under the checkout's ignored ``.cluster/`` (PBS
-    refuses a PBS_HOME below a directory others may write, such as /tmp)."""
-    base = REPO / ".cluster"
-    base.mkdir(exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="pbs-test-", dir=base))
-    root.chmod(0o755)
-    return root
 
 
 @pytest.fixture(scope="session")

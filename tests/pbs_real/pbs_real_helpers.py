@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
-from malletrain_core.localcluster.pbs import PbsComplex
+from malletrain_core.localcluster.pbs import REPO, PbsComplex
 
 SLEEP = "sleep 600\n"
 QUIET = ("-o", "/dev/null", "-e", "/dev/null")
@@ -55,3 +57,13 @@ def fill(cx: PbsComplex, user: str, queue: str = "mt_preemptable") -> str:
 
 def now() -> float:
     return time.monotonic()
+
+
+def complex_root() -> Path:
+    """A fresh directory for one complex: under the checkout's ignored ``.cluster/`` (PBS
+    refuses a PBS_HOME below a directory others may write, such as /tmp)."""
+    base = REPO / ".cluster"
+    base.mkdir(exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="pbs-test-", dir=base))
+    root.chmod(0o755)
+    return root

@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import complex_root
-from pbs_real_helpers import job, state, submit, subjob, wait_state
+from pbs_real_helpers import complex_root, job, state, subjob, submit, wait_state
 
 from malletrain_core.localcluster.pbs import SUBNET, PbsComplex
 
