@@ -32,6 +32,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.pbs_real)
+            item.add_marker(pytest.mark.slow)  # not in `make check`'s quick loop
 
 
 @pytest.hookimpl(hookwrapper=True)
