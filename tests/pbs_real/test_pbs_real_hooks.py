@@ -178,3 +178,37 @@ def test_hooks_never_fail_or_block_pbs_when_nobody_listens(pbs: PbsComplex, test
     assert qsub_s < 2.0, qsub_s
     assert not [ln for ln in new.splitlines() if "malletrain:" in ln], new
     assert "mt_periodic" not in new or "alarm" not in new
+
+
+SITE_HOOK = '''import pbs
+e = pbs.event()
+j = e.job
+if str(j.Job_Name).startswith("bad"):
+    e.reject("site policy: job names may not start with 'bad'")
+pbs.logmsg(pbs.LOG_DEBUG, "site_tag saw queue=%s" % (j.queue.name if j.queue else ""))
+j.Account_Name = "site-tagged"
+e.accept()
+'''
+
+
+def test_a_site_queuejob_hook_runs_beside_malletrains(pbs: PbsComplex, test_user: str,
+                                                     tmp_path: Path) -> None:
+    """A site's own queuejob hook (order 10) and mt_queuejob (order 1) both act on a
+    MalleTrain submission, in order; the site's refusal reaches the user unchanged."""
+    script = tmp_path / "site_tag.py"
+    script.write_text(SITE_HOOK)
+    pbs.qmgr("create hook site_tag", "set hook site_tag event = queuejob",
+             "set hook site_tag order = 10",
+             f"import hook site_tag application/x-python default {script}")
+    try:
+        array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-2", "-l",
+                       "select=1:ncpus=2")
+        attrs = job(pbs, array)
+        assert attrs["queue"] == "mt_preemptable" and attrs["Account_Name"] == "site-tagged"
+        assert "site_tag saw queue=mt_preemptable" in server_log(pbs)  # ours ran first
+        res = pbs.run(["qsub", "-q", "malletrain", "-J", "1-2", "-N", "badjob", "-o",
+                       "/dev/null"], user=test_user, input="true\n", check=False)
+        assert res.returncode != 0
+        assert "site policy: job names may not start with 'bad'" in res.stderr, res.stderr
+    finally:
+        pbs.qmgr("delete hook site_tag")
