@@ -3,18 +3,26 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup setup-full test test-long check lint demo bench bench-quick clean
+.PHONY: setup setup-full setup-pbs test test-pbs test-long check lint demo bench bench-quick clean
 
 setup:
 	@bash scripts/setup-machine.sh
 
-# The whole suite also runs the local cluster's accounting mode (MariaDB + slurmdbd + QOS).
+# The whole suite also runs the local cluster's accounting mode (MariaDB + slurmdbd + QOS)
+# and the real-PBS tier (OpenPBS built from ../shared/vendor/openpbs into build/openpbs, once).
 setup-full:
-	@MALLETRAIN_ACCOUNTING=1 bash scripts/setup-machine.sh
+	@MALLETRAIN_ACCOUNTING=1 MALLETRAIN_PBS=1 bash scripts/setup-machine.sh
 
-## Whole suite: unit, property, simulator, PBS (fake), real-Slurm and real-torch tests.
+setup-pbs:
+	@MALLETRAIN_PBS=1 bash scripts/setup-machine.sh
+
+## Whole suite: unit, property, simulator, PBS (fake and real), real-Slurm and real-torch tests.
 test: setup-full
 	$(PYTEST) -q || [ $$? -eq 5 ]
+
+## The real-PBS tier alone: a local OpenPBS complex (server + 8 moms in network namespaces).
+test-pbs: setup-pbs
+	$(PYTEST) -q -m pbs_real || [ $$? -eq 5 ]
 
 ## Long loops (not in `make test`): 200 cancellations during rescale churn on real Slurm.
 test-long: setup-full

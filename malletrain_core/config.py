@@ -80,7 +80,7 @@ class SlurmConfig:
 
 @dataclass(frozen=True)
 class PbsConfig:
-    queue: str = "malletrain"
+    queue: str = "mt_preemptable"
     command_timeout_s: float = 30.0
     bin_dir: str = ""
 

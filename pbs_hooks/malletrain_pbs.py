@@ -318,10 +318,9 @@ def on_queuejob(e: object, cfg: dict) -> None:
     if job.Rerunable is None:
         job.Rerunable = True
     env = getattr(job, "Variable_List", None)
-    if env is not None:
+    if env is not None:  # changed in place: a real server refuses `job.Variable_List = ...`
         env[cfg["min_nodes_var"]] = str(min_nodes)
         env["MALLETRAIN_MAX_NODES"] = str(max_nodes)
-        job.Variable_List = env
 
 
 HANDLERS = {

@@ -4,6 +4,9 @@
 #           lua-socket (the job_submit.lua datagram), lua5.1 (tests of job_submit.lua's logic).
 #           With MALLETRAIN_ACCOUNTING=1 also MariaDB + slurmdbd (the local cluster's
 #           accounting mode, `slurm_conf/local/start.sh --accounting`).
+#           With MALLETRAIN_PBS=1 also OpenPBS's build and run dependencies (PostgreSQL for its
+#           datastore), then scripts/build-openpbs.sh builds OpenPBS from ../shared/vendor/openpbs
+#           into build/openpbs (cached: a second run skips it), for the real-PBS tests.
 #   PyPI:   this package in editable mode with the training (CPU torch 2.13.0) and dev extras.
 # MALLETRAIN_SKIP_APT=1 skips the Debian part (no root, or already provisioned);
 # MALLETRAIN_SKIP_PIP=1 skips the PyPI part.
@@ -14,6 +17,13 @@ PY=${PYTHON:-python3}
 apt_pkgs=(slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins lua-socket lua5.1)
 if [ "${MALLETRAIN_ACCOUNTING:-0}" = 1 ]; then
   apt_pkgs+=(mariadb-server slurmdbd slurm-wlm-mysql-plugin)
+fi
+if [ "${MALLETRAIN_PBS:-0}" = 1 ]; then
+  apt_pkgs+=(gcc g++ make autoconf automake libtool pkg-config perl swig python3 python3-dev
+             libhwloc-dev libx11-dev libxt-dev libxext-dev libxft-dev libedit-dev libedit2
+             libical-dev libical3 libncurses-dev libexpat1-dev expat libssl-dev libcjson-dev
+             tcl tcl-dev tk tk-dev postgresql postgresql-contrib postgresql-server-dev-all
+             iproute2)
 fi
 if [ "${MALLETRAIN_SKIP_APT:-0}" != 1 ]; then
   missing=()
@@ -34,4 +44,10 @@ if [ "${MALLETRAIN_SKIP_PIP:-0}" != 1 ] && { [ ! -f "$stamp" ] || [ setup.cfg -n
   "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
   "$PY" -m pip install -q --disable-pip-version-check -e ".[train,dev]"
   touch "$stamp"
+fi
+
+if [ "${MALLETRAIN_PBS:-0}" = 1 ]; then
+  # Exit 2: the source is not beside the checkout; the pbs_real tests then skip, saying so.
+  rc=0; bash scripts/build-openpbs.sh || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 2 ] || exit "$rc"
 fi

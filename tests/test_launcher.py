@@ -161,9 +161,9 @@ def terminate(proc: subprocess.Popen) -> tuple[int, float]:
 def test_identity_from_slurm_environment():
     ident = mr.identity_from_env({"SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "3",
                                   "SLURM_JOB_ID": "15", "SLURMD_NODENAME": "n07"})
-    assert ident == mr.Identity(job="12", task="3", node="n07")
+    assert ident == mr.Identity(job="12", task="3", node="n07", batch_system="slurm")
     assert mr.identity_from_env({"SLURM_JOB_ID": "15"}).job == "15"
-    with pytest.raises(MalleTrainError, match="inside a Slurm job"):
+    with pytest.raises(MalleTrainError, match="inside a batch job"):
         mr.identity_from_env({})
 
 
@@ -193,7 +193,7 @@ def test_torchrun_accepts_the_command():
 @pytest.mark.parametrize("argv, fragment", [
     ([], "no training command"),
     (["--poll-s", "0", "--", "python", "t.py"], "--poll-s"),
-    (["python", "t.py"], "inside a Slurm job"),
+    (["python", "t.py"], "inside a batch job"),
 ])
 def test_usage_errors_are_one_line(argv, fragment, monkeypatch, capsys):
     for var in ("SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID"):

@@ -1,6 +1,6 @@
 """A simulated PBS at the subprocess boundary, for the backend contract suite.
 
-:class:`PbsSim` answers ``pbsnodes -a -F json`` and ``qstat -f -t -F json <queue>`` from an
+:class:`PbsSim` answers ``pbsnodes -a -F json`` and ``qstat -f [-t] -F json <queue>`` from an
 in-memory state with the keys OpenPBS prints (tests/pbs/golden/ is loaded into it and rendered
 back by tests/test_backend_contract.py), and changes that state on ``qrun -a -H``, ``qrerun``
 and ``qdel`` as PBS does for the subjobs of an array in a stopped queue.
@@ -91,8 +91,11 @@ class PbsSim(CommandRunner):
         return sim
 
     # ------------------------------------------------------------------ rendering
-    def qstat(self) -> str:
-        jobs = {j: job.render() for j, job in self.jobs.items() if job.queue == QUEUE}
+    def qstat(self, subjobs: bool | None = None) -> str:
+        """``qstat -f -F json QUEUE``: the arrays; with ``-t`` (``subjobs``) their subjobs but,
+        as OpenPBS 23.06 prints it given a queue, not the arrays. None: both (captures)."""
+        jobs = {j: job.render() for j, job in self.jobs.items() if job.queue == QUEUE
+                and (subjobs is None or ("[]" not in j) == subjobs)}
         return json.dumps({**HEAD, "Jobs": jobs} if jobs else HEAD, indent="\t")
 
     def pbsnodes(self) -> str:
@@ -183,7 +186,9 @@ class PbsSim(CommandRunner):
         if argv == ["pbsnodes", "-a", "-F", "json"]:
             out = self.pbsnodes()
         elif argv == ["qstat", "-f", "-t", "-F", "json", QUEUE]:
-            out = self.qstat()
+            out = self.qstat(subjobs=True)
+        elif argv == ["qstat", "-f", "-F", "json", QUEUE]:
+            out = self.qstat(subjobs=False)
         elif argv[:3] == ["qrun", "-a", "-H"]:
             node, sid = argv[3].strip("()"), argv[4]
             job = self.jobs.get(sid)

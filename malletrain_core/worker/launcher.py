@@ -24,13 +24,11 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -45,31 +43,13 @@ from ..wire.orders import VERSION as ORDERS_VERSION
 from ..wire.orders import EpochError, Order
 from . import training
 from .client import TcpClient
+from .identity import Identity, identity_from_env
 
 log = logging.getLogger("malletrain-run")
 
 ENV_DAEMON = "MALLETRAIN_DAEMON"
 ENV_NODE_ADDR = "MALLETRAIN_NODE_ADDR"
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Which job, array task and node this launcher stands for."""
-
-    job: str
-    task: str
-    node: str
-
-
-def identity_from_env(env: Mapping[str, str]) -> Identity:
-    """Read the Slurm task's identity (array job id, task id, node name)."""
-    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
-    if not job:
-        raise MalleTrainError("malletrain-run must run inside a Slurm job (no SLURM_ARRAY_JOB_ID "
-                              "or SLURM_JOB_ID); submit with sbatch --qos=malletrain")
-    node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    return Identity(job=job, task=env.get("SLURM_ARRAY_TASK_ID", "0"), node=node)
 
 
 def torchrun_argv(order: Order, command: Sequence[str], nproc_per_node: int = 1,
@@ -357,8 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ident = identity_from_env(env)
         (host, port), cfg_socket = _daemon_address(args.daemon, env)
         munge = Munge(args.munge_socket or cfg_socket)
+        submit_dir = env.get("SLURM_SUBMIT_DIR") or env.get("PBS_O_WORKDIR") or "."
         ckpt = args.checkpoint_dir or env.get(training.ENV_CHECKPOINT_DIR) or str(
-            Path(env.get("SLURM_SUBMIT_DIR", ".")) / f"malletrain-{ident.job}")
+            Path(submit_dir) / f"malletrain-{ident.job}")
         control = tempfile.mkdtemp(prefix=f"malletrain-{ident.job}-{ident.task}-")
         torchrun = shlex.split(args.torchrun) if args.torchrun else TORCHRUN
         launcher = Launcher(ident, command, TcpClient(host, port, munge), munge,

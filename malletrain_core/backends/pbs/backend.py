@@ -13,10 +13,11 @@ pages), so the queue's stopped state is the hold. pbs_release_nodes is not neede
 shrinks a multi-node job, and every worker here is one node. The engine's id of a job is the
 array's id (``123[].server``).
 
-* **poll**: ``pbsnodes -a -F json`` then ``qstat -f -t -F json <queue>``, reconciled with the
-  previous poll. Events in this order: JobSubmitted, NodesReclaimed (a node the engine could use
-  was taken: a worker requeued by PBS's preemption, an idle node given to another job, down,
-  or gone), WorkerStopped (a worker ended for any other reason, our shrink included), JobEnded,
+* **poll**: ``pbsnodes -a -F json``, then ``qstat -f -F json <queue>`` (the arrays) and
+  ``qstat -f -t -F json <queue>`` (their subjobs), reconciled with the previous poll. Events
+  in this order: JobSubmitted, NodesReclaimed (a node the engine could use was taken: a worker
+  requeued by PBS's preemption, an idle node given to another job, down, or gone),
+  WorkerStopped (a worker ended for any other reason, our shrink included), JobEnded,
   NodesIdle (nodes new to the pool), WorkerStarted.
 * **execute**: Grow → one ``qrun -a -H (<vnode>) <subjob>`` per node; Shrink → ``qrerun
   <subjob>`` (the subjob goes back to the stopped queue, SIGTERM first, SIGKILL after the
@@ -120,8 +121,12 @@ class PbsBackend(TaskBackend):
         # pbsnodes first: a worker that starts between the two calls then shows as ours.
         argv = ["pbsnodes", "-a", "-F", "json"]
         nodes = pp.parse_pbsnodes(self.runner.run(argv).stdout, argv)
-        argv = ["qstat", "-f", "-t", "-F", "json", self.queue]
+        # Given a queue, ``qstat -t`` lists the subjobs but not their arrays (OpenPBS 23.06,
+        # measured): the arrays come from a second call without -t, both scoped to the queue.
+        argv = ["qstat", "-f", "-F", "json", self.queue]
         jobs = pp.parse_qstat(self.runner.run(argv).stdout, argv)
+        argv = ["qstat", "-f", "-t", "-F", "json", self.queue]
+        jobs.update(pp.parse_qstat(self.runner.run(argv).stdout, argv))
         for aid in sorted(self._to_delete):
             self._delete(aid)
         arrays = {j.id: j for j in jobs.values() if j.is_array and j.queue == self.queue}

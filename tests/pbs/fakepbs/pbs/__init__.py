@@ -235,6 +235,9 @@ class _Object:
     def __setattr__(self, name: str, value: object) -> None:
         if name not in self._known:
             raise UnsetAttributeNameError(f"{self._kind} attribute '{name}' not found")
+        if name == "Variable_List" and _EVENT is not None and _EVENT._running:
+            # As OpenPBS 23.06 does (measured): a hook changes the variables in place.
+            raise BadAttributeValueError(f"attribute '{name}' cannot be directly set.")
         self._values[name] = value
         if _EVENT is not None and _EVENT._running and name not in self._hook_set:
             self._hook_set.append(name)

@@ -1,0 +1,91 @@
+"""PbsBackend against the real server: submit, grow onto idle vnodes, shrink, preemption by a
+``prod`` job, finish. Each step is checked against PBS's own view (qstat), not only against
+the backend's events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pbs_real_helpers import job, state, subjob, submit, wait_state
+
+from malletrain_core.backends.pbs import PbsBackend
+from malletrain_core.events import (
+    Event,
+    Finish,
+    Grow,
+    JobSubmitted,
+    NodesIdle,
+    NodesReclaimed,
+    Shrink,
+    WorkerStarted,
+    WorkerStopped,
+)
+from malletrain_core.localcluster.pbs import PbsComplex
+
+
+def poll_until(backend: PbsBackend, done: Callable[[list[Event]], bool],
+               timeout_s: float = 30.0, interval_s: float = 0.3) -> list[Event]:
+    seen: list[Event] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen += backend.poll(time.time())
+        if done(seen):
+            return seen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {timeout_s:g} s; events: {seen}")
+        time.sleep(interval_s)
+
+
+def on(backend: PbsBackend, node: str) -> str:
+    (sid,) = [s for s, (_, where) in backend.workers.items() if where == node]
+    return sid
+
+
+def test_backend_drives_an_elastic_job(pbs: PbsComplex, test_user: str) -> None:
+    backend = PbsBackend(pbs.runner(), grow_timeout_s=60)
+    first = backend.poll(time.time())
+    idle = [n.name for e in first if isinstance(e, NodesIdle) for n in e.nodes]
+    assert idle == pbs.node_names
+    assert all(n.hole_end is None for e in first if isinstance(e, NodesIdle) for n in e.nodes)
+
+    array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-4", "-l", "select=1:ncpus=2",
+                   "-v", "MALLETRAIN_MIN_NODES=2,MALLETRAIN_MODEL=resnet50")
+    ev = poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
+    (req,) = [e.job for e in ev if isinstance(e, JobSubmitted)]
+    assert (req.id, req.min_nodes, req.max_nodes, req.model, req.owner) == (
+        array, 2, 4, "resnet50", test_user)
+
+    t0 = time.monotonic()
+    assert backend.execute([Grow(array, ("n02", "n03"), 600.0)], time.time()) == []
+    ev = poll_until(backend, lambda ev: len([e for e in ev if isinstance(e, WorkerStarted)]) == 2)
+    print(f"grow onto 2 vnodes: workers seen running after {time.monotonic() - t0:.2f} s")
+    assert sorted(e.node for e in ev if isinstance(e, WorkerStarted)) == ["n02", "n03"]
+    on_n02, on_n03 = on(backend, "n02"), on(backend, "n03")
+    for sid, node in ((on_n02, "n02"), (on_n03, "n03")):
+        attrs = job(pbs, sid)
+        assert attrs["job_state"] == "R"
+        assert str(attrs["exec_vnode"]).strip("()").split(":")[0] == node, attrs
+        assert attrs["queue"] == "mt_preemptable"
+
+    backend.execute([Shrink(array, ("n03",))], time.time())
+    ev = poll_until(backend, lambda ev: WorkerStopped in {type(e) for e in ev})
+    assert [(e.job_id, e.node) for e in ev if isinstance(e, WorkerStopped)] == [(array, "n03")]
+    assert state(pbs, on_n03) == "Q"  # back in the stopped queue: nothing restarts it
+
+    t0 = time.monotonic()
+    prod = submit(pbs, test_user, "-q", "prod", "-l", "select=1:ncpus=2:host=n02")
+    ev = poll_until(backend, lambda ev: any(isinstance(e, NodesReclaimed) and "n02" in e.nodes
+                                            for e in ev))
+    print(f"preemption by prod seen by the backend after {time.monotonic() - t0:.2f} s")
+    assert state(pbs, on_n02) == "Q"
+    wait_state(pbs, prod, "R", 30)
+    assert not [e for e in ev if isinstance(e, WorkerStopped)]  # reclaimed, not stopped
+    assert backend.workers == {}
+
+    backend.execute([Finish(array)], time.time())
+    wait_state(pbs, array, "F", 30)
+    assert all(state(pbs, subjob(array, i)) in ("X", "F") for i in range(1, 5))
+    later = poll_until(backend, lambda ev: True)
+    assert not [e for e in later if getattr(e, "job_id", None) == array]
+    assert array not in backend.jobs
