@@ -42,6 +42,7 @@ from .api import ApiError, ApiUnavailable, TcpClient, parse_address
 from .epochs import EpochError, Order
 from .errors import MalleTrainError
 from .munge import Munge
+from .worker import runid
 
 log = logging.getLogger("malletrain-run")
 
@@ -88,7 +89,8 @@ def worker_env(base: Mapping[str, str], job: str, order: Order, key_hex: str,
     env.update({training.ENV_JOB: job, training.ENV_EPOCH: str(order.epoch),
                 training.ENV_REPORT_ADDR: report_addr, training.ENV_REPORT_KEY: key_hex,
                 training.ENV_CHECKPOINT_DIR: checkpoint_dir,
-                training.ENV_CONTROL_DIR: control_dir})
+                training.ENV_CONTROL_DIR: control_dir,
+                runid.ENV_RUN_ID: runid.for_job(job, base)})
     return env
 
 
