@@ -135,7 +135,7 @@ def save(app: AppState, directory: str | Path, tag: str = "") -> Path:
         root.mkdir(parents=True, exist_ok=True)
     name = _agree(f"step-{app.step:09d}-{tag or 'x'}-{time.time_ns() % 10**12:012d}")
     path = root / name
-    dcp.save({"app": app}, checkpoint_id=path)
+    dcp.save({"app": app}, checkpoint_id=path, no_dist=not _distributed())
     if _distributed():
         dist.barrier()
     if _rank() == 0:
@@ -155,5 +155,5 @@ def load(app: AppState, directory: str | Path) -> Path | None:
     if not _complete(path):
         raise MalleTrainError(f"checkpoint {path} is not readable from this rank: the "
                               "checkpoint folder must be shared by every node")
-    dcp.load({"app": app}, checkpoint_id=path)
+    dcp.load({"app": app}, checkpoint_id=path, no_dist=not _distributed())
     return path
