@@ -19,7 +19,12 @@ same step. Outside MalleTrain the same script runs as before (checkpoints in ``c
 
 from __future__ import annotations
 
+import hashlib
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,24 +40,49 @@ from .sampler import ElasticSampler
 __all__ = ["ElasticSampler", "Run", "run_id"]
 
 ENV_EVERY_S = "MALLETRAIN_CHECKPOINT_EVERY_S"
+ENV_LOG_EVERY = "MALLETRAIN_LOG_EVERY"
+ENV_MIN_STEP_S = "MALLETRAIN_MIN_STEP_S"
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    try:
+        return float(text) if text else default
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number") from None
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the worker at once, by the kernel's default action: a handler in Python
+    would never run while the main thread waits in C code holding the interpreter lock (as
+    torch 2.13's gloo group destructor can at exit, joining a thread that waits for that
+    lock), and the worker would hang instead of exiting."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """A short digest of every parameter's bytes: equal models give equal digests."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
 
 
 def _every_s(value: float | None) -> float:
-    if value is not None:
-        return float(value)
-    text = os.environ.get(ENV_EVERY_S, "").strip()
-    try:
-        return float(text) if text else 300.0
-    except ValueError:
-        raise ValueError(f"{ENV_EVERY_S}={text!r} is not a number of seconds") from None
+    return float(value) if value is not None else _env_number(ENV_EVERY_S, 300.0)
 
 
 class Run:
     """One worker's elastic training state: resume on creation, :meth:`step` after each step.
 
     ``resume=True`` loads the newest checkpoint at once (every rank: call it after
-    ``init_process_group``); :attr:`step` is then the step to continue from and
+    ``init_process_group``); :attr:`step_count` is then the step to continue from and
     :attr:`resumed` the folder loaded (None for a fresh start).
+
+    ``$MALLETRAIN_LOG_EVERY=N`` prints one line every N steps on every rank (step, epoch,
+    world size, rank, the global sample positions of the batch, loss, a digest of the
+    parameters, the run id); ``$MALLETRAIN_MIN_STEP_S`` paces steps on shared machines.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -60,14 +90,34 @@ class Run:
                  checkpoint_every_s: float | None = None, resume: bool = True,
                  extra: Mapping[str, Any] | None = None,
                  session: training.Session | None = None) -> None:
-        self.session = session or training.Session(checkpoint_every_s=_every_s(checkpoint_every_s))
+        if session is None:
+            session = training.Session(checkpoint_every_s=_every_s(checkpoint_every_s),
+                                       handle_sigterm=False)
+            exit_on_sigterm()
+        self.session = session
         self.sampler = sampler
         self.app = checkpoint.AppState(model, optimizer, scheduler, sampler, extra=extra)
         self.directory = Path(self.session.checkpoint_dir) / "dcp"
         self.resumed: Path | None = None
         self.checkpoints = 0
+        self.log_every = int(_env_number(ENV_LOG_EVERY, 0))
+        self.min_step_s = _env_number(ENV_MIN_STEP_S, 0.0)
+        self.run_id = run_id()
+        self._last_step_t = time.monotonic()
         if resume:
             self.resume()
+        self._log(f"start step={self.app.step} epoch={self.session.epoch} "
+                  f"world={self.session.world_size} rank={self.session.rank} "
+                  f"resumed={'yes' if self.resumed is not None else 'no'} "
+                  f"cursor={self._cursor()} params={params_digest(self.app.model)} "
+                  f"run={self.run_id}")
+
+    def _cursor(self) -> int:
+        return self.sampler.saved_cursor if self.sampler is not None else -1
+
+    def _log(self, text: str) -> None:
+        if self.log_every > 0:
+            print(f"malletrain: {text}", file=sys.stdout, flush=True)
 
     @property
     def step_count(self) -> int:
@@ -92,15 +142,29 @@ class Run:
             return bool(flag.item())
         return want
 
-    def step(self, samples: float | None = None) -> bool:
+    def step(self, loss: float | None = None, samples: float | None = None) -> bool:
         """One optimiser step is done: count it, report progress, checkpoint when due.
-        ``samples`` (global, this step) defaults to the sampler's batch. Returns True when it
-        checkpointed."""
+        ``samples`` (global, this step) defaults to the sampler's batch; ``loss`` is only
+        logged. Returns True when it checkpointed."""
         self.app.step += 1
         trained = self.sampler.mark_trained() if self.sampler is not None else 0
         self.session.report(samples=float(trained if samples is None else samples))
+        if self.log_every > 0 and self.app.step % self.log_every == 0:
+            first = self.sampler.trained_batch if self.sampler is not None else (0, 0)
+            self._log(f"step={self.app.step} epoch={self.session.epoch} "
+                      f"world={self.session.world_size} rank={self.session.rank} "
+                      f"batch={first[0]}-{first[1]} samples={int(self.session.samples)} "
+                      f"loss={'nan' if loss is None else f'{float(loss):.5f}'} "
+                      f"params={params_digest(self.app.model)} run={self.run_id}")
+        if self.min_step_s > 0:
+            wait = self.min_step_s - (time.monotonic() - self._last_step_t)
+            if wait > 0:
+                time.sleep(wait)
+            self._last_step_t = time.monotonic()
         if self._due():
             self.checkpoint()
+            self._log(f"checkpoint step={self.app.step} epoch={self.session.epoch} "
+                      f"world={self.session.world_size} cursor={self._cursor()}")
             return True
         return False
 

@@ -155,6 +155,12 @@ class ElasticSampler:
         return done * self.global_batch
 
     @property
+    def trained_batch(self) -> tuple[int, int]:
+        """Global positions [start, stop) of the last batch marked trained."""
+        stop = self.saved_cursor
+        return stop - self.global_batch, stop
+
+    @property
     def saved_cursor(self) -> int:
         """What a checkpoint saves: the end of the last batch trained (or handed out)."""
         return self.cursor if self.trained is None else self.trained
