@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from malletrain_core.worker.elastic import Run
-from malletrain_core.worker.sampler import ElasticSampler
+from malletrain_core.worker.sampler import ElasticBatchSampler
 
 N, GLOBAL_BATCH = 53, 7
 
@@ -32,7 +32,7 @@ def dataset() -> TensorDataset:
 
 
 def state_digest(model: nn.Module, opt: torch.optim.Optimizer, sched: object,
-                 sampler: ElasticSampler, step: int) -> str:
+                 sampler: ElasticBatchSampler, step: int) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
@@ -59,7 +59,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)
     data = dataset()
-    sampler = ElasticSampler(data, global_batch=GLOBAL_BATCH, seed=3)
+    sampler = ElasticBatchSampler(data, global_batch=GLOBAL_BATCH, seed=3)
     loader = DataLoader(data, batch_sampler=sampler)
     run = Run(net, opt, sched, sampler=sampler, checkpoint_every_s=1e9)
     out = open(args.out, "a")

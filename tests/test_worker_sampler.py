@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from malletrain_core.errors import MalleTrainError
-from malletrain_core.worker.sampler import ElasticSampler, rank_slice
+from malletrain_core.worker.sampler import ElasticBatchSampler, ElasticSampler, rank_slice
 
 pytest.importorskip("torch")
 
 
-def ranks(n: int, world: int, **kw: object) -> list[ElasticSampler]:
-    return [ElasticSampler(n, world_size=world, rank=r, **kw) for r in range(world)]  # type: ignore[arg-type]
+def ranks(n: int, world: int, **kw: object) -> list[ElasticBatchSampler]:
+    return [ElasticBatchSampler(n, world_size=world, rank=r, **kw) for r in range(world)]  # type: ignore[arg-type]
 
 
 def test_rank_slices_tile_the_batch_when_the_world_does_not_divide_it() -> None:
@@ -23,7 +23,7 @@ def test_rank_slices_tile_the_batch_when_the_world_does_not_divide_it() -> None:
             assert max(b - a for a, b in cuts) - min(b - a for a, b in cuts) <= 1
 
 
-def run_steps(samplers: list[ElasticSampler], steps: int) -> list[list[int]]:
+def run_steps(samplers: list[ElasticBatchSampler], steps: int) -> list[list[int]]:
     """``steps`` global steps (a new data epoch when one ends); each step's indices over all
     ranks, in rank order."""
     iters = [iter(s) for s in samplers]
@@ -107,3 +107,31 @@ def test_bad_arguments_get_one_line_errors() -> None:
     s = ElasticSampler(10, global_batch=2, world_size=1, rank=0)
     with pytest.raises(MalleTrainError, match="same dataset"):
         s.load_state_dict(ElasticSampler(11, global_batch=2, world_size=1, rank=0).state_dict())
+
+
+def test_as_a_plain_sampler_with_a_per_rank_batch_size() -> None:
+    from torch.utils.data import DataLoader
+
+    data = list(range(23))
+    got: list[int] = []
+    state = None
+    for world, steps in ((2, 3), (3, 2)):   # the second phase ends past data epoch 0
+        samplers = ranks(23, world, batch_size=2)
+        loaders = []
+        for r in range(world):
+            s = ElasticSampler(23, batch_size=2, world_size=world, rank=r)
+            if state is not None:
+                s.load_state_dict(state)
+            samplers[r] = s  # type: ignore[call-overload]
+            loaders.append(iter(DataLoader(data, batch_size=2, sampler=s)))
+        for _ in range(steps):
+            for it in loaders:
+                got += next(it).tolist()
+            for s in samplers:
+                s.mark_trained()
+        state = samplers[0].state_dict()
+    assert len(got) == 3 * 4 + 2 * 6 == state["cursor"]
+    assert sorted(got[:23]) == data
+    uneven = ElasticSampler(10, global_batch=5, world_size=2, rank=0)
+    with pytest.raises(MalleTrainError, match="ElasticBatchSampler"):
+        next(iter(uneven))

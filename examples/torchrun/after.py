@@ -48,9 +48,9 @@ def main():
 
     dataset = make_dataset()
     sampler = elastic.ElasticSampler(dataset, batch_size=args.batch_size)
-    loader = DataLoader(dataset, batch_sampler=sampler)
     run = elastic.Run(ddp_model, optimizer, sampler=sampler)
-    for epoch in range(args.epochs):
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    for epoch in range(sampler.data_epoch, args.epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
             optimizer.zero_grad()

@@ -106,7 +106,8 @@ def latest(directory: str | Path) -> Path | None:
     return max(found, key=lambda p: (p / METADATA).stat().st_mtime) if found else None
 
 
-def _point_latest(root: Path, name: str) -> None:
+def point_latest(root: Path, name: str) -> None:
+    """Make ``root/latest`` name ``name`` atomically (temporary file, fsync, rename)."""
     tmp = root / f".{LATEST}.{os.getpid()}.tmp"
     with open(tmp, "w") as fh:
         fh.write(name + "\n")
@@ -120,12 +121,15 @@ def _point_latest(root: Path, name: str) -> None:
         os.close(fd)
 
 
-def _prune(root: Path, keep_name: str) -> None:
-    folders = sorted((p for p in root.glob("step-*") if p.is_dir()),
-                     key=lambda p: p.stat().st_mtime)
-    old = [p for p in folders if p.name != keep_name]
+def prune(root: Path, keep_name: str) -> None:
+    """Remove all but the newest ``KEEP`` checkpoints (folders or files) in ``root``."""
+    found = sorted(root.glob("step-*"), key=lambda p: p.stat().st_mtime)
+    old = [p for p in found if p.name != keep_name]
     for path in old[:max(0, len(old) - (KEEP - 1))]:
-        shutil.rmtree(path, ignore_errors=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def save(app: AppState, directory: str | Path, tag: str = "") -> Path:
@@ -139,8 +143,8 @@ def save(app: AppState, directory: str | Path, tag: str = "") -> Path:
     if _distributed():
         dist.barrier()
     if _rank() == 0:
-        _point_latest(root, name)
-        _prune(root, name)
+        point_latest(root, name)
+        prune(root, name)
     return path
 
 

@@ -35,16 +35,16 @@ import torch.distributed as dist
 from .. import training
 from . import checkpoint
 from .runid import run_id
-from .sampler import ElasticSampler
+from .sampler import ElasticBatchSampler, ElasticSampler
 
-__all__ = ["ElasticSampler", "Run", "run_id"]
+__all__ = ["ElasticBatchSampler", "ElasticSampler", "Run", "run_id"]
 
 ENV_EVERY_S = "MALLETRAIN_CHECKPOINT_EVERY_S"
 ENV_LOG_EVERY = "MALLETRAIN_LOG_EVERY"
 ENV_MIN_STEP_S = "MALLETRAIN_MIN_STEP_S"
 
 
-def _env_number(name: str, default: float) -> float:
+def env_number(name: str, default: float) -> float:
     text = os.environ.get(name, "").strip()
     try:
         return float(text) if text else default
@@ -69,8 +69,8 @@ def params_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:12]
 
 
-def _every_s(value: float | None) -> float:
-    return float(value) if value is not None else _env_number(ENV_EVERY_S, 300.0)
+def every_s(value: float | None) -> float:
+    return float(value) if value is not None else env_number(ENV_EVERY_S, 300.0)
 
 
 class Run:
@@ -91,7 +91,7 @@ class Run:
                  extra: Mapping[str, Any] | None = None,
                  session: training.Session | None = None) -> None:
         if session is None:
-            session = training.Session(checkpoint_every_s=_every_s(checkpoint_every_s),
+            session = training.Session(checkpoint_every_s=every_s(checkpoint_every_s),
                                        handle_sigterm=False)
             exit_on_sigterm()
         self.session = session
@@ -100,8 +100,8 @@ class Run:
         self.directory = Path(self.session.checkpoint_dir) / "dcp"
         self.resumed: Path | None = None
         self.checkpoints = 0
-        self.log_every = int(_env_number(ENV_LOG_EVERY, 0))
-        self.min_step_s = _env_number(ENV_MIN_STEP_S, 0.0)
+        self.log_every = int(env_number(ENV_LOG_EVERY, 0))
+        self.min_step_s = env_number(ENV_MIN_STEP_S, 0.0)
         self.run_id = run_id()
         self._last_step_t = time.monotonic()
         if resume:
@@ -155,7 +155,8 @@ class Run:
                       f"world={self.session.world_size} rank={self.session.rank} "
                       f"batch={first[0]}-{first[1]} samples={int(self.session.samples)} "
                       f"loss={'nan' if loss is None else f'{float(loss):.5f}'} "
-                      f"params={params_digest(self.app.model)} run={self.run_id}")
+                      f"params={params_digest(self.app.model)} run={self.run_id} "
+                      f"t={time.time():.3f}")
         if self.min_step_s > 0:
             wait = self.min_step_s - (time.monotonic() - self._last_step_t)
             if wait > 0:

@@ -41,13 +41,16 @@ def _env_int(name: str, default: int) -> int:
 
 
 class ElasticSampler:
-    """Batches of dataset indices for one rank, from a global cursor shared by every rank.
+    """Dataset indices for one rank, from a global cursor shared by every rank.
 
-    Give it as ``DataLoader(dataset, batch_sampler=sampler)``. Either ``global_batch`` (fixed
-    whatever the world size: the default rule) or ``batch_size`` (per rank: the global batch
-    is ``batch_size × world_size``, scale the learning rate yourself) must be given.
+    Either ``batch_size`` (per rank: the global batch is ``batch_size × world_size``; scale
+    the learning rate yourself) or ``global_batch`` (fixed whatever the world size) must be
+    given. With ``batch_size`` it replaces ``DistributedSampler`` as it is:
+    ``DataLoader(dataset, batch_size=B, sampler=sampler)``; with a ``global_batch`` that the
+    world size may not divide, use :class:`ElasticBatchSampler` as ``batch_sampler=``.
     ``set_epoch(e)`` then iterating yields the batches that start in data epoch ``e``; epochs
-    already behind the cursor (after a resume) yield nothing.
+    already behind the cursor (after a resume) yield nothing: start the epoch loop at
+    :attr:`data_epoch`.
     """
 
     def __init__(self, dataset: Sized | int, global_batch: int | None = None,
@@ -125,7 +128,16 @@ class ElasticSampler:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[int]:  # type: ignore[override]
+        if self.global_batch % self.world_size:
+            raise MalleTrainError(f"a global batch of {self.global_batch} does not split evenly "
+                                  f"over {self.world_size} ranks: give ElasticBatchSampler as "
+                                  "DataLoader(batch_sampler=...) instead of sampler=")
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self) -> Iterator[list[int]]:
+        """This rank's share of each global batch that starts in the current data epoch."""
         epoch = self.data_epoch if self.epoch is None else self.epoch
         end = (epoch + 1) * self.num_samples
         while self.cursor < end:
@@ -185,3 +197,11 @@ class ElasticSampler:
         self.shuffle = bool(state["shuffle"])
         self._perm_epoch = -1
         self.epoch = None
+
+
+class ElasticBatchSampler(ElasticSampler):
+    """:class:`ElasticSampler` yielding this rank's batch as a list, for
+    ``DataLoader(dataset, batch_sampler=...)``: ranks' shares may differ by one sample."""
+
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
+        return self.batches()
