@@ -29,7 +29,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
 from .. import training
 from . import checkpoint
@@ -60,6 +60,13 @@ def last_checkpoint() -> str | None:
         return None
     path = root / name
     return str(path) if name and "/" not in name and path.is_file() else None
+
+
+class _LightningSampler(ElasticSampler, DistributedSampler):  # type: ignore[misc]
+    """The global-cursor sampler, marked as distributed so Lightning keeps it as it is."""
+
+    def __init__(self, dataset: Any, batch_size: int, shuffle: bool) -> None:
+        ElasticSampler.__init__(self, dataset, batch_size=batch_size, shuffle=shuffle)
 
 
 class MalleTrainEnvironment(TorchElasticEnvironment):
@@ -101,7 +108,7 @@ class MalleTrainCallback(pl.Callback):
         self.every_s = checkpoint_every_s
         self.session: training.Session | None = None
         self.sampler: ElasticSampler | None = None
-        self._saved_sampler: dict[str, Any] | None = None
+        self._resumed = False
         self.log_every = int(env_number(ENV_LOG_EVERY, 0))
         self.min_step_s = env_number(ENV_MIN_STEP_S, 0.0)
         self.run_id = run_id()
@@ -118,27 +125,29 @@ class MalleTrainCallback(pl.Callback):
             self.session = training.Session(checkpoint_every_s=every_s(self.every_s),
                                             handle_sigterm=False)
             exit_on_sigterm()
+        if stage == "fit":
+            self._install_sampler(trainer)
+
+    def _install_sampler(self, trainer: pl.Trainer) -> None:
+        """Give the training DataLoader passed to ``fit`` the global-cursor sampler (before
+        Lightning would add a ``DistributedSampler``)."""
+        source = trainer.fit_loop._data_source
+        old = getattr(source, "instance", None)
+        if not isinstance(old, DataLoader) or old.batch_size is None:
+            raise ValueError("MalleTrainCallback: pass the training DataLoader (with a "
+                             "batch_size) to trainer.fit(model, loader)")
+        shuffle = not isinstance(old.sampler, SequentialSampler)
+        self.sampler = _LightningSampler(old.dataset, batch_size=old.batch_size,  # type: ignore[arg-type]
+                                         shuffle=shuffle)
+        source.instance = DataLoader(
+            old.dataset, batch_size=old.batch_size, sampler=self.sampler,
+            num_workers=old.num_workers, collate_fn=old.collate_fn, pin_memory=old.pin_memory,
+            worker_init_fn=old.worker_init_fn, persistent_workers=old.persistent_workers)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        combined = trainer.fit_loop._combined_loader
-        if combined is None or len(combined.flattened) != 1:
-            raise ValueError("MalleTrainCallback handles one training DataLoader")
-        old = combined.flattened[0]
-        if not isinstance(old, DataLoader) or old.batch_size is None:
-            raise ValueError("MalleTrainCallback needs a DataLoader with a batch_size")
-        shuffle = not isinstance(old.sampler, DistributedSampler) or bool(old.sampler.shuffle)
-        seed = int(getattr(old.sampler, "seed", 0))
-        self.sampler = ElasticSampler(old.dataset, batch_size=old.batch_size,  # type: ignore[arg-type]
-                                      seed=seed, shuffle=shuffle)
-        if self._saved_sampler is not None:
-            self.sampler.load_state_dict(self._saved_sampler)
-        combined.flattened = [DataLoader(
-            old.dataset, batch_size=old.batch_size, sampler=self.sampler,
-            num_workers=old.num_workers,
-            collate_fn=old.collate_fn, pin_memory=old.pin_memory,
-            worker_init_fn=old.worker_init_fn, persistent_workers=old.persistent_workers)]
+        assert self.sampler is not None
         self._log(trainer, f"start step={trainer.global_step} "
-                  f"resumed={'yes' if self._saved_sampler is not None else 'no'} "
+                  f"resumed={'yes' if self._resumed else 'no'} "
                   f"cursor={self.sampler.saved_cursor} params={params_digest(pl_module)} "
                   f"run={self.run_id}", head=True)
 
@@ -204,4 +213,6 @@ class MalleTrainCallback(pl.Callback):
         return {"sampler": self.sampler.state_dict()} if self.sampler is not None else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._saved_sampler = state_dict.get("sampler")
+        if self.sampler is not None and state_dict.get("sampler") is not None:
+            self.sampler.load_state_dict(state_dict["sampler"])
+            self._resumed = True

@@ -151,10 +151,15 @@ class ElasticSampler:
             yield self.indices(lo, hi)
         self.epoch = None
 
-    def __len__(self) -> int:
+    def num_batches(self) -> int:
+        """Global batches left in the current data epoch."""
         epoch = self.data_epoch if self.epoch is None else self.epoch
         left = (epoch + 1) * self.num_samples - self.cursor
         return max(0, -(-left // self.global_batch))
+
+    def __len__(self) -> int:
+        lo, hi = rank_slice(self.global_batch, self.world_size, self.rank)
+        return self.num_batches() * (hi - lo)
 
     def mark_trained(self, batches: int = 1) -> int:
         """The oldest ``batches`` batches handed out were trained; returns the global samples
@@ -205,3 +210,6 @@ class ElasticBatchSampler(ElasticSampler):
 
     def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
         return self.batches()
+
+    def __len__(self) -> int:
+        return self.num_batches()
