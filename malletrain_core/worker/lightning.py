@@ -68,6 +68,12 @@ class _LightningSampler(ElasticSampler, DistributedSampler):  # type: ignore[mis
     def __init__(self, dataset: Any, batch_size: int, shuffle: bool) -> None:
         ElasticSampler.__init__(self, dataset, batch_size=batch_size, shuffle=shuffle)
 
+    def __len__(self) -> int:
+        """A whole data epoch at this world size: Lightning sizes every epoch by the first
+        length it reads; after a resume the epoch ends where the data epoch does."""
+        per_rank = self.global_batch // self.world_size
+        return -(-self.num_samples // self.global_batch) * per_rank
+
 
 class MalleTrainEnvironment(TorchElasticEnvironment):
     """The epoch's world from malletrain-run's torchrun, whatever ``num_nodes`` says."""
@@ -210,9 +216,14 @@ class MalleTrainCallback(pl.Callback):
 
     # ----- state in Lightning's checkpoint -------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict()} if self.sampler is not None else {}
+        if self.sampler is None:
+            return {}
+        samples = self.session.samples if self.session is not None else 0.0
+        return {"sampler": self.sampler.state_dict(), "samples": samples}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.sampler is not None and state_dict.get("sampler") is not None:
             self.sampler.load_state_dict(state_dict["sampler"])
             self._resumed = True
+        if self.session is not None:
+            self.session.samples = float(state_dict.get("samples", 0.0))

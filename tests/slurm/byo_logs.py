@@ -129,9 +129,10 @@ def problems(log: ByoLog) -> list[str]:
     return out
 
 
-def lost_per_epoch_change(log: ByoLog) -> list[tuple[int, int, int]]:
-    """(epoch, samples trained in it after its last checkpoint and lost, pause in seconds
-    from its last step to the next epoch's first step) for each epoch followed by another."""
+def lost_per_epoch_change(log: ByoLog) -> list[tuple[str, int, float]]:
+    """("W→W'", samples trained after the checkpoint the next epoch resumed from (lost),
+    pause in seconds from the last step to the next epoch's first step) for each epoch
+    with steps followed by another."""
     out = []
     epochs = [e for e in log.epochs if log.steps.get(e)]
     for e, nxt in zip(epochs, epochs[1:]):
@@ -139,5 +140,6 @@ def lost_per_epoch_change(log: ByoLog) -> list[tuple[int, int, int]]:
         reached = max(r.stop for r in log.steps[e])
         lost = reached - min(resumed) if resumed else 0
         pause = min(r.t for r in log.steps[nxt]) - max(r.t for r in log.steps[e])
-        out.append((e, max(0, lost), round(pause, 2)))
+        change = f"{log.steps[e][0].world}→{log.steps[nxt][0].world}"
+        out.append((change, max(0, lost), round(pause, 2)))
     return out

@@ -31,6 +31,8 @@ ENV = ["env", "MALLETRAIN_LOG_EVERY=1", "MALLETRAIN_MIN_STEP_S=0.15",
 SCRIPTS = {
     "torchrun": [sys.executable, "examples/torchrun/after.py", "--epochs", "100000",
                  "--batch-size", "8"],
+    "lightning": [sys.executable, "examples/lightning/after.py", "--epochs", "100000",
+                  "--batch-size", "8", "--num-nodes", "1", "--root-dir", "{out}"],
 }
 
 
@@ -68,7 +70,10 @@ def test_grow_preempt_grow_back(name: str, cluster: LocalCluster,
     total = len(cluster.node_names)
     blocker = cluster.sbatch("-p", "prod", "-N", str(total - 2), "-o", "/dev/null",
                              "--wrap", "sleep 3000")
-    script = daemon.training_script([*ENV, *SCRIPTS[name]], outdir)
+    if name != "torchrun":
+        pytest.importorskip(name)
+    command = [arg.format(out=outdir) for arg in SCRIPTS[name]]
+    script = daemon.training_script([*ENV, *command], outdir)
     job = cluster.sbatch("--qos=malletrain", "-N", "1-3", "--open-mode=append",
                          "--comment=profile=no", "-o", f"{outdir}/task-%A_%a.out",
                          script=script)
@@ -103,5 +108,5 @@ def test_grow_preempt_grow_back(name: str, cluster: LocalCluster,
     runs = log.runs()
     assert len(runs) == 1 and next(iter(runs)).endswith(f"-{job}"), runs
     changes = lost_per_epoch_change(log)
-    print(f"\n{name}: worlds {worlds}; per epoch change (epoch, samples lost, pause s): "
+    print(f"\n{name}: worlds {worlds}; per epoch change (W→W', samples lost, pause s): "
           f"{changes}; surviving steps {len(kept)}, loss {head:.4f} → {tail:.4f}")
