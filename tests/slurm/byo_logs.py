@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PREFIX = r"^(?:\[[^\]]*\]:?\s*)?malletrain: "
+PREFIX = r"(?:^|[^\w-])malletrain: "   # progress bars may share the line
 START = re.compile(PREFIX + r"start step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) "
                    r"resumed=(yes|no) cursor=(-?\d+) params=(\w+) run=(\S+)")
 STEP = re.compile(PREFIX + r"step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) batch=(\d+)-(\d+) "
