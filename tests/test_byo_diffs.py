@@ -36,3 +36,17 @@ def test_the_count_sees_every_changed_line(tmp_path: Path) -> None:
     a.write_text("x = 1\ny = 2\nz = 3\n")
     b.write_text("x = 1\ny = 20\nz = 3\nw = 4\n")
     assert changed_lines(a, b) == ["-y = 2", "+y = 20", "+w = 4"]
+
+
+TITLES = {"torchrun": "Plain torchrun + DCP", "lightning": "PyTorch Lightning",
+          "hf": "Hugging Face Trainer"}
+
+
+@pytest.mark.skipif(shutil.which("diff") is None, reason="diff not installed")
+@pytest.mark.parametrize("name", sorted(TITLES))
+def test_docs_show_the_current_diff_and_its_count(name: str) -> None:
+    doc = (EXAMPLES.parent / "docs" / "bring-your-own-loop.md").read_text()
+    lines = changed_lines(EXAMPLES / name / "before.py", EXAMPLES / name / "after.py")
+    assert f"## {TITLES[name]}: {len(lines)} changed lines" in doc
+    for line in lines:
+        assert line in doc.splitlines(), f"docs miss {line!r}"
