@@ -61,6 +61,30 @@ def exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+class Pacer:
+    """Paces steps to at least ``$MALLETRAIN_MIN_STEP_S`` seconds (0: no pacing)."""
+
+    def __init__(self) -> None:
+        self.min_step_s = env_number(ENV_MIN_STEP_S, 0.0)
+        self._last_t = time.monotonic()
+
+    def wait(self) -> None:
+        if self.min_step_s > 0:
+            left = self.min_step_s - (time.monotonic() - self._last_t)
+            if left > 0:
+                time.sleep(left)
+            self._last_t = time.monotonic()
+
+
+def agree(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (one small broadcast; ``flag`` alone without a group)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.broadcast(box, src=0)
+        return bool(box.item())
+    return flag
+
+
 def params_digest(model: torch.nn.Module) -> str:
     """A short digest of every parameter's bytes: equal models give equal digests."""
     h = hashlib.sha256()
@@ -101,9 +125,8 @@ class Run:
         self.resumed: Path | None = None
         self.checkpoints = 0
         self.log_every = int(env_number(ENV_LOG_EVERY, 0))
-        self.min_step_s = env_number(ENV_MIN_STEP_S, 0.0)
+        self.pacer = Pacer()
         self.run_id = run_id()
-        self._last_step_t = time.monotonic()
         if resume:
             self.resume()
         self._log(f"start step={self.app.step} epoch={self.session.epoch} "
@@ -135,12 +158,7 @@ class Run:
         return self.app.step
 
     def _due(self) -> bool:
-        want = self.session.should_checkpoint()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            flag = torch.tensor([1 if want else 0], dtype=torch.int32)
-            dist.broadcast(flag, src=0)
-            return bool(flag.item())
-        return want
+        return agree(self.session.should_checkpoint())
 
     def step(self, loss: float | None = None, samples: float | None = None) -> bool:
         """One optimiser step is done: count it, report progress, checkpoint when due.
@@ -157,11 +175,7 @@ class Run:
                       f"loss={'nan' if loss is None else f'{float(loss):.5f}'} "
                       f"params={params_digest(self.app.model)} run={self.run_id} "
                       f"t={time.time():.3f}")
-        if self.min_step_s > 0:
-            wait = self.min_step_s - (time.monotonic() - self._last_step_t)
-            if wait > 0:
-                time.sleep(wait)
-            self._last_step_t = time.monotonic()
+        self.pacer.wait()
         if self._due():
             self.checkpoint()
             self._log(f"checkpoint step={self.app.step} epoch={self.session.epoch} "

@@ -32,15 +32,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from .. import training
 from ..errors import MalleTrainError
 from .elastic import (
     ENV_LOG_EVERY,
-    ENV_MIN_STEP_S,
+    Pacer,
+    agree,
     env_number,
     every_s,
     exit_on_sigterm,
@@ -72,14 +71,6 @@ def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
     return str(max(done)[1]) if done else None
 
 
-def _agree(flag: bool) -> bool:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        box = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.broadcast(box, src=0)
-        return bool(box.item())
-    return flag
-
-
 class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
     """Reports progress and saves when due or when the daemon asks."""
 
@@ -88,9 +79,8 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
                                         handle_sigterm=False)
         exit_on_sigterm()
         self.log_every = int(env_number(ENV_LOG_EVERY, 0))
-        self.min_step_s = env_number(ENV_MIN_STEP_S, 0.0)
+        self.pacer = Pacer()
         self.run_id = run_id()
-        self._last_t = time.monotonic()
 
     @staticmethod
     def global_batch(args: TrainingArguments) -> int:
@@ -126,12 +116,8 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
                         f"loss={losses[-1] if losses else float('nan'):.5f} "
                         f"params={params_digest(model) if model is not None else '-'} "
                         f"run={self.run_id} t={time.time():.3f}")
-        if self.min_step_s > 0:
-            wait = self.min_step_s - (time.monotonic() - self._last_t)
-            if wait > 0:
-                time.sleep(wait)
-            self._last_t = time.monotonic()
-        if _agree(self.session.should_checkpoint()):
+        self.pacer.wait()
+        if agree(self.session.should_checkpoint()):
             control.should_save = True
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -35,7 +35,7 @@ from .. import training
 from . import checkpoint
 from .elastic import (
     ENV_LOG_EVERY,
-    ENV_MIN_STEP_S,
+    Pacer,
     env_number,
     every_s,
     exit_on_sigterm,
@@ -116,9 +116,8 @@ class MalleTrainCallback(pl.Callback):
         self.sampler: ElasticSampler | None = None
         self._resumed = False
         self.log_every = int(env_number(ENV_LOG_EVERY, 0))
-        self.min_step_s = env_number(ENV_MIN_STEP_S, 0.0)
+        self.pacer = Pacer()
         self.run_id = run_id()
-        self._last_t = time.monotonic()
 
     # ----- setup ---------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -172,11 +171,7 @@ class MalleTrainCallback(pl.Callback):
                       f"loss={float(loss) if loss is not None else float('nan'):.5f} "
                       f"params={params_digest(pl_module)} run={self.run_id} "
                       f"t={time.time():.3f}", head=False)
-        if self.min_step_s > 0:
-            wait = self.min_step_s - (time.monotonic() - self._last_t)
-            if wait > 0:
-                time.sleep(wait)
-            self._last_t = time.monotonic()
+        self.pacer.wait()
         if trainer.strategy.broadcast(self.session.should_checkpoint(), src=0):
             self.save(trainer)
 
