@@ -120,6 +120,10 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
         if agree(self.session.should_checkpoint()):
             control.should_save = True
 
+    def on_substep_end(self, args: TrainingArguments, state: TrainerState,
+                       control: TrainerControl, **kwargs: Any) -> None:
+        self.pacer.wait()   # pacing is per micro-batch: the work of a step grows with them
+
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
         if self.session.is_chief:
