@@ -40,9 +40,9 @@ fi
 
 stamp=.setup-stamp
 if [ "${MALLETRAIN_SKIP_PIP:-0}" != 1 ] && { [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; }; then
-  echo "setup: pip install -e .[train,dev] (torch pinned to the 2.13.0 CPU wheel)"
+  echo "setup: pip install -e .[train,dev,lightning,hf] (torch pinned to the 2.13.0 CPU wheel)"
   "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-  "$PY" -m pip install -q --disable-pip-version-check -e ".[train,dev]"
+  "$PY" -m pip install -q --disable-pip-version-check -e ".[train,dev,lightning,hf]"
   touch "$stamp"
 fi
 

@@ -41,7 +41,7 @@ from ..munge import Munge
 from ..wire.api import ApiError, ApiUnavailable, parse_address
 from ..wire.orders import VERSION as ORDERS_VERSION
 from ..wire.orders import EpochError, Order
-from . import training
+from . import runid, training
 from .client import TcpClient
 from .identity import Identity, identity_from_env
 
@@ -71,7 +71,8 @@ def worker_env(base: Mapping[str, str], job: str, order: Order, key_hex: str,
     env.update({training.ENV_JOB: job, training.ENV_EPOCH: str(order.epoch),
                 training.ENV_REPORT_ADDR: report_addr, training.ENV_REPORT_KEY: key_hex,
                 training.ENV_CHECKPOINT_DIR: checkpoint_dir,
-                training.ENV_CONTROL_DIR: control_dir})
+                training.ENV_CONTROL_DIR: control_dir,
+                runid.ENV_RUN_ID: runid.for_job(job, base)})
     return env
 
 

@@ -155,11 +155,16 @@ class Session:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
+        self.checkpointed(step)
+        return final
+
+    def checkpointed(self, step: int) -> None:
+        """A checkpoint of ``step`` is complete (written here or by a library such as
+        ``torch.distributed.checkpoint``): restart the period and acknowledge it at once."""
         self._last_ckpt_t = self._clock()
         self._request_seen = self._request_mtime()
         self._ckpt_ack = int(step)
         self.report(0.0, force=True)
-        return final
 
     def resume(self) -> dict[str, Any] | None:
         """The last checkpoint as ``{"state", "step", "samples", ...}``, or None."""

@@ -1,0 +1,64 @@
+"""A minimal torchrun DDP training script (the shape of PyTorch's DDP tutorials).
+
+    torchrun --nproc-per-node=2 train.py --epochs 5
+"""
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 32)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def make_dataset(n=1003):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 10, generator=g)
+    y = (x[:, :5].sum(dim=1, keepdim=True) - x[:, 5:].prod(dim=1, keepdim=True)).tanh()
+    return TensorDataset(x, y)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=0.05)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = ToyModel()
+    ddp_model = DDP(model)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.MSELoss()
+
+    dataset = make_dataset()
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(ddp_model(x), y)
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

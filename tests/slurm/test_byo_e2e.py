@@ -1,0 +1,117 @@
+"""Bring-your-own-loop integrations trained elastically under real Slurm and a real daemon.
+
+The job (``sbatch --qos=malletrain -N 1-3``, profiling off so its size follows the idle
+nodes) starts on 2 nodes left by a prod job, grows to 3 when that job is cancelled (a planned
+rescale: checkpoint first), loses 2 nodes to a preempting prod job (no warning: resume from
+the last periodic checkpoint), and grows back when it ends. The assertions read Slurm and the
+workers' own step lines: every epoch's world size equals the job's RUNNING tasks, all ranks
+hold the same parameters after every step, each epoch resumes from the newest checkpoint, the
+surviving updates trained the global sample stream without gap or overlap, the loss went
+down and the run id never changed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from byo_logs import lineage, lost_per_epoch_change, problems, read
+from slurm_helpers import running
+from test_training_e2e import daemon  # noqa: F401  (the daemon fixture)
+
+from malletrain_core.localcluster import LocalCluster
+from malletrain_core.localcluster.daemon import LocalDaemon
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+ENV = ["env", "MALLETRAIN_LOG_EVERY=1", "MALLETRAIN_MIN_STEP_S=0.15",
+       "MALLETRAIN_CHECKPOINT_EVERY_S=6", "OMP_NUM_THREADS=1"]
+SCRIPTS = {
+    "torchrun": [sys.executable, "examples/torchrun/after.py", "--epochs", "100000",
+                 "--batch-size", "8"],
+    "lightning": [sys.executable, "examples/lightning/after.py", "--epochs", "100000",
+                  "--batch-size", "8", "--num-nodes", "1", "--root-dir", "{out}"],
+    # The Trainer's own sampler: positions in its step lines follow from the step and the
+    # constant global batch (48 = 8 per device × 1, 2 or 3 processes × accumulation).
+    "hf": [sys.executable, "examples/hf/after.py", "--output-dir", "{out}/hf", "--epochs",
+           "1000", "--batch-size", "8"],
+}
+
+
+def wait_world(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
+               after_epoch: int = -1, world: int | None = None) -> tuple[int, int]:
+    """Wait until the newest epoch (after ``after_epoch``) trains with exactly the job's
+    RUNNING tasks as ranks (and ``world`` of them); returns (world, epoch)."""
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        k = running(cluster, job)
+        latest = read(outdir, job).latest()
+        if latest is not None:
+            epoch, w, ranks = latest
+            seen = f"{k} RUNNING tasks, epoch {epoch}: world {w}, ranks {sorted(ranks)}"
+            if epoch > after_epoch and w == k and ranks == set(range(k)) \
+                    and (world is None or k == world) and running(cluster, job) == k:
+                return k, epoch
+        time.sleep(1.0)
+    raise AssertionError(f"job {job}: training never matched its RUNNING tasks within "
+                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})")
+
+
+def wait_gone(cluster: LocalCluster, job: str, timeout_s: float) -> None:
+    cluster.wait_for(f"job {job} gone", lambda: not cluster.run(
+        ["squeue", "-h", "-j", job, "-o", "%i"], check=False).stdout.strip(), timeout_s)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_grow_preempt_grow_back(name: str, cluster: LocalCluster,
+                                daemon: LocalDaemon, tmp_path: Path) -> None:  # noqa: F811
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    outdir.chmod(0o777)
+    total = len(cluster.node_names)
+    blocker = cluster.sbatch("-p", "prod", "-N", str(total - 2), "-o", "/dev/null",
+                             "--wrap", "sleep 3000")
+    if name != "torchrun":
+        pytest.importorskip({"hf": "transformers"}.get(name, name))
+    command = [arg.format(out=outdir) for arg in SCRIPTS[name]]
+    script = daemon.training_script([*ENV, *command], outdir)
+    job = cluster.sbatch("--qos=malletrain", "-N", "1-3", "--open-mode=append",
+                         "--comment=profile=no", "-o", f"{outdir}/task-%A_%a.out",
+                         script=script)
+    worlds = []
+    w, epoch = wait_world(cluster, job, outdir, 240, world=2)
+    worlds.append(w)
+
+    cluster.run(["scancel", blocker])                      # grow: planned, checkpoint first
+    w, epoch = wait_world(cluster, job, outdir, 180, after_epoch=epoch, world=3)
+    worlds.append(w)
+    time.sleep(8)                                          # a periodic checkpoint or two
+
+    prod = cluster.sbatch("-p", "prod", "-N", str(total - 1), "-o", "/dev/null",
+                          "--wrap", "sleep 45")            # preempts 2 of the 3 workers
+    w, epoch = wait_world(cluster, job, outdir, 150, after_epoch=epoch, world=1)
+    worlds.append(w)
+
+    wait_gone(cluster, prod, 120)                          # grow back
+    w, epoch = wait_world(cluster, job, outdir, 180, after_epoch=epoch, world=3)
+    worlds.append(w)
+    time.sleep(4)
+
+    log = read(outdir, job)
+    assert worlds == [2, 3, 1, 3]
+    found = problems(log)
+    assert not found, "\n".join(found)
+    kept = lineage(log)
+    assert len(kept) > 40
+    losses = [r.loss for r in kept if r.loss == r.loss]   # the Trainer logs every 10 steps
+    head = sum(losses[:15]) / 15
+    tail = sum(losses[-15:]) / 15
+    assert tail < 0.7 * head, f"loss did not go down: {head:.4f} → {tail:.4f}"
+    runs = log.runs()
+    assert len(runs) == 1 and next(iter(runs)).endswith(f"-{job}"), runs
+    changes = lost_per_epoch_change(log)
+    print(f"\n{name}: worlds {worlds}; per epoch change (W→W', samples lost, pause s): "
+          f"{changes}; surviving steps {len(kept)}, loss {head:.4f} → {tail:.4f}")
