@@ -37,6 +37,7 @@ ENV_REPORT_ADDR = "MALLETRAIN_REPORT_ADDR"
 ENV_REPORT_KEY = "MALLETRAIN_REPORT_KEY"
 ENV_CHECKPOINT_DIR = "MALLETRAIN_CHECKPOINT_DIR"
 ENV_CONTROL_DIR = "MALLETRAIN_CONTROL_DIR"
+ENV_INPLACE = "MALLETRAIN_INPLACE"
 CHECKPOINT_NAME = "checkpoint.pt"
 REQUEST_NAME = "checkpoint-request"
 
@@ -93,14 +94,27 @@ class Session:
         self._addr: tuple[str, int] | None = None
         self._sock: socket.socket | None = None
         addr = env.get(ENV_REPORT_ADDR, "")
-        if addr and self.rank == 0 and self.job_id and self._key:
+        if addr and self.job_id and self._key:
             host, _, port = addr.rpartition(":")
             self._addr = (host or "127.0.0.1", int(port))
+        self._open_reports()
+        if handle_sigterm:
+            exit_on_sigterm()
+
+    def _open_reports(self) -> None:
+        """The chief (rank 0) sends reports; other ranks hold no socket."""
+        if self._addr is not None and self.rank == 0 and self._sock is None:
             family = socket.AF_INET6 if ":" in self._addr[0] else socket.AF_INET
             self._sock = socket.socket(family, socket.SOCK_DGRAM)
             self._sock.setblocking(False)
-        if handle_sigterm:
-            exit_on_sigterm()
+        elif self.rank != 0 and self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def set_membership(self, epoch: int, rank: int, world_size: int) -> None:
+        """The membership changed in place (see :mod:`.inplace`): report as the new rank."""
+        self.epoch, self.rank, self.world_size = epoch, rank, world_size
+        self._open_reports()
 
     @property
     def is_chief(self) -> bool:
