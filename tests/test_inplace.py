@@ -264,3 +264,25 @@ def test_grow_shrink_grow_and_peer_loss_in_place(driver):
               f"steps lost {lost[kind]}")
     assert max(gaps["grow 2→3"] + gaps["grow 1→2"]) < 5
     assert max(gaps["peer killed"]) < 5 and max(gaps["peer hung"]) < 10
+
+
+def test_repeated_reforms_leak_nothing(driver):
+    """Twenty re-forms of the same two processes on fresh ports: threads and open file
+    descriptors stay flat, and the re-form time is printed."""
+    d = driver
+    a, b = d.start("a"), d.start("b")
+    first = d.epoch_change([a, b])
+    d.wait_trained(first, 2)
+    for _ in range(20):
+        d.wait_trained(d.epoch_change([a, b]), 2)
+    for p in (a, b):
+        rs = [r for r in p.steps() if not r["failed"]]
+        early = [r for r in rs if r["epoch"] == first + 2][-1]
+        late = rs[-1]
+        assert late["epoch"] == d.epoch
+        assert late["threads"] == early["threads"], (p.name, early["threads"], late["threads"])
+        assert late["fds"] <= early["fds"], (p.name, early["fds"], late["fds"])
+    reform = [r["change"]["reform_s"] for r in a.records() if "change" in r][1:]
+    gaps = [pause(a, e, e - 1)[0] for e in range(first + 1, d.epoch + 1)]
+    print(f"\n20 re-forms: re-form median {statistics.median(reform):.3f} s, pause median "
+          f"{statistics.median(gaps):.3f} s, max {max(gaps):.3f} s")

@@ -112,12 +112,11 @@ class _Pending:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.futures: list[Any] = []
-        self.events: list[threading.Event] = []
         self.reason: str | None = None
 
     def reset(self) -> None:
         with self.lock:
-            self.futures, self.events, self.reason = [], [], None
+            self.futures, self.reason = [], None
 
     def abandon(self, reason: str) -> None:
         with self.lock:
@@ -125,9 +124,7 @@ class _Pending:
             for fut in self.futures:
                 if not fut.done():
                     fut.set_exception(StepAbandoned(reason))
-            for ev in self.events:
-                ev.set()
-            self.futures, self.events = [], []
+            self.futures = []
 
     def hook(self, _state: object, bucket: Any) -> Any:
         """A DDP comm hook (average all-reduce) whose result the control thread can fail."""
@@ -156,20 +153,18 @@ class _Pending:
         return out
 
     def wait(self, work: Any) -> None:
-        """Wait for ``work``; raise :class:`StepAbandoned` if the control thread abandons it."""
-        ev = threading.Event()
-        with self.lock:
+        """Wait for ``work``; raise :class:`StepAbandoned` if the control thread abandons it.
+
+        Polls instead of attaching a Python callback to the work's future: a callback runs on
+        gloo's thread and needs the GIL, and a group torn down right after the wait could then
+        block in its destructor while that thread still finishes the callback."""
+        fut = work.get_future()
+        nap = 5e-5
+        while not fut.done():
             if self.reason is not None:
                 raise StepAbandoned(self.reason)
-            self.events.append(ev)
-        fut = work.get_future()
-        fut.add_done_callback(lambda _f: ev.set())
-        ev.wait()
-        with self.lock:
-            if ev in self.events:
-                self.events.remove(ev)
-            if not fut.done():
-                raise StepAbandoned(self.reason or "abandoned")
+            time.sleep(nap)
+            nap = min(nap * 2, 2e-3)
         fut.value()  # raises the collective's own error (a peer lost)
 
 
