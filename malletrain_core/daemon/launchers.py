@@ -42,6 +42,7 @@ class LauncherService:
             rc = None if args.get("rc") is None else int(args["rc"])
             state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
             ckpt_seen = int(args.get("ckpt_seen", 0))
+            inplace = bool(args.get("inplace", False))
         except (KeyError, TypeError, ValueError):
             raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
                            "are integers") from None
@@ -53,7 +54,8 @@ class LauncherService:
             if uid != owner and uid not in self.admin_uids:
                 raise ApiError(f"job {job} belongs to uid {owner}, not to uid {uid}")
             order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch, state=state,
-                                             rc=rc, addr=addr, ckpt_seen=ckpt_seen)
+                                             rc=rc, addr=addr, ckpt_seen=ckpt_seen,
+                                             inplace=inplace)
             key = self.coordinator.key(job).hex()
         reply: dict[str, Any] = {"order": order.to_dict()}
         if order.kind == "run" and state != "running":

@@ -42,6 +42,7 @@ from ..errors import MalleTrainError
 from ..munge import Munge
 from ..wire.api import ApiError, ApiUnavailable, parse_address
 from ..wire.orders import EpochError, Order
+from . import inplace as inplace_mod
 from . import training
 from .client import TcpClient
 
@@ -165,7 +166,8 @@ class Launcher:
                  max_backoff_s: float = 30.0, nproc_per_node: int = 1,
                  node_addr: str = "", torchrun: Sequence[str] = TORCHRUN,
                  base_env: Mapping[str, str] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, inplace: bool = False,
+                 leave_grace_s: float = 30.0) -> None:
         self.ident = ident
         self.command = list(command)
         self.client = client
@@ -185,6 +187,8 @@ class Launcher:
         self.rc: int | None = None
         self.ckpt_seen = 0
         self.refusals = 0
+        self.inplace = inplace
+        self.leave_grace_s = leave_grace_s
 
     # ----- one round -----------------------------------------------------------------------
     def _observe(self) -> None:
@@ -200,7 +204,8 @@ class Launcher:
             self.node_addr = self.client.local_address() or ""
         reply = self.client.call("checkin", job=self.ident.job, node=self.ident.node,
                                  task=self.ident.task, epoch=self.epoch, state=self.state,
-                                 rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen)
+                                 rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen,
+                                 inplace=self.inplace)
         if not isinstance(reply, dict):
             raise ApiError("malformed check-in reply")
         return reply
@@ -208,7 +213,11 @@ class Launcher:
     def act(self, reply: dict[str, Any]) -> int | None:
         """Carry out one order; returns an exit code when the launcher must exit."""
         order = Order.from_dict(reply.get("order"))
-        if order.kind == "run" and not (self.state == "running" and self.epoch == order.epoch):
+        if order.kind == "run" and self.inplace and self.workers is not None \
+                and self.workers.poll() is None:
+            if self.epoch != order.epoch:  # the live process re-forms in place
+                self._relay(order)
+        elif order.kind == "run" and not (self.state == "running" and self.epoch == order.epoch):
             if self.workers is not None:
                 self._stop(f"epoch {order.epoch} replaces epoch {self.epoch}")
             self._start(order, reply)
@@ -235,16 +244,40 @@ class Launcher:
             raise ApiError("the daemon sent a malformed report key")
         env = worker_env(self.base_env, self.ident.job, order, key_hex, str(report_addr),
                          self.checkpoint_dir, self.control_dir)
-        argv = torchrun_argv(order, self.command, self.nproc_per_node, torchrun=self.torchrun,
-                             log_dir=str(Path(self.control_dir) / "torchrun"))
+        if self.inplace:  # one process, kept across epochs: no torchrun
+            env[training.ENV_INPLACE] = "1"
+            env.update(RANK=str(order.rank), WORLD_SIZE=str(order.world), LOCAL_RANK="0")
+            argv = list(self.command)
+            self._relay(order)
+        else:
+            argv = torchrun_argv(order, self.command, self.nproc_per_node,
+                                 torchrun=self.torchrun,
+                                 log_dir=str(Path(self.control_dir) / "torchrun"))
         log.info("epoch %s: rank %s of %s, master %s:%s", order.epoch, order.rank, order.world,
                  order.master, order.port)
         self.workers = Workers(argv, env, int(order.epoch or 0))
         self.state, self.epoch, self.rc = "running", order.epoch, None
 
+    def _relay(self, order: Order) -> None:
+        """In place: hand the order to the live training process (membership file)."""
+        assert order.epoch is not None and order.rank is not None and order.world is not None
+        inplace_mod.write_membership(self.control_dir, inplace_mod.Membership(
+            epoch=order.epoch, rank=order.rank, world=order.world, master=order.master or "",
+            port=order.port or 0, abandon=bool(order.abandon)))
+        log.info("epoch %s: rank %s of %s in place, master %s:%s%s", order.epoch, order.rank,
+                 order.world, order.master, order.port, " (abandon)" if order.abandon else "")
+        self.state, self.epoch, self.rc = "running", order.epoch, None
+
     def _stop(self, reason: str) -> None:
         assert self.workers is not None
         log.info("epoch %s: stopping workers (%s)", self.epoch, reason)
+        if self.inplace and self.workers.poll() is None:
+            # leave at the next step boundary, so the others stop there too
+            inplace_mod.write_membership(self.control_dir,
+                                         inplace_mod.Membership(epoch=(self.epoch or 0) + 1))
+            deadline = time.monotonic() + self.leave_grace_s
+            while self.workers.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
         self.workers.stop()
         self.workers = None
         self.state, self.epoch, self.rc = "idle", None, None
@@ -332,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "$MALLETRAIN_CHECKPOINT_DIR, else malletrain-<job> in the submit folder)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="workers per node (GPUs)")
     p.add_argument("--poll-s", type=float, default=2.0, help="seconds between check-ins")
+    p.add_argument("--inplace", action="store_true",
+                   help="keep the training process alive across epochs (the script uses "
+                   "malletrain_core.worker.inplace.Elastic); one process per node")
     p.add_argument("--torchrun", help="the torchrun command, split like a shell would "
                    "(default: this Python's torch.distributed.run)")
     p.add_argument("--debug", action="store_true", help="debug logging")
@@ -352,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "python train.py ARGS")
         if args.poll_s <= 0 or args.nproc_per_node < 1:
             raise MalleTrainError("--poll-s must be > 0 and --nproc-per-node ≥ 1")
+        if args.inplace and args.nproc_per_node != 1:
+            raise MalleTrainError("--inplace runs one process per node; drop --nproc-per-node")
         ident = identity_from_env(env)
         (host, port), cfg_socket = _daemon_address(args.daemon, env)
         munge = Munge(args.munge_socket or cfg_socket)
@@ -362,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher = Launcher(ident, command, TcpClient(host, port, munge), munge,
                             checkpoint_dir=str(Path(ckpt).resolve()), control_dir=control,
                             poll_s=args.poll_s, nproc_per_node=args.nproc_per_node,
-                            node_addr=env.get(ENV_NODE_ADDR, ""), torchrun=torchrun)
+                            node_addr=env.get(ENV_NODE_ADDR, ""), torchrun=torchrun,
+                            inplace=args.inplace)
     except MalleTrainError as exc:
         print(f"malletrain-run: error: {exc}", file=sys.stderr)
         return 2
