@@ -15,12 +15,15 @@ import time
 
 import pytest
 
+from malletrain_core.wire import reports
 from malletrain_core.wire.orders import Order
-from malletrain_core.worker import inplace
+from malletrain_core.worker import inplace, training
 from malletrain_core.worker import launcher as mr
-from malletrain_core.worker import training
-from tests.test_launcher import REPO
-from tests.test_launcher import ScriptedClient, munged, wait_for, workdir  # noqa: F401
+from tests import test_launcher as tl
+
+# the private munged of tests/test_launcher.py, shared (fixtures by name)
+workdir, munged = tl.workdir, tl.munged
+REPO, ScriptedClient, wait_for = tl.REPO, tl.ScriptedClient, tl.wait_for
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -91,3 +94,41 @@ def test_inplace_refuses_several_processes_per_node(capsys, monkeypatch):
     assert mr.main(["--inplace", "--nproc-per-node", "2", "python", "t.py"]) == 2
     assert "--inplace runs one process per node" in capsys.readouterr().err
     assert training.ENV_INPLACE == "MALLETRAIN_INPLACE"
+
+
+def test_joiner_starts_before_its_first_check_in_and_reports_once_placed(munged, tmp_path):
+    """The process is started and ready before the launcher checks in (the members keep
+    training meanwhile); the first run order hands it the report channel, and its reports
+    arrive signed with the job's key."""
+    m = munged.client()
+    key = "ef" * 32
+    log = tmp_path / "train.log"
+    control = tmp_path / "control"
+    control.mkdir()
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(20)
+    cmd = ["sh", "-c", f"exec {shlex.quote(sys.executable)} {shlex.quote(str(WORKER))} "
+           f"--sleep 0.02 > {shlex.quote(str(log))} 2>&1"]
+    run0 = Order("run", 3, 0, 1, "127.0.0.1", free_port(), "r3")
+    client = ScriptedClient([{"order": run0.to_dict(), "key": m.encode(key),
+                              "report_addr": f"127.0.0.1:{rx.getsockname()[1]}"}])
+    la = mr.Launcher(mr.Identity("12", "2", "n03"), cmd, client, m,
+                     checkpoint_dir=str(tmp_path / "ck"), control_dir=str(control),
+                     base_env={**os.environ, "PYTHONPATH": str(REPO),
+                               "GLOO_SOCKET_IFNAME": "lo"},
+                     inplace=True)
+    try:
+        la.prestart()
+        assert inplace.is_ready(control) and la.workers.poll() is None
+        assert la.state == "idle" and not steps(log), "it must not train before its epoch"
+        pid = la.workers.proc.pid
+        assert la.act(la.checkin()) is None
+        assert client.calls[0][1]["state"] == "idle"
+        assert la.workers.proc.pid == pid
+        assert oct((control / training.REPORT_CHANNEL_NAME).stat().st_mode & 0o777) == "0o600"
+        report = reports.verify(rx.recv(65536), bytes.fromhex(key))
+        assert (report.job, report.epoch, report.world) == ("12", 3, 1)
+    finally:
+        la.shutdown()
+        rx.close()

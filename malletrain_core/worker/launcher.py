@@ -167,7 +167,7 @@ class Launcher:
                  node_addr: str = "", torchrun: Sequence[str] = TORCHRUN,
                  base_env: Mapping[str, str] | None = None,
                  sleep: Callable[[float], None] = time.sleep, inplace: bool = False,
-                 leave_grace_s: float = 30.0) -> None:
+                 leave_grace_s: float = 30.0, ready_timeout_s: float = 300.0) -> None:
         self.ident = ident
         self.command = list(command)
         self.client = client
@@ -189,6 +189,7 @@ class Launcher:
         self.refusals = 0
         self.inplace = inplace
         self.leave_grace_s = leave_grace_s
+        self.ready_timeout_s = ready_timeout_s
 
     # ----- one round -----------------------------------------------------------------------
     def _observe(self) -> None:
@@ -215,6 +216,8 @@ class Launcher:
         order = Order.from_dict(reply.get("order"))
         if order.kind == "run" and self.inplace and self.workers is not None \
                 and self.workers.poll() is None:
+            if self.state != "running":  # started ahead: give it the report channel first
+                self._report_channel(reply)
             if self.epoch != order.epoch:  # the live process re-forms in place
                 self._relay(order)
         elif order.kind == "run" and not (self.state == "running" and self.epoch == order.epoch):
@@ -257,6 +260,38 @@ class Launcher:
                  order.master, order.port)
         self.workers = Workers(argv, env, int(order.epoch or 0))
         self.state, self.epoch, self.rc = "running", order.epoch, None
+
+    def prestart(self) -> None:
+        """In place: start the training process before the first check-in and wait until it
+        is ready (torch imported, model built), so the members keep training meanwhile and
+        pause only for the re-form itself."""
+        if not self.inplace or self.workers is not None:
+            return
+        env = dict(self.base_env)
+        env.update({training.ENV_JOB: self.ident.job, training.ENV_INPLACE: "1",
+                    training.ENV_CHECKPOINT_DIR: self.checkpoint_dir,
+                    training.ENV_CONTROL_DIR: self.control_dir})
+        self.workers = Workers(list(self.command), env, 0)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not inplace_mod.is_ready(self.control_dir) and self.workers.poll() is None \
+                and time.monotonic() < deadline:
+            self.sleep(0.05)
+        log.info("training process %s", "ready" if inplace_mod.is_ready(self.control_dir)
+                 else f"not ready (exit code {self.workers.poll()})")
+
+    def _report_channel(self, reply: dict[str, Any]) -> None:
+        wrapped, report_addr = reply.get("key"), reply.get("report_addr", "")
+        if not isinstance(wrapped, str):
+            raise ApiError("run order without a key; asking again")
+        key_hex = self.munge.decode(wrapped).payload.strip()
+        if len(key_hex) != 64 or any(c not in "0123456789abcdef" for c in key_hex):
+            raise ApiError("the daemon sent a malformed report key")
+        path = Path(self.control_dir) / training.REPORT_CHANNEL_NAME
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{report_addr} {key_hex}\n")
+        os.replace(tmp, path)
 
     def _relay(self, order: Order) -> None:
         """In place: hand the order to the live training process (membership file)."""
@@ -303,6 +338,7 @@ class Launcher:
     def run(self) -> int:
         backoff = self.poll_s
         away_since: float | None = None
+        self.prestart()
         while True:
             self._observe()
             try:

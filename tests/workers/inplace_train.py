@@ -65,6 +65,7 @@ def main() -> int:
             loss.backward()
             opt.step()
             pos.pos += args.batch * el.world
+        session.report(samples=0 if el._step_failed else args.batch * el.world)
         if args.sleep:
             time.sleep(args.sleep)
         done = el.step + (0 if el._step_failed else 1)
