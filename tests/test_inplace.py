@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from malletrain_core.worker import inplace, training
+from tests import test_launcher
 
 torch = pytest.importorskip("torch")
 
@@ -78,18 +79,16 @@ class Proc:
 
 
 def wait_for(cond, timeout: float, what: str, procs=()):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    for p in procs:  # every thread's stack into the logs
-        if p.popen.poll() is None:
-            os.kill(p.popen.pid, signal.SIGUSR1)
-    time.sleep(0.5)
-    logs = "\n".join(f"--- {p.name}\n" + p.log.read_text()[-3000:] for p in procs)
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+    """tests/test_launcher.py's wait, with every thread's stack in the logs on a timeout."""
+    try:
+        return test_launcher.wait_for(cond, timeout, what)
+    except pytest.fail.Exception:
+        for p in procs:
+            if p.popen.poll() is None:
+                os.kill(p.popen.pid, signal.SIGUSR1)
+        time.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(
+            f"--- {p.name}\n" + p.log.read_text()[-3000:] for p in procs)) from None
 
 
 class Driver:

@@ -238,14 +238,19 @@ class Launcher:
             return int(order.rc or 0)
         return None
 
-    def _start(self, order: Order, reply: dict[str, Any]) -> None:
+    def _report_key(self, reply: dict[str, Any]) -> tuple[str, str]:
+        """The job's report key (unwrapped) and the daemon's report address from a reply."""
         wrapped, report_addr = reply.get("key"), reply.get("report_addr", "")
         if not isinstance(wrapped, str):
             raise ApiError("run order without a key; asking again")
         key_hex = self.munge.decode(wrapped).payload.strip()
         if len(key_hex) != 64 or any(c not in "0123456789abcdef" for c in key_hex):
             raise ApiError("the daemon sent a malformed report key")
-        env = worker_env(self.base_env, self.ident.job, order, key_hex, str(report_addr),
+        return key_hex, str(report_addr)
+
+    def _start(self, order: Order, reply: dict[str, Any]) -> None:
+        key_hex, report_addr = self._report_key(reply)
+        env = worker_env(self.base_env, self.ident.job, order, key_hex, report_addr,
                          self.checkpoint_dir, self.control_dir)
         if self.inplace:  # one process, kept across epochs: no torchrun
             env[training.ENV_INPLACE] = "1"
@@ -280,12 +285,7 @@ class Launcher:
                  else f"not ready (exit code {self.workers.poll()})")
 
     def _report_channel(self, reply: dict[str, Any]) -> None:
-        wrapped, report_addr = reply.get("key"), reply.get("report_addr", "")
-        if not isinstance(wrapped, str):
-            raise ApiError("run order without a key; asking again")
-        key_hex = self.munge.decode(wrapped).payload.strip()
-        if len(key_hex) != 64 or any(c not in "0123456789abcdef" for c in key_hex):
-            raise ApiError("the daemon sent a malformed report key")
+        key_hex, report_addr = self._report_key(reply)
         path = Path(self.control_dir) / training.REPORT_CHANNEL_NAME
         tmp = path.with_name(f".{path.name}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
