@@ -98,3 +98,42 @@ def test_path_survives_a_daemon_restart():
     ep = back.current("7")
     assert ep.path == "inplace" and ep.abandon
     assert back.state("7").launchers["n1"].inplace
+
+
+def test_held_checkin_pushes_the_new_order_at_once():
+    """A launcher that rescales in place keeps a check-in open; a preemption reaches it within
+    the hold's polling period, not at its next poll."""
+    import threading
+    import time
+
+    from malletrain_core.daemon.launchers import HOLD_POLL_S, LauncherService
+
+    co = start()
+    svc = LauncherService(co, wrap_key=lambda key, uid: "wrapped", report_addr="127.0.0.1:1",
+                          clock=lambda: 100.0)
+    args = {"job": "7", "node": "n1", "epoch": 0, "state": "running", "inplace": True}
+    t0 = time.monotonic()
+    quiet = svc.checkin(1000, {**args, "hold_s": 0.3})
+    assert quiet["order"]["kind"] == "run" and quiet["order"]["epoch"] == 0
+    assert time.monotonic() - t0 >= 0.3, "nothing new: the reply is held"
+    got = {}
+
+    def held():
+        got["reply"] = svc.checkin(1000, {**args, "hold_s": 8})
+        got["t"] = time.monotonic()
+
+    th = threading.Thread(target=held)
+    th.start()
+    time.sleep(0.5)
+    with svc.lock:
+        co.set_target("7", ["n1"], 100.0, lost=["n2"])
+        t_change = time.monotonic()
+    th.join(10)
+    order = got["reply"]["order"]
+    assert (order["kind"], order["epoch"], order["world"], order["abandon"]) == \
+        ("run", 1, 1, True)
+    assert got["t"] - t_change < 5 * HOLD_POLL_S + 0.2
+    # without hold_s (the restart path) nothing is held
+    t0 = time.monotonic()
+    svc.checkin(1000, {**args, "epoch": 1, "inplace": False})
+    assert time.monotonic() - t0 < 0.2

@@ -167,7 +167,8 @@ class Launcher:
                  node_addr: str = "", torchrun: Sequence[str] = TORCHRUN,
                  base_env: Mapping[str, str] | None = None,
                  sleep: Callable[[float], None] = time.sleep, inplace: bool = False,
-                 leave_grace_s: float = 30.0, ready_timeout_s: float = 300.0) -> None:
+                 leave_grace_s: float = 30.0, ready_timeout_s: float = 300.0,
+                 hold_s: float = 5.0) -> None:
         self.ident = ident
         self.command = list(command)
         self.client = client
@@ -190,6 +191,7 @@ class Launcher:
         self.inplace = inplace
         self.leave_grace_s = leave_grace_s
         self.ready_timeout_s = ready_timeout_s
+        self.hold_s = hold_s if inplace else 0.0  # in place: the daemon holds the reply
 
     # ----- one round -----------------------------------------------------------------------
     def _observe(self) -> None:
@@ -206,7 +208,7 @@ class Launcher:
         reply = self.client.call("checkin", job=self.ident.job, node=self.ident.node,
                                  task=self.ident.task, epoch=self.epoch, state=self.state,
                                  rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen,
-                                 inplace=self.inplace)
+                                 inplace=self.inplace, hold_s=self.hold_s)
         if not isinstance(reply, dict):
             raise ApiError("malformed check-in reply")
         return reply
@@ -369,7 +371,8 @@ class Launcher:
             away_since, backoff, self.refusals = None, self.poll_s, 0
             if code is not None:
                 return code
-            self._nap(self.poll_s)
+            # a held check-in already waited for news: ask again at once
+            self._nap(0.05 if self.hold_s > 0 else self.poll_s)
 
     def shutdown(self) -> None:
         if self.workers is not None:
