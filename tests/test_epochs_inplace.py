@@ -137,3 +137,19 @@ def test_held_checkin_pushes_the_new_order_at_once():
     t0 = time.monotonic()
     svc.checkin(1000, {**args, "epoch": 1, "inplace": False})
     assert time.monotonic() - t0 < 0.2
+
+
+def test_a_node_that_left_is_placed_again_only_once_its_new_process_is_ready():
+    co = start()
+    co.set_target("7", ["n1"], 10.0)
+    assert running(co, "n2", 0, 10.5).kind == "stop"
+    co.set_target("7", ["n1", "n2"], 11.0)
+    assert co.current("7").members == ("n1",), "n2's next process is not ready yet"
+    assert running(co, "n1", 1, 11.5).kind == "run"
+    assert co.checkin("7", "n2", 12.0, inplace=True, ready=False).kind == "wait"
+    assert co.current("7").members == ("n1",)
+    o = co.checkin("7", "n2", 13.0, inplace=True, ready=True)
+    assert (o.kind, o.rank, o.world) == ("run", 1, 2) and co.current("7").path == "inplace"
+    # a member that reports not ready is not dropped from its epoch
+    co.checkin("7", "n2", 13.5, inplace=True, ready=False)
+    assert co.current("7").members == ("n1", "n2")

@@ -120,6 +120,8 @@ def test_joiner_starts_before_its_first_check_in_and_reports_once_placed(munged,
                      inplace=True)
     try:
         la.prestart()
+        assert not la.ready() or inplace.is_ready(control)
+        wait_for(la.ready, 60, "the process ready")
         assert inplace.is_ready(control) and la.workers.poll() is None
         assert la.state == "idle" and not steps(log), "it must not train before its epoch"
         pid = la.workers.proc.pid
@@ -132,3 +134,79 @@ def test_joiner_starts_before_its_first_check_in_and_reports_once_placed(munged,
     finally:
         la.shutdown()
         rx.close()
+
+
+def test_daemon_drives_a_job_2_3_1_2_in_place(munged, tmp_path):
+    """The real API server, launcher service and coordinator drive three in-place launchers
+    (subprocesses) with real training processes: 2 → 3 → 1 → 2. The first epoch starts the
+    processes; every later change is made in place (asserted), each process keeps its pid,
+    all ranks hold equal state and the global step never goes back."""
+    from malletrain_core.daemon.epochs import EpochCoordinator
+
+    co = EpochCoordinator(port_range=(29700, 29799), checkpoint_timeout_s=60)
+    now = time.time()
+    co.add_job("4242", uid=os.getuid(), now=now)
+    co.set_target("4242", ["n01", "n02"], now)
+    daemon = tl.MiniDaemon(munged, co)
+    logs = {n: tmp_path / f"{n}.log" for n in ("n01", "n02", "n03")}
+    command = [sys.executable, str(WORKER), "--sleep", "0.03"]
+    procs = {n: tl.start_launcher(daemon.address, munged, n, i, command, logs[n],
+                                  extra_env={"GLOO_SOCKET_IFNAME": "lo"},
+                                  extra_args=("--inplace",))
+             for i, n in enumerate(logs)}
+    paths = {}
+
+    def trained(epoch, nodes, n=5):
+        return all(sum(1 for r in steps(logs[x]) if r["epoch"] == epoch) >= n for x in nodes)
+
+    def change(nodes):
+        with daemon.lock:
+            co.set_target("4242", nodes, time.time())
+        ep = wait_for(lambda: (c := co.current("4242")) is not None
+                      and set(c.members) == set(nodes) and c, 60, f"epoch with {nodes}",
+                      list(logs.values()))
+        paths[ep.number] = ep.path
+        wait_for(lambda: trained(ep.number, nodes), 90, f"training in epoch {ep.number}",
+                 list(logs.values()))
+        return ep.number
+
+    def pids(node):
+        return {r["pid"] for r in steps(logs[node]) if "pid" in r}
+
+    try:
+        e0 = wait_for(lambda: (c := co.current("4242")) is not None and c.number + 1, 60,
+                      "the first epoch", list(logs.values())) - 1
+        paths[e0] = co.current("4242").path
+        wait_for(lambda: trained(e0, ["n01", "n02"]), 90, "training in the first epoch",
+                 list(logs.values()))
+        e1 = change(["n01", "n02", "n03"])
+        e2 = change(["n01"])
+        e3 = change(["n01", "n02"])
+        assert paths == {e0: "disk", e1: "inplace", e2: "inplace", e3: "inplace"}, paths
+        a = steps(logs["n01"])
+        assert len(pids("n01")) == 1, "n01's process was restarted"
+        assert len(pids("n03")) == 1
+        done = [r["step"] for r in a]
+        assert all(y >= x for x, y in zip(done, done[1:])), "the global step went back"
+        for epoch, nodes in ((e1, ["n01", "n02", "n03"]), (e3, ["n01", "n02"])):
+            by_step: dict[int, set[str]] = {}
+            for n in nodes:
+                for r in steps(logs[n]):
+                    if r["epoch"] == epoch and "digest" in r:
+                        by_step.setdefault(r["step"], set()).add(r["digest"])
+            full = [s for s, d in by_step.items()
+                    if sum(1 for n in nodes for r in steps(logs[n])
+                           if r["epoch"] == epoch and r["step"] == s) == len(nodes)]
+            assert full and all(len(by_step[s]) == 1 for s in full), (epoch, by_step)
+        gaps = []
+        for before, after in ((e0, e1), (e1, e2), (e2, e3)):
+            old = [r for r in a if r["epoch"] == before]
+            new = [r for r in a if r["epoch"] == after]
+            gaps.append(round(new[0]["t"] - old[-1]["t"], 3))
+            assert new[0]["step"] >= old[-1]["step"], "a planned change lost a step"
+        print(f"\npause on n01 (grow 2→3, shrink 3→1, grow 1→2), s: {gaps}")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                tl.terminate(p)
+        daemon.close()

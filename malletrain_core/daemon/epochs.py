@@ -61,6 +61,7 @@ class Launcher:
     seen: float
     ckpt_seen: int = 0
     inplace: bool = False   # its training process stays alive across epochs
+    ready: bool = True      # in place: its process is ready to join (imports done)
 
 
 @dataclass
@@ -163,7 +164,7 @@ class EpochCoordinator:
     # ----- the launchers' side -----------------------------------------------------------
     def checkin(self, job: str, node: str, now: float, *, epoch: int | None = None,
                 state: str = "idle", rc: int | None = None, addr: str = "",
-                ckpt_seen: int = 0, inplace: bool = False) -> Order:
+                ckpt_seen: int = 0, inplace: bool = False, ready: bool = True) -> Order:
         """Record a launcher's check-in and return its order."""
         if state not in LAUNCHER_STATES:
             raise ValidationError("checkin", "state", f"{state!r}; use one of "
@@ -173,7 +174,7 @@ class EpochCoordinator:
         addr = addr or (known.addr if known is not None else node)
         st.launchers[node] = Launcher(node=node, addr=addr, epoch=epoch, state=state,
                                       rc=rc, seen=now, ckpt_seen=int(ckpt_seen),
-                                      inplace=bool(inplace))
+                                      inplace=bool(inplace), ready=bool(ready))
         if epoch is not None and epoch >= st.next_epoch:
             # A launcher from a lost coordinator state: never reuse its epoch number, nor a
             # checkpoint request number it has already relayed.
@@ -230,7 +231,9 @@ class EpochCoordinator:
                              "them") from None
 
     def _ready(self, st: JobState) -> list[str]:
-        return [n for n in st.target if n in st.launchers]
+        members = st.epoch.members if st.epoch is not None else ()
+        return [n for n in st.target if n in st.launchers
+                and (st.launchers[n].ready or n in members)]
 
     def _plan(self, st: JobState, now: float) -> None:
         if st.finished:
@@ -368,6 +371,8 @@ class EpochCoordinator:
         if running is not None:
             why = "the job left this node" if la.node not in st.target else \
                 f"not a member of epoch {cur.number if cur else 'none'}"
+            if la.inplace:
+                la.ready = False  # its process leaves; the next one must get ready first
             return Order("stop", epoch=running, reason=why)
         return Order("wait", reason=st.problem or "no epoch for this node yet")
 

@@ -39,7 +39,7 @@ class LauncherService:
         dispatcher.register("checkin", self.checkin)
 
     def checkin(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
-        """``checkin {job, node, epoch, state, rc, addr, ckpt_seen[, inplace, hold_s]}`` →
+        """``checkin {job, node, epoch, state, rc, addr, ckpt_seen[, inplace, ready, hold_s]}`` →
         ``{order[, key, ...]}``.
 
         With ``hold_s`` (launchers that rescale in place) the reply is held while the order
@@ -53,6 +53,7 @@ class LauncherService:
             state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
             ckpt_seen = int(args.get("ckpt_seen", 0))
             inplace = bool(args.get("inplace", False))
+            ready = bool(args.get("ready", True))
             hold_s = min(max(float(args.get("hold_s", 0.0)), 0.0), MAX_HOLD_S)
         except (KeyError, TypeError, ValueError):
             raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
@@ -70,7 +71,8 @@ class LauncherService:
             with self.lock:
                 order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch,
                                                  state=state, rc=rc, addr=addr,
-                                                 ckpt_seen=ckpt_seen, inplace=inplace)
+                                                 ckpt_seen=ckpt_seen, inplace=inplace,
+                                                 ready=ready)
             carry_on = (order.kind == "run" and state == "running" and order.epoch == epoch) \
                 or (order.kind == "wait" and state != "running")
             if not carry_on or time.monotonic() >= deadline:

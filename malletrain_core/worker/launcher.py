@@ -18,6 +18,7 @@ daemon is away, and exits at once on SIGTERM, killing the workers' process group
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import random
@@ -192,6 +193,8 @@ class Launcher:
         self.leave_grace_s = leave_grace_s
         self.ready_timeout_s = ready_timeout_s
         self.hold_s = hold_s if inplace else 0.0  # in place: the daemon holds the reply
+        self._prestarted = 0.0
+        self._held = 0.0
 
     # ----- one round -----------------------------------------------------------------------
     def _observe(self) -> None:
@@ -205,10 +208,13 @@ class Launcher:
         if not self.node_addr and hasattr(self.client, "connect"):
             self.client.connect()
             self.node_addr = self.client.local_address() or ""
+        ready = self.ready()
+        self._held = self.hold_s if ready else 0.0
+        extra = {"inplace": True, "ready": ready, "hold_s": self._held} if self.inplace else {}
         reply = self.client.call("checkin", job=self.ident.job, node=self.ident.node,
                                  task=self.ident.task, epoch=self.epoch, state=self.state,
                                  rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen,
-                                 inplace=self.inplace, hold_s=self.hold_s)
+                                 **extra)
         if not isinstance(reply, dict):
             raise ApiError("malformed check-in reply")
         return reply
@@ -269,22 +275,32 @@ class Launcher:
         self.state, self.epoch, self.rc = "running", order.epoch, None
 
     def prestart(self) -> None:
-        """In place: start the training process before the first check-in and wait until it
-        is ready (torch imported, model built), so the members keep training meanwhile and
-        pause only for the re-form itself."""
+        """In place: start the training process ahead of its epoch. The check-ins say
+        ``ready: false`` until it is ready (torch imported, model built), so the daemon does not
+        place the node and the members keep training meanwhile; they pause only for the
+        re-form itself."""
         if not self.inplace or self.workers is not None:
             return
         env = dict(self.base_env)
         env.update({training.ENV_JOB: self.ident.job, training.ENV_INPLACE: "1",
                     training.ENV_CHECKPOINT_DIR: self.checkpoint_dir,
                     training.ENV_CONTROL_DIR: self.control_dir})
+        for stale in (inplace_mod.READY_NAME, inplace_mod.MEMBERSHIP_NAME):  # the last process's
+            with contextlib.suppress(FileNotFoundError):
+                (Path(self.control_dir) / stale).unlink()
         self.workers = Workers(list(self.command), env, 0)
-        deadline = time.monotonic() + self.ready_timeout_s
-        while not inplace_mod.is_ready(self.control_dir) and self.workers.poll() is None \
-                and time.monotonic() < deadline:
-            self.sleep(0.05)
-        log.info("training process %s", "ready" if inplace_mod.is_ready(self.control_dir)
-                 else f"not ready (exit code {self.workers.poll()})")
+        self._prestarted = time.monotonic()
+        log.info("training process started ahead of its epoch")
+
+    def ready(self) -> bool:
+        """In place: whether the node can be placed (its process is ready, or it gave up
+        waiting after ``ready_timeout_s`` and lets the daemon decide)."""
+        if not self.inplace or self.state == "running":
+            return True
+        if inplace_mod.is_ready(self.control_dir):
+            return True
+        return self.workers is None or self.workers.poll() is not None \
+            or time.monotonic() - self._prestarted > self.ready_timeout_s
 
     def _report_channel(self, reply: dict[str, Any]) -> None:
         key_hex, report_addr = self._report_key(reply)
@@ -340,8 +356,9 @@ class Launcher:
     def run(self) -> int:
         backoff = self.poll_s
         away_since: float | None = None
-        self.prestart()
         while True:
+            if self.inplace and self.workers is None and self.state == "idle":
+                self.prestart()  # a node that left (or is new) gets its next process ready
             self._observe()
             try:
                 reply = self.checkin()
@@ -372,7 +389,7 @@ class Launcher:
             if code is not None:
                 return code
             # a held check-in already waited for news: ask again at once
-            self._nap(0.05 if self.hold_s > 0 else self.poll_s)
+            self._nap(0.05 if self._held > 0 else self.poll_s)
 
     def shutdown(self) -> None:
         if self.workers is not None:

@@ -72,7 +72,7 @@ def main() -> int:
         rec = {"t": time.time(), "step": done, "failed": el._step_failed, "epoch": el.epoch,
                "world": el.world, "rank": el.rank, "lr": opt.param_groups[0]["lr"],
                "pos": pos.pos, "threads": threading.active_count(),
-               "fds": len(os.listdir("/proc/self/fd"))}
+               "fds": len(os.listdir("/proc/self/fd")), "pid": os.getpid()}
         if done % args.digest_every == 0 and not el._step_failed:
             st = el.state()
             st["step"] = done
