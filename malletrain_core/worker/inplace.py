@@ -261,7 +261,7 @@ class Elastic:
         self._step_failed = False
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
-        self._last_step_t: float | None = None
+        self._exit_code = 0
         atexit.register(self._exit_guard)
 
     # ----- the control channel ------------------------------------------------------------
@@ -317,7 +317,9 @@ class Elastic:
             # down would wait for it (the collective timeout). Forget the group instead and
             # keep it referenced, so that no destructor waits either; this process leaves with
             # os._exit (see close()).
-            self.holds_abandoned = True
+            if not self.holds_abandoned:
+                self.holds_abandoned = True
+                self._watch_for_crash()
             self._graveyard.append((dist.group.WORLD, self._store, old_net))
             _forget_default_group()
         self._store = None
@@ -529,8 +531,20 @@ class Elastic:
         with contextlib.suppress(Exception):
             self._teardown()
 
+    def _watch_for_crash(self) -> None:
+        """Remember an uncaught exception, so the forced exit keeps a failing exit code."""
+        previous = sys.excepthook
+
+        def hook(kind: Any, value: Any, tb: Any) -> None:
+            self._exit_code = 1
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
+
     def _exit_guard(self) -> None:
+        """At interpreter exit: a process holding an abandoned collective would block and die
+        of SIGABRT in its destructors, so it leaves at once with its exit code."""
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(0)
+            os._exit(self._exit_code)
