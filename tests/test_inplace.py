@@ -290,3 +290,18 @@ def test_repeated_reforms_leak_nothing(driver):
     gaps = [pause(a, e, e - 1)[0] for e in range(first + 1, d.epoch + 1)]
     print(f"\n20 re-forms: re-form median {statistics.median(reform):.3f} s, pause median "
           f"{statistics.median(gaps):.3f} s, max {max(gaps):.3f} s")
+
+
+def test_same_script_runs_without_malletrain(tmp_path):
+    """Outside MalleTrain (no control folder) the in-place script is a plain one-process
+    training: the group is never formed, the steps simply run."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in (training.ENV_CONTROL_DIR, training.ENV_INPLACE)}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, str(WORKER), "--steps", "6"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"t"')]
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 6]
+    assert {(r["world"], r["rank"], r["epoch"]) for r in recs} == {(1, 0, None)}
+    assert recs[-1]["lr"] == pytest.approx(0.01)
