@@ -45,6 +45,8 @@ class Epoch:
     port: int
     rdzv_id: str
     started: float
+    path: str = "disk"      # how the members entered it: "inplace" (live processes) or "disk"
+    abandon: bool = False   # a member of the previous epoch is gone: drop the step in flight
 
 
 @dataclass
@@ -58,6 +60,8 @@ class Launcher:
     rc: int | None
     seen: float
     ckpt_seen: int = 0
+    inplace: bool = False   # its training process stays alive across epochs
+    ready: bool = True      # in place: its process is ready to join (imports done)
 
 
 @dataclass
@@ -160,7 +164,7 @@ class EpochCoordinator:
     # ----- the launchers' side -----------------------------------------------------------
     def checkin(self, job: str, node: str, now: float, *, epoch: int | None = None,
                 state: str = "idle", rc: int | None = None, addr: str = "",
-                ckpt_seen: int = 0) -> Order:
+                ckpt_seen: int = 0, inplace: bool = False, ready: bool = True) -> Order:
         """Record a launcher's check-in and return its order."""
         if state not in LAUNCHER_STATES:
             raise ValidationError("checkin", "state", f"{state!r}; use one of "
@@ -169,7 +173,8 @@ class EpochCoordinator:
         known = st.launchers.get(node)
         addr = addr or (known.addr if known is not None else node)
         st.launchers[node] = Launcher(node=node, addr=addr, epoch=epoch, state=state,
-                                      rc=rc, seen=now, ckpt_seen=int(ckpt_seen))
+                                      rc=rc, seen=now, ckpt_seen=int(ckpt_seen),
+                                      inplace=bool(inplace), ready=bool(ready))
         if epoch is not None and epoch >= st.next_epoch:
             # A launcher from a lost coordinator state: never reuse its epoch number, nor a
             # checkpoint request number it has already relayed.
@@ -226,7 +231,9 @@ class EpochCoordinator:
                              "them") from None
 
     def _ready(self, st: JobState) -> list[str]:
-        return [n for n in st.target if n in st.launchers]
+        members = st.epoch.members if st.epoch is not None else ()
+        return [n for n in st.target if n in st.launchers
+                and (st.launchers[n].ready or n in members)]
 
     def _plan(self, st: JobState, now: float) -> None:
         if st.finished:
@@ -250,6 +257,9 @@ class EpochCoordinator:
         if set(desired) == set(cur.members):
             st.ckpt_requested_at = None
             return
+        if self._in_place(st, cur, desired):
+            self._start(st, desired, now)  # the state stays in the members' memory
+            return
         if st.ckpt_requested_at is None:
             st.ckpt_request += 1
             st.ckpt_requested_at = now
@@ -261,6 +271,18 @@ class EpochCoordinator:
             else:
                 st.epoch = None
                 st.ckpt_requested_at = None
+
+    @staticmethod
+    def _in_place(st: JobState, cur: Epoch, nodes: list[str]) -> bool:
+        """Can the change to ``nodes`` happen in place? Every launcher involved keeps its
+        process alive, and some member of ``cur`` that stays runs it now (holds the state)."""
+        if not all(n in st.launchers for n in nodes):
+            return False
+        involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
+        if not all(la.inplace for n, la in st.launchers.items() if n in involved):
+            return False
+        return any(st.launchers[n].state == "running" and st.launchers[n].epoch == cur.number
+                   for n in nodes if n in cur.members)
 
     def _restart(self, st: JobState, now: float) -> None:
         """Unplanned: the survivors (members still checking in) start the next epoch now."""
@@ -274,10 +296,10 @@ class EpochCoordinator:
         st.ckpt_requested_at = None
         st.failed_at = None
         if members:
-            self._start(st, members, now, previous)
+            self._start(st, members, now, previous, lost=True)
 
     def _start(self, st: JobState, nodes: list[str], now: float,
-               previous: Epoch | None = None) -> None:
+               previous: Epoch | None = None, lost: bool = False) -> None:
         previous = previous or st.epoch
         if previous is not None:
             keep = [n for n in previous.members if n in nodes]
@@ -291,9 +313,11 @@ class EpochCoordinator:
             return
         st.problem = ""
         master = st.launchers[nodes[0]].addr
+        inplace = previous is not None and self._in_place(st, previous, nodes)
         st.epoch = Epoch(number=number, members=tuple(nodes), master=master, port=port,
                          rdzv_id=f"mt-{st.job}-{number}-{self._random(4).hex()}",
-                         started=now)
+                         started=now, path="inplace" if inplace else "disk",
+                         abandon=inplace and lost)
         st.next_epoch = number + 1
         st.ckpt_requested_at = None
         st.ckpt_acked = False
@@ -322,6 +346,15 @@ class EpochCoordinator:
         cur = st.epoch
         running = la.epoch if la.state == "running" else None
         if cur is not None and la.node in cur.members:
+            if la.inplace and running is not None and (
+                    cur.path == "inplace" or (running == cur.number and st.failed_at is not None)):
+                # its live process re-forms in place (or waits for the next membership after
+                # a peer failed): no stop first
+                running = cur.number
+                if st.failed_at is not None:
+                    return Order("run", epoch=cur.number, rank=cur.members.index(la.node),
+                                 world=len(cur.members), master=cur.master, port=cur.port,
+                                 rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
             if running is not None and running != cur.number:
                 return Order("stop", epoch=running, reason=f"epoch {running} is over")
             if running is not None and st.failed_at is not None:
@@ -334,10 +367,12 @@ class EpochCoordinator:
                 return Order("wait", reason="waiting for the next epoch")
             return Order("run", epoch=cur.number, rank=cur.members.index(la.node),
                          world=len(cur.members), master=cur.master, port=cur.port,
-                         rdzv_id=cur.rdzv_id)
+                         rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
         if running is not None:
             why = "the job left this node" if la.node not in st.target else \
                 f"not a member of epoch {cur.number if cur else 'none'}"
+            if la.inplace:
+                la.ready = False  # its process leaves; the next one must get ready first
             return Order("stop", epoch=running, reason=why)
         return Order("wait", reason=st.problem or "no epoch for this node yet")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -12,6 +14,9 @@ from ..wire.orders import VERSION as ORDERS_VERSION
 from ..wire.reports import Report
 from .api import Dispatcher
 from .epochs import EpochCoordinator, Order
+
+MAX_HOLD_S = 10.0    # a held check-in returns after this long at most (the client waits 30 s)
+HOLD_POLL_S = 0.05   # how often a held check-in looks for a new order
 
 
 class LauncherService:
@@ -37,7 +42,13 @@ class LauncherService:
         dispatcher.register("checkin", self.checkin)
 
     def checkin(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
-        """``checkin {job, node, epoch, state, rc, addr, ckpt_seen}`` → ``{order[, key, ...]}``."""
+        """``checkin {job, node, epoch, state, rc, addr, ckpt_seen[, inplace, ready, hold_s]}`` →
+        ``{order[, key, ...]}``.
+
+        With ``hold_s`` (launchers that rescale in place) the reply is held while the order
+        would only say *carry on* — up to ``hold_s`` (at most 10 s) — and sent as soon as the
+        coordinator has something new: the launcher's standing request is how orders are
+        pushed to it without waiting for its next poll."""
         try:
             job, node = str(args["job"]), str(args["node"])
             epoch = None if args.get("epoch") is None else int(args["epoch"])
@@ -45,6 +56,10 @@ class LauncherService:
             state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
             ckpt_seen = int(args.get("ckpt_seen", 0))
             proto = int(args.get("proto", 1))  # release 0.1's launchers sent none: 1
+            inplace = bool(args.get("inplace", False))
+            ready = bool(args.get("ready", True))
+            hold_s = float(args.get("hold_s", 0.0))
+            hold_s = min(max(hold_s, 0.0), MAX_HOLD_S) if math.isfinite(hold_s) else 0.0
         except (KeyError, TypeError, ValueError, OverflowError):
             raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
                            "are integers") from None
@@ -58,9 +73,19 @@ class LauncherService:
                                        "yet").to_dict()}
             if uid != owner and uid not in self.admin_uids:
                 raise ApiError(f"job {job} belongs to uid {owner}, not to uid {uid}")
-            order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch, state=state,
-                                             rc=rc, addr=addr, ckpt_seen=ckpt_seen)
             key = self.coordinator.key(job).hex()
+        deadline = time.monotonic() + hold_s
+        while True:
+            with self.lock:
+                order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch,
+                                                 state=state, rc=rc, addr=addr,
+                                                 ckpt_seen=ckpt_seen, inplace=inplace,
+                                                 ready=ready)
+            carry_on = (order.kind == "run" and state == "running" and order.epoch == epoch) \
+                or (order.kind == "wait" and state != "running")
+            if not carry_on or time.monotonic() >= deadline:
+                break
+            time.sleep(HOLD_POLL_S)
         reply: dict[str, Any] = {"order": order.to_dict()}
         if order.kind == "run" and state != "running":
             reply["key"] = self.wrap_key(key, owner)

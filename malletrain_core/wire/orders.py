@@ -1,6 +1,7 @@
 """The orders the daemon gives each ``malletrain-run`` launcher, as they travel on the wire.
 
-* ``run``        be in epoch ``e`` with this rank, world size, master, port and id;
+* ``run``        be in epoch ``e`` with this rank, world size, master, port and id (a launcher
+                 that runs in place re-forms its live process; ``abandon``: a peer is gone);
 * ``wait``       no epoch for this node now: stay idle and ask again;
 * ``stop``       leave the epoch you run (the job shrank off this node, or a peer was lost);
 * ``checkpoint`` ask rank 0 to checkpoint at its next step (before a planned change);
@@ -38,6 +39,7 @@ class Order:
     request: int | None = None
     rc: int | None = None
     reason: str = ""
+    abandon: bool | None = None   # run in place: a peer of the previous epoch is gone
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
@@ -59,6 +61,8 @@ class Order:
                               "rc", "reason") if data.get(k) is not None}
         except (TypeError, ValueError):
             raise EpochError(f"malformed order {data!r}") from None
+        if data.get("abandon") is not None:
+            args["abandon"] = bool(data["abandon"])
         order = cls(kind=data["kind"], **args)  # type: ignore[arg-type]
         if order.kind == "run" and None in (order.epoch, order.rank, order.world, order.master,
                                             order.port, order.rdzv_id):

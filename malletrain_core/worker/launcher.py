@@ -18,6 +18,7 @@ daemon is away, and exits at once on SIGTERM, killing the workers' process group
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import random
@@ -41,6 +42,7 @@ from ..munge import Munge
 from ..wire.api import ApiError, ApiUnavailable, parse_address
 from ..wire.orders import VERSION as ORDERS_VERSION
 from ..wire.orders import EpochError, Order
+from . import inplace as inplace_mod
 from . import runid, training
 from .client import TcpClient
 from .identity import Identity, identity_from_env
@@ -147,7 +149,9 @@ class Launcher:
                  max_backoff_s: float = 30.0, nproc_per_node: int = 1,
                  node_addr: str = "", torchrun: Sequence[str] = TORCHRUN,
                  base_env: Mapping[str, str] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, inplace: bool = False,
+                 leave_grace_s: float = 30.0, ready_timeout_s: float = 300.0,
+                 hold_s: float = 5.0) -> None:
         self.ident = ident
         self.command = list(command)
         self.client = client
@@ -167,6 +171,12 @@ class Launcher:
         self.rc: int | None = None
         self.ckpt_seen = 0
         self.refusals = 0
+        self.inplace = inplace
+        self.leave_grace_s = leave_grace_s
+        self.ready_timeout_s = ready_timeout_s
+        self.hold_s = hold_s if inplace else 0.0  # in place: the daemon holds the reply
+        self._prestarted = 0.0
+        self._held = 0.0
 
     # ----- one round -----------------------------------------------------------------------
     def _observe(self) -> None:
@@ -180,10 +190,13 @@ class Launcher:
         if not self.node_addr and hasattr(self.client, "connect"):
             self.client.connect()
             self.node_addr = self.client.local_address() or ""
+        ready = self.ready()
+        self._held = self.hold_s if ready else 0.0
+        extra = {"inplace": True, "ready": ready, "hold_s": self._held} if self.inplace else {}
         reply = self.client.call("checkin", job=self.ident.job, node=self.ident.node,
                                  task=self.ident.task, epoch=self.epoch, state=self.state,
                                  rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen,
-                                 proto=ORDERS_VERSION)
+                                 proto=ORDERS_VERSION, **extra)
         if not isinstance(reply, dict):
             raise ApiError("malformed check-in reply")
         return reply
@@ -191,7 +204,13 @@ class Launcher:
     def act(self, reply: dict[str, Any]) -> int | None:
         """Carry out one order; returns an exit code when the launcher must exit."""
         order = Order.from_dict(reply.get("order"))
-        if order.kind == "run" and not (self.state == "running" and self.epoch == order.epoch):
+        if order.kind == "run" and self.inplace and self.workers is not None \
+                and self.workers.poll() is None:
+            if self.state != "running":  # started ahead: give it the report channel first
+                self._report_channel(reply)
+            if self.epoch != order.epoch:  # the live process re-forms in place
+                self._relay(order)
+        elif order.kind == "run" and not (self.state == "running" and self.epoch == order.epoch):
             if self.workers is not None:
                 self._stop(f"epoch {order.epoch} replaces epoch {self.epoch}")
             self._start(order, reply)
@@ -209,25 +228,91 @@ class Launcher:
             return int(order.rc or 0)
         return None
 
-    def _start(self, order: Order, reply: dict[str, Any]) -> None:
+    def _report_key(self, reply: dict[str, Any]) -> tuple[str, str]:
+        """The job's report key (unwrapped) and the daemon's report address from a reply."""
         wrapped, report_addr = reply.get("key"), reply.get("report_addr", "")
         if not isinstance(wrapped, str):
             raise ApiError("run order without a key; asking again")
         key_hex = self.munge.decode(wrapped).payload.strip()
         if len(key_hex) != 64 or any(c not in "0123456789abcdef" for c in key_hex):
             raise ApiError("the daemon sent a malformed report key")
-        env = worker_env(self.base_env, self.ident.job, order, key_hex, str(report_addr),
+        return key_hex, str(report_addr)
+
+    def _start(self, order: Order, reply: dict[str, Any]) -> None:
+        key_hex, report_addr = self._report_key(reply)
+        env = worker_env(self.base_env, self.ident.job, order, key_hex, report_addr,
                          self.checkpoint_dir, self.control_dir)
-        argv = torchrun_argv(order, self.command, self.nproc_per_node, torchrun=self.torchrun,
-                             log_dir=str(Path(self.control_dir) / "torchrun"))
+        if self.inplace:  # one process, kept across epochs: no torchrun
+            env[training.ENV_INPLACE] = "1"
+            env.update(RANK=str(order.rank), WORLD_SIZE=str(order.world), LOCAL_RANK="0")
+            argv = list(self.command)
+            self._relay(order)
+        else:
+            argv = torchrun_argv(order, self.command, self.nproc_per_node,
+                                 torchrun=self.torchrun,
+                                 log_dir=str(Path(self.control_dir) / "torchrun"))
         log.info("epoch %s: rank %s of %s, master %s:%s", order.epoch, order.rank, order.world,
                  order.master, order.port)
         self.workers = Workers(argv, env, int(order.epoch or 0))
         self.state, self.epoch, self.rc = "running", order.epoch, None
 
+    def prestart(self) -> None:
+        """In place: start the training process ahead of its epoch. The check-ins say
+        ``ready: false`` until it is ready (torch imported, model built), so the daemon does not
+        place the node and the members keep training meanwhile; they pause only for the
+        re-form itself."""
+        if not self.inplace or self.workers is not None:
+            return
+        env = dict(self.base_env)
+        env.update({training.ENV_JOB: self.ident.job, training.ENV_INPLACE: "1",
+                    training.ENV_CHECKPOINT_DIR: self.checkpoint_dir,
+                    training.ENV_CONTROL_DIR: self.control_dir})
+        for stale in (inplace_mod.READY_NAME, inplace_mod.MEMBERSHIP_NAME):  # the last process's
+            with contextlib.suppress(FileNotFoundError):
+                (Path(self.control_dir) / stale).unlink()
+        self.workers = Workers(list(self.command), env, 0)
+        self._prestarted = time.monotonic()
+        log.info("training process started ahead of its epoch")
+
+    def ready(self) -> bool:
+        """In place: whether the node can be placed (its process is ready, or it gave up
+        waiting after ``ready_timeout_s`` and lets the daemon decide)."""
+        if not self.inplace or self.state == "running":
+            return True
+        if inplace_mod.is_ready(self.control_dir):
+            return True
+        return self.workers is None or self.workers.poll() is not None \
+            or time.monotonic() - self._prestarted > self.ready_timeout_s
+
+    def _report_channel(self, reply: dict[str, Any]) -> None:
+        key_hex, report_addr = self._report_key(reply)
+        path = Path(self.control_dir) / training.REPORT_CHANNEL_NAME
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{report_addr} {key_hex}\n")
+        os.replace(tmp, path)
+
+    def _relay(self, order: Order) -> None:
+        """In place: hand the order to the live training process (membership file)."""
+        assert order.epoch is not None and order.rank is not None and order.world is not None
+        inplace_mod.write_membership(self.control_dir, inplace_mod.Membership(
+            epoch=order.epoch, rank=order.rank, world=order.world, master=order.master or "",
+            port=order.port or 0, abandon=bool(order.abandon)))
+        log.info("epoch %s: rank %s of %s in place, master %s:%s%s", order.epoch, order.rank,
+                 order.world, order.master, order.port, " (abandon)" if order.abandon else "")
+        self.state, self.epoch, self.rc = "running", order.epoch, None
+
     def _stop(self, reason: str) -> None:
         assert self.workers is not None
         log.info("epoch %s: stopping workers (%s)", self.epoch, reason)
+        if self.inplace and self.workers.poll() is None:
+            # leave at the next step boundary, so the others stop there too
+            inplace_mod.write_membership(self.control_dir,
+                                         inplace_mod.Membership(epoch=(self.epoch or 0) + 1))
+            deadline = time.monotonic() + self.leave_grace_s
+            while self.workers.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
         self.workers.stop()
         self.workers = None
         self.state, self.epoch, self.rc = "idle", None, None
@@ -254,6 +339,8 @@ class Launcher:
         backoff = self.poll_s
         away_since: float | None = None
         while True:
+            if self.inplace and self.workers is None and self.state == "idle":
+                self.prestart()  # a node that left (or is new) gets its next process ready
             self._observe()
             try:
                 reply = self.checkin()
@@ -283,7 +370,8 @@ class Launcher:
             away_since, backoff, self.refusals = None, self.poll_s, 0
             if code is not None:
                 return code
-            self._nap(self.poll_s)
+            # a held check-in already waited for news: ask again at once
+            self._nap(0.05 if self._held > 0 else self.poll_s)
 
     def shutdown(self) -> None:
         if self.workers is not None:
@@ -315,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "$MALLETRAIN_CHECKPOINT_DIR, else malletrain-<job> in the submit folder)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="workers per node (GPUs)")
     p.add_argument("--poll-s", type=float, default=2.0, help="seconds between check-ins")
+    p.add_argument("--inplace", action="store_true",
+                   help="keep the training process alive across epochs (the script uses "
+                   "malletrain_core.worker.inplace.Elastic); one process per node")
     p.add_argument("--torchrun", help="the torchrun command, split like a shell would "
                    "(default: this Python's torch.distributed.run)")
     p.add_argument("--debug", action="store_true", help="debug logging")
@@ -335,6 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "python train.py ARGS")
         if args.poll_s <= 0 or args.nproc_per_node < 1:
             raise MalleTrainError("--poll-s must be > 0 and --nproc-per-node ≥ 1")
+        if args.inplace and args.nproc_per_node != 1:
+            raise MalleTrainError("--inplace runs one process per node; drop --nproc-per-node")
         ident = identity_from_env(env)
         (host, port), cfg_socket = _daemon_address(args.daemon, env)
         munge = Munge(args.munge_socket or cfg_socket)
@@ -346,7 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher = Launcher(ident, command, TcpClient(host, port, munge), munge,
                             checkpoint_dir=str(Path(ckpt).resolve()), control_dir=control,
                             poll_s=args.poll_s, nproc_per_node=args.nproc_per_node,
-                            node_addr=env.get(ENV_NODE_ADDR, ""), torchrun=torchrun)
+                            node_addr=env.get(ENV_NODE_ADDR, ""), torchrun=torchrun,
+                            inplace=args.inplace)
     except MalleTrainError as exc:
         print(f"malletrain-run: error: {exc}", file=sys.stderr)
         return 2

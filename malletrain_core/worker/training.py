@@ -37,8 +37,10 @@ ENV_REPORT_ADDR = "MALLETRAIN_REPORT_ADDR"
 ENV_REPORT_KEY = "MALLETRAIN_REPORT_KEY"
 ENV_CHECKPOINT_DIR = "MALLETRAIN_CHECKPOINT_DIR"
 ENV_CONTROL_DIR = "MALLETRAIN_CONTROL_DIR"
+ENV_INPLACE = "MALLETRAIN_INPLACE"
 CHECKPOINT_NAME = "checkpoint.pt"
 REQUEST_NAME = "checkpoint-request"
+REPORT_CHANNEL_NAME = "report-channel"   # "ADDR KEYHEX", for a process started before its key
 
 
 def scale_lr(base_lr: float, global_batch: int, reference_batch: int) -> float:
@@ -78,6 +80,7 @@ class Session:
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.checkpoint_dir = Path(env.get(ENV_CHECKPOINT_DIR, "checkpoints"))
         control = env.get(ENV_CONTROL_DIR)
+        self._control = Path(control) if control else None
         self._request = Path(control) / REQUEST_NAME if control else None
         self._request_seen = self._request_mtime()
         self._clock = clock
@@ -93,14 +96,34 @@ class Session:
         self._addr: tuple[str, int] | None = None
         self._sock: socket.socket | None = None
         addr = env.get(ENV_REPORT_ADDR, "")
-        if addr and self.rank == 0 and self.job_id and self._key:
+        if addr and self.job_id and self._key:
             host, _, port = addr.rpartition(":")
             self._addr = (host or "127.0.0.1", int(port))
+        self._open_reports()
+        if handle_sigterm:
+            exit_on_sigterm()
+
+    def _open_reports(self) -> None:
+        """The chief (rank 0) sends reports; other ranks hold no socket."""
+        if self._addr is not None and self.rank == 0 and self._sock is None:
             family = socket.AF_INET6 if ":" in self._addr[0] else socket.AF_INET
             self._sock = socket.socket(family, socket.SOCK_DGRAM)
             self._sock.setblocking(False)
-        if handle_sigterm:
-            exit_on_sigterm()
+        elif self.rank != 0 and self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def set_membership(self, epoch: int, rank: int, world_size: int) -> None:
+        """The membership changed in place (see :mod:`.inplace`): report as the new rank."""
+        self.epoch, self.rank, self.world_size = epoch, rank, world_size
+        if self._addr is None and self._control is not None and self.job_id:
+            try:  # started ahead of its first epoch: the launcher wrote the channel since
+                addr, key = (self._control / REPORT_CHANNEL_NAME).read_text().split()
+                host, _, port = addr.rpartition(":")
+                self._addr, self._key = (host or "127.0.0.1", int(port)), bytes.fromhex(key)
+            except (OSError, ValueError):
+                pass
+        self._open_reports()
 
     @property
     def is_chief(self) -> bool:

@@ -1,0 +1,550 @@
+"""Rescaling in place: the training processes stay alive across membership changes.
+
+The launcher writes each new membership (epoch, rank, world size, the daemon's fresh master and
+port) atomically into ``membership.json`` in the control folder. :class:`Elastic` watches that
+file from a control thread and, at step boundaries, re-forms the gloo group, re-wraps DDP,
+hands the training state from the most advanced member to everyone else (digest-checked),
+and applies the learning-rate rule. A script opts in with a few lines::
+
+    session = training.Session()
+    model, optimizer = build()
+    el = inplace.Elastic(session, model, optimizer, lr_for=lambda world: 0.1 * world)
+    for step in el.steps(total=1000):         # the global step; re-forms happen between steps
+        with el.guard():                      # a step abandoned by a lost peer is retried
+            loss = loss_fn(el.net(x(step, el.rank)), y)
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+        session.report(samples=batch * el.world)
+
+Planned changes (grow, shrink) stop every member at the same step boundary: after each step
+the members all-reduce the newest epoch any of them has been told about, so no step is lost.
+A lost peer (SIGKILL) fails the collective in flight at once; a hung peer is abandoned when the
+membership says so (``abandon``): the control thread fails the DDP comm hook's futures and the
+boundary agreement, the step in flight is dropped (at most one step lost) and the survivors
+re-form. The collective timeout (60 s at most) is only the backstop. A process that still
+holds an abandoned gloo operation cannot exit cleanly, so it leaves with ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import training
+
+MEMBERSHIP_NAME = "membership.json"
+READY_NAME = "ready"
+MAX_COLLECTIVE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One process's place in an epoch; ``world == 0`` means: leave the job."""
+
+    epoch: int
+    rank: int = 0
+    world: int = 0
+    master: str = ""
+    port: int = 0
+    abandon: bool = False
+
+    @property
+    def leave(self) -> bool:
+        return self.world <= 0
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Membership:
+        if not isinstance(data, dict) or not isinstance(data.get("epoch"), int):
+            raise ValueError(f"malformed membership {data!r}; expected an object with an "
+                             "integer epoch")
+        m = cls(epoch=int(data["epoch"]), rank=int(data.get("rank", 0)),
+                world=int(data.get("world", 0)), master=str(data.get("master", "")),
+                port=int(data.get("port", 0)), abandon=bool(data.get("abandon", False)))
+        if not m.leave and (not 0 <= m.rank < m.world or not m.master or m.port <= 0):
+            raise ValueError(f"incomplete membership {data!r}; need rank < world, master, port")
+        return m
+
+
+def write_membership(control_dir: str | Path, m: Membership) -> None:
+    """Publish ``m`` atomically (the launcher's side of the control channel)."""
+    final = Path(control_dir) / MEMBERSHIP_NAME
+    tmp = final.with_name(f".{MEMBERSHIP_NAME}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(m)))
+    os.replace(tmp, final)
+
+
+def read_membership(control_dir: str | Path) -> Membership | None:
+    try:
+        text = (Path(control_dir) / MEMBERSHIP_NAME).read_text()
+    except OSError:
+        return None
+    try:
+        return Membership.from_dict(json.loads(text))
+    except (ValueError, TypeError):
+        return None
+
+
+def is_ready(control_dir: str | Path) -> bool:
+    """True once the training process in ``control_dir`` is ready to join (the launcher's view)."""
+    return (Path(control_dir) / READY_NAME).exists()
+
+
+class StepAbandoned(RuntimeError):
+    """The step in flight was abandoned because the membership changed under it."""
+
+
+class _Pending:
+    """The operations in flight that the control thread may fail (comm-hook futures, waits)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.futures: list[Any] = []
+        self.reason: str | None = None
+
+    def reset(self) -> None:
+        with self.lock:
+            self.futures, self.reason = [], None
+
+    def abandon(self, reason: str) -> None:
+        with self.lock:
+            self.reason = reason
+            for fut in self.futures:
+                if not fut.done():
+                    fut.set_exception(StepAbandoned(reason))
+            self.futures = []
+
+    def hook(self, _state: object, bucket: Any) -> Any:
+        """A DDP comm hook (average all-reduce) whose result the control thread can fail."""
+        import torch
+        import torch.distributed as dist
+
+        buf = bucket.buffer()
+        world = dist.get_world_size()
+        out: Any = torch.futures.Future()
+        with self.lock:
+            if self.reason is not None:
+                out.set_exception(StepAbandoned(self.reason))
+                return out
+            self.futures = [f for f in self.futures if not f.done()] + [out]
+
+        def done(fut: Any) -> None:
+            try:
+                fut.value()
+                if not out.done():
+                    out.set_result(buf.div_(world))
+            except Exception as exc:  # the peer's failure reaches the step
+                if not out.done():
+                    out.set_exception(exc)
+
+        dist.all_reduce(buf, async_op=True).get_future().then(done)
+        return out
+
+    def wait(self, work: Any) -> None:
+        """Wait for ``work``; raise :class:`StepAbandoned` if the control thread abandons it.
+
+        Polls instead of attaching a Python callback to the work's future: a callback runs on
+        gloo's thread and needs the GIL, and a group torn down right after the wait could then
+        block in its destructor while that thread still finishes the callback."""
+        fut = work.get_future()
+        nap = 5e-5
+        while not fut.done():
+            if self.reason is not None:
+                raise StepAbandoned(self.reason)
+            time.sleep(nap)
+            nap = min(nap * 2, 2e-3)
+        fut.value()  # raises the collective's own error (a peer lost)
+
+
+def _forget_default_group() -> None:
+    """Clear torch.distributed's record of the default group without shutting it down
+    (what ``destroy_process_group`` does, less the backend shutdown that would block on an
+    abandoned operation). Uses torch's private bookkeeping, checked with torch 2.13."""
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._world
+    c10d._update_default_pg(None)
+    for table in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config,
+                  world.pg_to_tag, world.tags_to_pg, world.pg_coalesce_state):
+        table.clear()
+    c10d._unregister_all_process_groups()
+    world.group_count = 0
+
+
+def _feed(h: Any, obj: Any) -> None:
+    """Hash a nested state (tensors by dtype, shape and bytes) deterministically."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, Mapping):
+        h.update(b"{")
+        for k in sorted(obj, key=repr):
+            h.update(repr(k).encode())
+            _feed(h, obj[k])
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"[")
+        for v in obj:
+            _feed(h, v)
+        h.update(b"]")
+    else:  # numbers, strings, None, booleans: their repr is exact and deterministic
+        h.update(f"{type(obj).__name__}:{obj!r}".encode())
+
+
+def digest(state: Any) -> str:
+    """The sha256 of a training state (equal states give equal digests on any rank)."""
+    h = hashlib.sha256()
+    _feed(h, state)
+    return h.hexdigest()
+
+
+class Elastic:
+    """Keeps one training process in its job across membership changes (see the module doc).
+
+    ``extra`` maps names to objects with ``state_dict``/``load_state_dict`` (a sampler's
+    position, a data iterator) that are handed over with the model. ``lr_for(world)`` gives the
+    learning rate for a world size (the global-batch rule) and is applied on every change.
+    Without a control folder (the restart path, or outside MalleTrain) it forms the group once
+    from torchrun's environment and never re-forms.
+    """
+
+    def __init__(self, session: training.Session, model: Any, optimizer: Any,
+                 scheduler: Any = None, lr_for: Callable[[int], float] | None = None,
+                 extra: Mapping[str, Any] | None = None, step: int = 0,
+                 collective_timeout_s: float = MAX_COLLECTIVE_TIMEOUT_S,
+                 control_dir: str | None = None, poll_s: float = 0.02,
+                 wait_membership_s: float = 600.0) -> None:
+        if not 0 < collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
+            raise ValueError(f"collective_timeout_s must be in (0, {MAX_COLLECTIVE_TIMEOUT_S:g}]"
+                             " (it is only the backstop for a hung peer)")
+        self.session = session
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.lr_for = lr_for
+        self.extra = dict(extra or {})
+        self.step = int(step)
+        self.has_state = step > 0
+        self.timeout_s = collective_timeout_s
+        self.poll_s = poll_s
+        self.wait_membership_s = wait_membership_s
+        control = control_dir if control_dir is not None else os.environ.get(
+            training.ENV_CONTROL_DIR)
+        self.control_dir = Path(control) if control else None
+        self.inplace = self.control_dir is not None and os.environ.get(
+            training.ENV_INPLACE, "1" if control_dir else "") == "1"
+        self.net: Any = model
+        self.epoch: int | None = None
+        self.rank = session.rank
+        self.world = session.world_size
+        self.changes: list[dict[str, Any]] = []
+        self.holds_abandoned = False
+        self._pending = _Pending()
+        self._graveyard: list[tuple[Any, Any, Any]] = []
+        self._store: Any = None
+        self._latest: Membership | None = None
+        self._latest_lock = threading.Lock()
+        self._step_failed = False
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._exit_code = 0
+        atexit.register(self._exit_guard)
+
+    # ----- the control channel ------------------------------------------------------------
+    def _watch(self) -> None:
+        assert self.control_dir is not None
+        path = self.control_dir / MEMBERSHIP_NAME
+        seen: tuple[int, int] | None = None
+        while not self._stop.wait(self.poll_s):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if (st.st_mtime_ns, st.st_ino) == seen:
+                continue
+            seen = (st.st_mtime_ns, st.st_ino)
+            m = read_membership(self.control_dir)
+            if m is None:
+                continue
+            with self._latest_lock:
+                if self._latest is None or m.epoch > self._latest.epoch:
+                    self._latest = m
+            if m.abandon and self.epoch is not None and m.epoch > self.epoch:
+                self._pending.abandon(f"epoch {m.epoch} replaces epoch {self.epoch} "
+                                      "(a peer was lost)")
+
+    def _newest(self) -> Membership | None:
+        with self._latest_lock:
+            return self._latest
+
+    def _await_epoch(self, epoch: int) -> Membership:
+        deadline = time.monotonic() + self.wait_membership_s
+        while True:
+            m = self._newest()
+            if m is not None and m.epoch >= epoch:
+                return m
+            if time.monotonic() > deadline:
+                self._leave(3, f"no membership for epoch ≥ {epoch} within "
+                               f"{self.wait_membership_s:g} s")
+            time.sleep(self.poll_s / 2)
+
+    # ----- the group ----------------------------------------------------------------------
+    def _teardown(self) -> None:
+        import torch.distributed as dist
+
+        old_net, self.net = self.net, self.model
+        if not dist.is_initialized():
+            self._store = None
+            return
+        if self._pending.reason is None:
+            dist.destroy_process_group()
+        else:
+            # An abandoned gloo operation is still pending on a hung peer: shutting the group
+            # down would wait for it (the collective timeout). Forget the group instead and
+            # keep it referenced, so that no destructor waits either; this process leaves with
+            # os._exit (see close()).
+            if not self.holds_abandoned:
+                self.holds_abandoned = True
+                self._watch_for_crash()
+            self._graveyard.append((dist.group.WORLD, self._store, old_net))
+            _forget_default_group()
+        self._store = None
+
+    def _form(self, m: Membership) -> None:
+        import torch.distributed as dist
+
+        timeout = dt.timedelta(seconds=self.timeout_s)
+        self._store = dist.TCPStore(m.master, m.port, m.world, is_master=(m.rank == 0),
+                                    timeout=timeout, wait_for_workers=False)
+        dist.init_process_group("gloo", store=self._store, rank=m.rank, world_size=m.world,
+                                timeout=timeout)
+
+    def _wrap(self) -> None:
+        from torch import nn
+
+        self._pending.reset()
+        if self.world > 1:
+            net = nn.parallel.DistributedDataParallel(self.model)
+            # a lambda: DDP refuses a hook whose parameters carry (string) annotations
+            net.register_comm_hook(None, lambda state, bucket: self._pending.hook(state, bucket))
+            self.net = net
+        else:
+            self.net = self.model
+
+    def _collective(self, op: Callable[..., Any], *args: Any) -> None:
+        self._pending.wait(op(*args, async_op=True))
+
+    # ----- the state ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Everything that is handed over: model, optimizer, scheduler, extras, step, samples."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "extra": {k: v.state_dict() for k, v in self.extra.items()},
+                "step": self.step}
+
+    def digest(self) -> str:
+        return digest(self.state())
+
+    def _load(self, payload: dict[str, Any]) -> None:
+        import torch
+
+        state = payload["state"]
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        for k, v in self.extra.items():
+            v.load_state_dict(state["extra"][k])
+        self.step = int(state["step"])
+        self.session.samples = float(payload["samples"])
+        torch.set_rng_state(payload["rng"])
+        random.setstate(payload["py_rng"])
+        self.has_state = True
+
+    def _hand_over(self) -> dict[str, Any]:
+        """Agree on the most advanced member and send its state to every rank that differs."""
+        import torch
+        import torch.distributed as dist
+
+        mine = self.digest()
+        info = torch.tensor([self.step if self.has_state else -1,
+                             int(mine[:15], 16)], dtype=torch.int64)
+        if self.world == 1:
+            return {"source": 0, "sent_bytes": 0, "digest": mine}
+        rows = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world)]
+        self._collective(dist.all_gather, rows, info)
+        steps = [int(r[0]) for r in rows]
+        src = max(range(self.world), key=lambda r: (steps[r], -r))
+        need = any(int(r[0]) != steps[src] or int(r[1]) != int(rows[src][1]) for r in rows)
+        sent = 0
+        if need:
+            size = torch.zeros(1, dtype=torch.int64)
+            data = b""
+            if self.rank == src:
+                buf = io.BytesIO()
+                torch.save({"state": self.state(), "samples": self.session.samples,
+                            "rng": torch.get_rng_state(), "py_rng": random.getstate()}, buf)
+                data = buf.getvalue()
+                size[0] = len(data)
+            self._collective(dist.broadcast, size, src)
+            sent = int(size[0])
+            blob = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == src
+                    else torch.empty(sent, dtype=torch.uint8))
+            self._collective(dist.broadcast, blob, src)
+            if self.rank != src:
+                # weights_only: tensors, containers and plain values, never arbitrary objects
+                self._load(torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True))
+            mine = self.digest()
+            check = torch.tensor([int(mine[:15], 16)], dtype=torch.int64)
+            got = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+            self._collective(dist.all_gather, got, check)
+            if len({int(g[0]) for g in got}) != 1:
+                raise RuntimeError("training state digests differ after the hand-over")
+        return {"source": src, "sent_bytes": sent, "digest": mine}
+
+    # ----- changes ------------------------------------------------------------------------
+    def _apply(self, m: Membership, kind: str) -> None:
+        t0 = time.monotonic()
+        if m.leave:
+            self._leave(0, f"epoch {m.epoch}: this node leaves the job")
+        self._teardown()
+        self._pending.reset()
+        self._form(m)
+        self.epoch, self.rank, self.world = m.epoch, m.rank, m.world
+        self.session.set_membership(m.epoch, m.rank, m.world)
+        handed = self._hand_over()
+        self._wrap()
+        if self.lr_for is not None:
+            lr = self.lr_for(self.world)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        self.changes.append({"epoch": m.epoch, "kind": kind, "world": m.world, "rank": m.rank,
+                             "step": self.step, "reform_s": round(time.monotonic() - t0, 4),
+                             **handed})
+
+    def _agree(self) -> int:
+        """The newest epoch any member has been told about (all members call it each step)."""
+        import torch
+        import torch.distributed as dist
+
+        m = self._newest()
+        seen = m.epoch if m is not None else -1
+        if self.world == 1:
+            return seen
+        t = torch.tensor([seen], dtype=torch.int64)
+        self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
+        return int(t[0])
+
+    def _start(self) -> None:
+        if not self.inplace:
+            import torch.distributed as dist
+
+            if self.world > 1 and not dist.is_initialized():
+                dist.init_process_group("gloo", timeout=dt.timedelta(seconds=self.timeout_s))
+            self._wrap()
+            if self.lr_for is not None:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self.lr_for(self.world)
+            return
+        assert self.control_dir is not None
+        self._watcher = threading.Thread(target=self._watch, name="malletrain-control",
+                                         daemon=True)
+        self._watcher.start()
+        (self.control_dir / READY_NAME).write_text(f"{os.getpid()}\n")
+        m = self._await_epoch(0)
+        self._apply(m, "start")
+
+    def _leave(self, code: int, why: str) -> None:
+        print(f"malletrain: {why}", file=sys.stderr, flush=True)
+        self.close(code)
+        raise SystemExit(code)
+
+    def steps(self, total: int = 0) -> Iterator[int]:
+        """Yield the global step to run next until ``total`` (0: forever), re-forming between
+        steps when the membership changes."""
+        self._start()
+        while total <= 0 or self.step < total:
+            self._step_failed = False
+            yield self.step
+            if not self._step_failed:
+                self.step += 1
+                self.has_state = True
+            if not self.inplace:
+                continue
+            target = self.epoch
+            try:
+                target = self._agree()
+            except Exception as exc:
+                if not self._is_peer_failure(exc):
+                    raise
+                self._step_failed = True
+            if self._step_failed:
+                self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+                m = self._await_epoch((self.epoch or 0) + 1)
+                self._apply(m, "lost")
+            elif self.epoch is not None and target is not None and target > self.epoch:
+                self._apply(self._await_epoch(target), "planned")
+
+    def _is_peer_failure(self, exc: BaseException) -> bool:
+        import torch.distributed as dist
+
+        if isinstance(exc, (StepAbandoned, dist.DistError)) or self._pending.reason:
+            return True
+        text = str(exc)
+        return isinstance(exc, RuntimeError) and any(
+            w in text for w in ("gloo", "Connection closed", "Connection reset", "Timed out"))
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Run one step; a step failed by a lost or abandoned peer is dropped, not raised."""
+        try:
+            yield
+        except Exception as exc:
+            if not (self.inplace and self.world > 1 and self._is_peer_failure(exc)):
+                raise
+            self._step_failed = True
+            self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+            if self.optimizer is not None:
+                self.optimizer.zero_grad(set_to_none=True)
+
+    def close(self, code: int = 0) -> None:
+        """Leave the group; a process holding an abandoned collective exits at once."""
+        self._stop.set()
+        if self.holds_abandoned:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        with contextlib.suppress(Exception):
+            self._teardown()
+
+    def _watch_for_crash(self) -> None:
+        """Remember an uncaught exception, so the forced exit keeps a failing exit code."""
+        previous = sys.excepthook
+
+        def hook(kind: Any, value: Any, tb: Any) -> None:
+            self._exit_code = 1
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
+
+    def _exit_guard(self) -> None:
+        """At interpreter exit: a process holding an abandoned collective would block and die
+        of SIGABRT in its destructors, so it leaves at once with its exit code."""
+        if self.holds_abandoned:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self._exit_code)

@@ -1,0 +1,155 @@
+"""The epoch coordinator with launchers that rescale in place (live training processes)."""
+
+from __future__ import annotations
+
+import json
+
+from malletrain_core.daemon.epochs import EpochCoordinator
+from tests.test_epochs import coordinator
+
+
+def start(nodes=("n1", "n2"), inplace=True, now=0.0):
+    co = coordinator()
+    co.add_job("7", uid=1000, now=now)
+    co.set_target("7", list(nodes), now)
+    for n in nodes:
+        co.checkin("7", n, now, addr=f"10.0.0.{n[-1]}", inplace=inplace)
+    for n in nodes:
+        o = co.checkin("7", n, now, addr=f"10.0.0.{n[-1]}", inplace=inplace)
+        assert o.kind == "run"
+        assert co.checkin("7", n, now, epoch=o.epoch, state="running", inplace=inplace).kind \
+            == "run"
+    assert co.current("7").path == "disk"  # the first epoch starts the processes
+    return co
+
+
+def running(co, node, epoch, now, inplace=True):
+    return co.checkin("7", node, now, epoch=epoch, state="running", inplace=inplace)
+
+
+def test_grow_in_place_needs_no_checkpoint_and_no_stop():
+    co = start()
+    co.set_target("7", ["n1", "n2", "n3"], 10.0)
+    assert co.checkin("7", "n3", 10.5, addr="10.0.0.3", inplace=True).kind == "run"
+    ep = co.current("7")
+    assert ep.number == 1 and ep.members == ("n1", "n2", "n3")
+    assert ep.path == "inplace" and not ep.abandon
+    for rank, n in enumerate(["n1", "n2"]):
+        o = running(co, n, 0, 11.0)     # still in epoch 0: told the new one, not stopped
+        assert (o.kind, o.epoch, o.rank, o.world, o.abandon) == ("run", 1, rank, 3, None)
+    assert co.checkin("7", "n3", 11.0, inplace=True).rank == 2
+
+
+def test_planned_shrink_in_place_stops_only_the_leaver():
+    co = start(("n1", "n2", "n3"))
+    co.set_target("7", ["n1"], 10.0)
+    ep = co.current("7")
+    assert ep.number == 1 and ep.members == ("n1",) and ep.path == "inplace"
+    assert not ep.abandon, "a planned shrink stops every member at the same step boundary"
+    o = running(co, "n1", 0, 10.5)
+    assert (o.kind, o.epoch, o.world) == ("run", 1, 1)
+    assert running(co, "n2", 0, 10.5).kind == "stop"
+
+
+def test_preemption_in_place_abandons_the_step_in_flight():
+    co = start()
+    running(co, "n1", 0, 49.0)
+    co.set_target("7", ["n1"], 50.0, lost=["n2"])
+    ep = co.current("7")
+    assert ep.path == "inplace" and ep.abandon
+    o = running(co, "n1", 0, 50.1)
+    assert (o.kind, o.epoch, o.world, o.abandon) == ("run", 1, 1, True)
+    assert Order_round_trip(o).abandon is True
+
+
+def Order_round_trip(o):
+    from malletrain_core.wire.orders import Order
+    return Order.from_dict(json.loads(json.dumps(o.to_dict())))
+
+
+def test_failed_worker_in_place_survivor_keeps_its_process():
+    co = start()
+    co.checkin("7", "n2", 20.0, epoch=0, state="exited", rc=1, inplace=True)
+    o = running(co, "n1", 0, 20.5)
+    assert o.kind == "run", "the survivor is not stopped"
+    ep = co.current("7")
+    assert ep.number == 1 and ep.path == "inplace" and ep.abandon
+    o = running(co, "n1", 0, 20.6)
+    assert (o.kind, o.epoch, o.abandon) == ("run", 1, True)
+    # the failed node's launcher starts a fresh process that joins epoch 1 and gets the state
+    assert co.checkin("7", "n2", 20.7, epoch=0, state="exited", rc=1, inplace=True).kind == "run"
+
+
+def test_a_launcher_without_in_place_keeps_the_disk_path():
+    co = start(inplace=False)
+    co.set_target("7", ["n1"], 10.0)
+    assert running(co, "n1", 0, 10.5, inplace=False).kind == "checkpoint"
+    co.acknowledge_checkpoint("7", 0, 11.0)
+    ep = co.current("7")
+    assert ep.path == "disk"
+    assert running(co, "n1", 0, 11.5, inplace=False).kind == "stop"
+
+
+def test_path_survives_a_daemon_restart():
+    co = start()
+    running(co, "n1", 0, 49.0)
+    co.set_target("7", ["n1"], 50.0, lost=["n2"])
+    back = EpochCoordinator.from_dict(json.loads(json.dumps(co.to_dict())))
+    ep = back.current("7")
+    assert ep.path == "inplace" and ep.abandon
+    assert back.state("7").launchers["n1"].inplace
+
+
+def test_held_checkin_pushes_the_new_order_at_once():
+    """A launcher that rescales in place keeps a check-in open; a preemption reaches it within
+    the hold's polling period, not at its next poll."""
+    import threading
+    import time
+
+    from malletrain_core.daemon.launchers import HOLD_POLL_S, LauncherService
+
+    co = start()
+    svc = LauncherService(co, wrap_key=lambda key, uid: "wrapped", report_addr="127.0.0.1:1",
+                          clock=lambda: 100.0)
+    args = {"job": "7", "node": "n1", "epoch": 0, "state": "running", "inplace": True}
+    t0 = time.monotonic()
+    quiet = svc.checkin(1000, {**args, "hold_s": 0.3})
+    assert quiet["order"]["kind"] == "run" and quiet["order"]["epoch"] == 0
+    assert time.monotonic() - t0 >= 0.3, "nothing new: the reply is held"
+    got = {}
+
+    def held():
+        got["reply"] = svc.checkin(1000, {**args, "hold_s": 8})
+        got["t"] = time.monotonic()
+
+    th = threading.Thread(target=held)
+    th.start()
+    time.sleep(0.5)
+    with svc.lock:
+        co.set_target("7", ["n1"], 100.0, lost=["n2"])
+        t_change = time.monotonic()
+    th.join(10)
+    order = got["reply"]["order"]
+    assert (order["kind"], order["epoch"], order["world"], order["abandon"]) == \
+        ("run", 1, 1, True)
+    assert got["t"] - t_change < 5 * HOLD_POLL_S + 0.2
+    # without hold_s (the restart path) nothing is held
+    t0 = time.monotonic()
+    svc.checkin(1000, {**args, "epoch": 1, "inplace": False})
+    assert time.monotonic() - t0 < 0.2
+
+
+def test_a_node_that_left_is_placed_again_only_once_its_new_process_is_ready():
+    co = start()
+    co.set_target("7", ["n1"], 10.0)
+    assert running(co, "n2", 0, 10.5).kind == "stop"
+    co.set_target("7", ["n1", "n2"], 11.0)
+    assert co.current("7").members == ("n1",), "n2's next process is not ready yet"
+    assert running(co, "n1", 1, 11.5).kind == "run"
+    assert co.checkin("7", "n2", 12.0, inplace=True, ready=False).kind == "wait"
+    assert co.current("7").members == ("n1",)
+    o = co.checkin("7", "n2", 13.0, inplace=True, ready=True)
+    assert (o.kind, o.rank, o.world) == ("run", 1, 2) and co.current("7").path == "inplace"
+    # a member that reports not ready is not dropped from its epoch
+    co.checkin("7", "n2", 13.5, inplace=True, ready=False)
+    assert co.current("7").members == ("n1", "n2")

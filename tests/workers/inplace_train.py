@@ -1,0 +1,86 @@
+"""A training process that rescales in place (driven by tests/test_inplace.py).
+
+Prints one JSON line per step: time, global step, epoch, world, rank, state digest, learning
+rate, sampler position, live threads and open file descriptors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+from torch import nn
+
+from malletrain_core.worker import inplace, training
+
+
+class Position:
+    """A sampler's position (samples consumed), handed over with the model."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = int(state["pos"])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--digest-every", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    session = training.Session(handle_sigterm=False)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
+    pos = Position()
+    el = inplace.Elastic(session, model, opt, scheduler=sched, extra={"sampler": pos},
+                         lr_for=lambda world: 0.01 * world, collective_timeout_s=20)
+    shown = 0
+    for step in el.steps(args.steps):
+        for change in el.changes[shown:]:
+            print(json.dumps({"change": change, "t": time.time()}), flush=True)
+        shown = len(el.changes)
+        with el.guard():
+            g = torch.Generator().manual_seed(step * 1009 + el.rank)
+            x, y = torch.randn(args.batch, 32, generator=g), torch.randint(0, 4, (args.batch,),
+                                                                         generator=g)
+            loss = nn.functional.cross_entropy(el.net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            pos.pos += args.batch * el.world
+        session.report(samples=0 if el._step_failed else args.batch * el.world)
+        if args.sleep:
+            time.sleep(args.sleep)
+        done = el.step + (0 if el._step_failed else 1)
+        rec = {"t": time.time(), "step": done, "failed": el._step_failed, "epoch": el.epoch,
+               "world": el.world, "rank": el.rank, "lr": opt.param_groups[0]["lr"],
+               "pos": pos.pos, "threads": threading.active_count(),
+               "fds": len(os.listdir("/proc/self/fd")), "pid": os.getpid()}
+        if done % args.digest_every == 0 and not el._step_failed:
+            st = el.state()
+            st["step"] = done
+            rec["digest"] = inplace.digest(st)[:16]
+        print(json.dumps(rec), flush=True)
+    el.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
