@@ -106,7 +106,7 @@ build_25_11() {
   "${CH[@]}" bash -c "cd /opt/src/slurm-25.11 && nice -n 10 ./configure -q --prefix=$PREFIX25 \
       --sysconfdir=$PREFIX25/etc --enable-multiple-slurmd --without-hdf5 \
       >/opt/src/configure.log 2>&1 \
-    && grep -q 'define HAVE_LUA 1' config.h && grep -q 'define HAVE_JSON_C 1' config.h \
+    && grep -q 'define HAVE_LUA 1' config.h && grep -q 'define HAVE_JSON 1' config.h \
     && nice -n 10 make -s -j2 >/opt/src/make.log 2>&1 && make -s install >/opt/src/install.log 2>&1" \
     || { tail -30 "$ROOT/opt/src/configure.log" "$ROOT/opt/src/make.log" 2>/dev/null >&2; exit 1; }
   touch "$ROOT$PREFIX25/.mt-built"

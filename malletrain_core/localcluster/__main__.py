@@ -44,9 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{rep.port_base})")
             else:
                 phases = ", ".join(f"{k} {v:.2f} s" for k, v in rep.phases_s.items())
-                print(f"started {cluster.nodes} nodes ({cluster.mode}, Slurm "
-                      f"{cluster.release.name}) in {rep.total_s:.2f} s "
-                      f"({phases}); port base {rep.port_base}")
+                print(f"started {cluster.nodes} nodes ({cluster.mode}) in {rep.total_s:.2f} s "
+                      f"({phases}); port base {rep.port_base}; Slurm {cluster.release.name}")
             print(f"use it with: . {cluster.root / 'env.sh'}")
         elif args.action == "stop":
             was = cluster.is_running()

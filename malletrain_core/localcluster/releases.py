@@ -120,8 +120,9 @@ class Release:
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` with this release's commands first on PATH."""
-        if self.bin_dir is not None:
-            env["PATH"] = f"{self.bin_dir}:{env.get('PATH', os.defpath)}"
+        path = env.get("PATH", os.defpath)
+        if self.bin_dir is not None and path.split(":")[0] != str(self.bin_dir):
+            env["PATH"] = f"{self.bin_dir}:{path}"
         return env
 
 
