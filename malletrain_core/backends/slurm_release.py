@@ -6,6 +6,9 @@ MalleTrain was tested with (22.05, 24.11, 25.11; see ``make test-matrix``). What
 * ``scontrol show job -o``: 24.11 prints ``ReqTRES=``/``AllocTRES=`` instead of ``TRES=``,
   and ``NumNodes=1-1`` on held jobs; 25.11 adds ``SubmitLine=`` (the command line, with
   spaces), which :func:`~malletrain_core.backends.slurm_parse.parse_scontrol_show_job` reads.
+* ``squeue -t PD --start -o %i``: 25.11 folds the pending tasks of an array into one line
+  (``1_[0-2]``) where 22.05 and 24.11 print one line per task; the plan is keyed by the array
+  id (``%F``), so the hole ends read the same.
 * ``scontrol show config``: from 24.11 on, keys that take several scripts are printed once
   per script, ``EpilogSlurmctld[0] = ...``.
 * ``--json``: 22.05 is openapi v0.0.38 and ``squeue --json`` ignores ``-t/-p/-j``; from

@@ -1,0 +1,147 @@
+"""The parsers on every Slurm release's output: the poll's three queries captured step by step
+on each release's local cluster (tests/golden/slurm/<release>/, capture.py), and the same four
+jobs' ``scontrol show job -o`` on 22.05 to 26.05 (tests/golden/slurm/reference/)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from malletrain_core.backends import slurm_parse as sp
+from malletrain_core.backends.slurm_release import SlurmRelease
+from malletrain_core.states import NodeState, TaskState
+
+GOLDEN = Path(__file__).parent / "golden" / "slurm"
+CAPTURED = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and p.name[:1].isdigit())
+REFERENCE = sorted(p.name for p in (GOLDEN / "reference").iterdir() if p.is_dir())
+STEPS = sorted({p.stem for p in (GOLDEN / "22.05").glob("*.squeue")})
+
+
+def test_every_release_of_the_matrix_was_captured() -> None:
+    assert {"22.05", "24.11", "25.11"} <= set(CAPTURED)
+    for release in CAPTURED:
+        assert sorted({p.stem for p in (GOLDEN / release).glob("*.squeue")}) == STEPS, release
+
+
+@pytest.fixture(params=CAPTURED)
+def release(request: pytest.FixtureRequest) -> Path:
+    return GOLDEN / request.param
+
+
+def rows(release: Path, step: str) -> dict[str, sp.TaskRow]:
+    return {r.key: r for r in sp.parse_squeue((release / f"{step}.squeue").read_text())}
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_every_line_of_every_step_is_understood(release: Path, step: str,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        texts = {s: (release / f"{step}.{s}").read_text() for s in ("squeue", "sinfo", "plan")}
+        tasks = sp.parse_squeue(texts["squeue"])
+        nodes = sp.parse_sinfo(texts["sinfo"])
+        plan = sp.parse_plan(texts["plan"])
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert len(tasks) == len(texts["squeue"].splitlines())
+    assert len(plan) == len(texts["plan"].splitlines())
+    assert sorted(nodes) == ["n01", "n02", "n03", "n04"]
+    assert all(r.state is not TaskState.UNKNOWN for r in tasks)
+    assert all(n.state is not NodeState.UNKNOWN for n in nodes.values())
+
+
+def test_one_elastic_job_s_life_reads_the_same(release: Path) -> None:
+    sub = rows(release, "01_submitted")
+    assert sorted(k for k, r in sub.items() if r.index is not None) == [
+        "1_0", "1_1", "1_2", "2_0", "2_1"]
+    assert all(sub[k].held and sub[k].reason == "JobHeldUser" for k in ("1_0", "2_1"))
+    assert sub["2_0"].admin_comment == "malletrain:min=2,max=2,model=resnet50,profile=no"
+    running = rows(release, "02_running_unheld")
+    assert running["1_0"].state is TaskState.RUNNING and running["1_0"].node == "n02"
+    assert not running["1_0"].held and running["1_0"].time_limit_s == 3600
+    held = rows(release, "03_running")["1_0"]
+    assert held.state is TaskState.RUNNING and held.held and held.reason == "JobHeldAdmin"
+    preempted = rows(release, "04_preempted")["1_1"]
+    assert preempted.state is TaskState.PENDING and preempted.held
+    assert preempted.restarts == 1 and preempted.nodes == ()
+    shrunk = rows(release, "05_shrunk")["1_0"]
+    assert shrunk.held and shrunk.state is TaskState.PENDING
+    timed_out = rows(release, "09_timeout")["1_2"]
+    assert timed_out.state is TaskState.DONE and timed_out.state_code == "TIMEOUT"
+    requeued = rows(release, "10_timeout_requeued")["1_2"]
+    assert requeued.state is TaskState.PENDING and requeued.held
+    cancelled = rows(release, "11_cancelled")
+    assert {r.state_code for k, r in cancelled.items() if k.startswith("1_")} == {"CANCELLED"}
+
+
+def test_the_backfill_plan_names_the_holes(release: Path) -> None:
+    nodes = sp.parse_sinfo((release / "06_planned.sinfo").read_text())
+    planned = {n for n, r in nodes.items() if r.state is NodeState.PLANNED}
+    assert planned and all(nodes[n].usable for n in planned)
+    plan = sp.parse_plan((release / "06_planned.plan").read_text())
+    (prod,) = [r for r in plan if r.partition == "prod"]
+    assert prod.nodes == ("n01", "n02", "n03", "n04") and prod.start is not None
+    assert sp.hole_ends(plan, exclude={"1", "2"}) == dict.fromkeys(prod.nodes, prod.start)
+
+
+def test_a_batched_release_reports_the_bad_tasks(release: Path) -> None:
+    errors = sp.parse_scontrol_errors((release / "07_release_errors.stderr").read_text())
+    assert [sp.expand_task_ids(k) for k in errors] == [["1_7", "1_8"]]
+    assert "Invalid job id" in next(iter(errors.values()))
+
+
+def test_show_job_of_a_requeue_held_task(release: Path) -> None:
+    (rec,) = sp.parse_scontrol_show_job((release / "show_job.txt").read_text())
+    assert (rec["JobId"], rec["ArrayJobId"], rec["ArrayTaskId"]) == ("4", "1", "0")
+    assert rec["Reason"] == "job_requeued_in_held_state" and rec["Restarts"] == "1"
+    assert rec["AdminComment"] == "malletrain:min=1,max=3" and rec["ReqNodeList"] == "n02"
+    tres = rec.get("TRES") or rec["ReqTRES"]  # 24.11 split TRES into ReqTRES and AllocTRES
+    assert tres.startswith("cpu=1,")
+    assert rec["NumNodes"] in ("1", "1-1")  # 24.11 prints a held job's range
+
+
+# ----------------------------------------------------------------------------- reference
+@pytest.mark.parametrize("name", REFERENCE)
+def test_show_job_on_every_release(name: str) -> None:
+    """Four jobs (running on 4 nodes, pending, pending in another partition, held)."""
+    folder = GOLDEN / "reference" / name
+    rel = SlurmRelease.parse((folder / "version.txt").read_text())
+    assert rel.series == name
+    recs = sp.parse_scontrol_show_job((folder / "scontrol_show_job_o.txt").read_text())
+    ids = [line.split()[-1] for line in (folder / "submit.txt").read_text().splitlines()]
+    assert [r["JobId"] for r in recs] == ids
+    fill, pending, other, held = recs
+    assert [r["JobName"] for r in recs] == ["fill", "pend_debug", "pend_other", "held"]
+    assert fill["JobState"] == "RUNNING" and fill["NodeList"] == "n[1-4]"
+    assert pending["Reason"] == "Resources" and other["Partition"] == "other"
+    assert held["Reason"] == "JobHeldUser" and held["Priority"] == "0"
+    assert held["NumNodes"] == ("1-1" if rel >= SlurmRelease(24, 11) else "1")
+    assert held["StdOut"] == f"/home/user/slurm-{held['JobId']}.out"
+    assert held["WorkDir"] == "/home/user"
+    if rel.submit_line:
+        assert fill["SubmitLine"] == "sbatch -N4 --exclusive -t 5 -J fill --wrap sleep 120"
+        assert held["SubmitLine"] == "sbatch -H -t 5 -J held --wrap sleep 10"
+    else:
+        assert "SubmitLine" not in fill
+
+
+def test_a_submit_line_with_key_value_words_stays_one_value() -> None:
+    line = ("JobId=9 JobName=x Comment=a b=c SubmitLine=sbatch --wrap 'X=1 Y=2 run' "
+            "--comment=model=m WorkDir=/w StdErr= StdIn=/dev/null StdOut=/w/o\n")
+    (rec,) = sp.parse_scontrol_show_job(line)
+    assert rec["SubmitLine"] == "sbatch --wrap 'X=1 Y=2 run' --comment=model=m"
+    assert rec["Comment"] == "a b=c" and rec["WorkDir"] == "/w"
+    assert (rec["StdErr"], rec["StdIn"], rec["StdOut"]) == ("", "/dev/null", "/w/o")
+    assert "X" not in rec and "Y" not in rec
+
+
+@pytest.mark.parametrize("text, series, tested, supported", [
+    ("slurm-wlm 22.05.8", "22.05", True, True), ("slurm 25.11.7", "25.11", True, True),
+    ("slurm 24.05.1", "24.05", False, True), ("slurm 26.05.5", "26.05", False, False),
+    ("slurm 20.11.9", "20.11", False, False), ("slurm 25.11.0-0rc1", "25.11", True, True)])
+def test_release_support(text: str, series: str, tested: bool, supported: bool) -> None:
+    rel = SlurmRelease.parse(text)
+    assert (rel.series, rel.tested, rel.supported) == (series, tested, supported)
+    assert rel.json_filters == (rel >= SlurmRelease(24, 5))
+    with pytest.raises(ValueError, match="no Slurm version"):
+        SlurmRelease.parse("scontrol: command not found")
