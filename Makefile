@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup setup-full test check lint demo bench bench-quick clean
+.PHONY: setup setup-full setup-matrix test test-matrix check lint demo bench bench-quick clean
 
 setup:
 	@bash scripts/setup-machine.sh
@@ -15,6 +15,22 @@ setup-full:
 ## Whole suite: unit, property, simulator, PBS (fake), real-Slurm and real-torch tests.
 test: setup-full
 	$(PYTEST) -q || [ $$? -eq 5 ]
+
+# Slurm 24.11 (Debian trixie in a chroot) and 25.11 (built from ../shared/vendor/slurm in it),
+# under build/slurm-matrix; a second run only checks the mounts.
+setup-matrix:
+	@bash scripts/setup-slurm-matrix.sh all
+
+## The real-Slurm contract tier on every newer release: job_submit.lua, the epilog hook, holes
+## on PLANNED nodes, holds surviving preemption, users locked out, admin check, the daemon, the
+## e2e torch test and the fault scenarios. `make test` keeps the whole suite on the host's 22.05.
+MATRIX_RELEASES ?= 24.11 25.11
+MATRIX_TESTS ?= tests/slurm --ignore=tests/slurm/test_accounting.py
+test-matrix: setup setup-matrix
+	@failed=""; for r in $(MATRIX_RELEASES); do echo "== Slurm $$r"; start=$$(date +%s); \
+	  $(PYTEST) -q -m slurm --slurm-release=$$r $(MATRIX_TESTS) || failed="$$failed $$r"; \
+	  echo "== Slurm $$r: $$(( $$(date +%s) - start )) s"; done; \
+	  if [ -n "$$failed" ]; then echo "test-matrix failed on:$$failed"; exit 1; fi
 
 ## Quick development loop: everything that needs neither Slurm nor torch, plus lint.
 check: setup lint

@@ -6,7 +6,7 @@
 # Everything lives under build/slurm-matrix/ (git-ignored); each step leaves a stamp, so a second
 # run only checks the mounts. Run as root. Prints the seconds each step took.
 #
-#   scripts/setup-slurm-matrix.sh [all|chroot|24.11|25.11|mount|umount]   (default: all)
+#   scripts/setup-slurm-matrix.sh [all|chroot|24.11|25.11|pyslurm|mount|umount]   (default: all)
 #
 # How the releases run (malletrain_core/localcluster/releases.py): slurmctld and slurmd run
 # chrooted (their slurmstepd and plugins are the chroot's); the chroot sees the host's /work,
@@ -112,12 +112,46 @@ build_25_11() {
   touch "$ROOT$PREFIX25/.mt-built"
 }
 
+# pyslurm, whose MAJOR.MINOR must equal Slurm's: 24.11.0 (not on PyPI) from ../shared/vendor/pyslurm
+# for 24.11, PyPI's 25.11.2 for 25.11. Each in its own venv of the chroot's Python (the module
+# links the chroot's libslurm, built for glibc 2.41: it loads only in a chroot process).
+PYSLURM_TARBALL=${PYSLURM_TARBALL:-$(ls "$repo"/../shared/vendor/pyslurm/pyslurm-24.11.*.tar.gz 2>/dev/null | tail -1)}
+build_pyslurm() {  # build_pyslurm RELEASE
+  local rel=$1 venv=/opt/pyslurm-$1 src lib inc
+  [ -f "$ROOT$venv/.mt-built" ] && return 0
+  do_mount
+  if [ ! -f "$ROOT/.mt-python-dev" ]; then
+    "${CH[@]}" nice -n 10 apt-get install -y -qq --no-install-recommends python3-dev python3-venv \
+      >>"$base/apt.log" 2>&1 || { tail -20 "$base/apt.log" >&2; exit 1; }
+    touch "$ROOT/.mt-python-dev"
+  fi
+  # the host's CA bundle (a TLS-intercepting proxy may sit between us and PyPI), own name
+  cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/host-ca-bundle.crt"
+  rm -rf "$ROOT$venv"
+  "${CH[@]}" python3 -m venv "$venv"
+  if [ "$rel" = 24.11 ]; then
+    [ -f "$PYSLURM_TARBALL" ] || { echo "setup-slurm-matrix: no pyslurm 24.11 tarball (../shared/vendor/pyslurm); set PYSLURM_TARBALL" >&2; exit 2; }
+    rm -rf "$ROOT/opt/src/pyslurm-24.11"; mkdir -p "$ROOT/opt/src/pyslurm-24.11"
+    tar -xzf "$PYSLURM_TARBALL" --strip-components=1 -C "$ROOT/opt/src/pyslurm-24.11"
+    src=/opt/src/pyslurm-24.11 lib=/usr/lib/x86_64-linux-gnu/slurm-wlm inc=/usr/include
+  else
+    src=pyslurm==25.11.2 lib=$PREFIX25/lib inc=$PREFIX25/include
+  fi
+  "${CH[@]}" env SSL_CERT_FILE=/etc/ssl/certs/host-ca-bundle.crt PIP_CERT=/etc/ssl/certs/host-ca-bundle.crt \
+      SLURM_LIB_DIR=$lib SLURM_INCLUDE_DIR=$inc PYSLURM_BUILD_JOBS=2 \
+      nice -n 10 "$venv/bin/pip" install -q --no-cache-dir "$src" >"$base/pyslurm-$rel.log" 2>&1 \
+    || { tail -30 "$base/pyslurm-$rel.log" >&2; exit 1; }
+  "${CH[@]}" "$venv/bin/python" -c "import pyslurm; print('pyslurm', pyslurm.__version__)"
+  touch "$ROOT$venv/.mt-built"
+}
+
 case "${1:-all}" in
   chroot) timed debootstrap make_chroot; timed packages packages ;;
   24.11) timed debootstrap make_chroot; timed packages packages; do_mount ;;
   25.11) timed debootstrap make_chroot; timed packages packages; timed build-25.11 build_25_11 ;;
   all) timed debootstrap make_chroot; timed packages packages; timed build-25.11 build_25_11; do_mount ;;
+  pyslurm) timed pyslurm-24.11 build_pyslurm 24.11; timed pyslurm-25.11 build_pyslurm 25.11 ;;
   mount) do_mount ;;
   umount) do_umount ;;
-  *) echo "usage: $0 [all|chroot|24.11|25.11|mount|umount]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|chroot|24.11|25.11|pyslurm|mount|umount]" >&2; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
-"""The Slurm backend: Slurm's state in, the engine's actions out (verified on Slurm 22.05).
+"""The Slurm backend: Slurm's state in, the engine's actions out (verified on Slurm 22.05,
+24.11 and 25.11; what differs between releases is in :mod:`.slurm_release`).
 
 An elastic job is a held array of one-node tasks in the preemptable partition (job_submit.lua
 makes it and tags it in admin_comment). The engine's id of a job is the array's job id.

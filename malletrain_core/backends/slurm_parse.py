@@ -1,4 +1,4 @@
-"""All parsing of Slurm's output, in one module (verified against Slurm 22.05).
+"""All parsing of Slurm's output, in one module (verified against Slurm 22.05, 24.11, 25.11).
 
 Formatted ``squeue``/``sinfo`` output is the most stable interface across Slurm releases
 (the JSON schemas move with every release, and 22.05's ``squeue --json`` ignores filters).
