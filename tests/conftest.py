@@ -26,7 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             release(name)
         except ConfigError as exc:
-            raise pytest.UsageError(str(exc).replace("MALLETRAIN_SLURM", "--slurm-release"))
+            raise pytest.UsageError(str(exc).replace("MALLETRAIN_SLURM", "--slurm-release")) from None
         os.environ["MALLETRAIN_SLURM"] = name
 
 
