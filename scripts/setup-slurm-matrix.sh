@@ -141,7 +141,8 @@ build_pyslurm() {  # build_pyslurm RELEASE
       SLURM_LIB_DIR=$lib SLURM_INCLUDE_DIR=$inc PYSLURM_BUILD_JOBS=2 \
       nice -n 10 "$venv/bin/pip" install -q --no-cache-dir "$src" >"$base/pyslurm-$rel.log" 2>&1 \
     || { tail -30 "$base/pyslurm-$rel.log" >&2; exit 1; }
-  "${CH[@]}" "$venv/bin/python" -c "import pyslurm; print('pyslurm', pyslurm.__version__)"
+  # (importing pyslurm needs a running cluster's slurm.conf: the tests do that)
+  "${CH[@]}" "$venv/bin/pip" show pyslurm | grep '^Version'
   touch "$ROOT$venv/.mt-built"
 }
 

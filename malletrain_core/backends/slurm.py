@@ -37,6 +37,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
 from ..events import (
@@ -110,11 +111,14 @@ class SlurmBackend:
     def __init__(self, runner: CommandRunner, partition: str = "preemptable",
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
-                 hole_margin_s: float = HOLE_MARGIN_S) -> None:
+                 hole_margin_s: float = HOLE_MARGIN_S, source: Any = None) -> None:
         if default_time_limit_s < 60:
             raise ValidationError("SlurmBackend", "default_time_limit_s",
                                   f"{default_time_limit_s:g} s is under Slurm's one-minute unit")
         self.runner = runner
+        self.source = source
+        """None: the poll reads through sinfo/squeue; else a
+        :class:`~.pyslurm_reader.PyslurmSource` (the same texts through pyslurm)."""
         self.partition = partition
         self.default_time_limit_s = float(default_time_limit_s)
         self.grow_timeout_s = float(grow_timeout_s)
@@ -147,6 +151,10 @@ class SlurmBackend:
 
     # ------------------------------------------------------------------ commands
     def _query(self) -> tuple[dict[str, sp.NodeRow], list[sp.TaskRow], list[sp.PlanRow]]:
+        if self.source is not None:
+            got = self.source.snapshot(self.partition)
+            return (sp.parse_sinfo(got["sinfo"]), sp.parse_squeue(got["squeue"]),
+                    sp.parse_plan(got["plan"]))
         # sinfo first: a task that starts between the two calls then shows as ours, not as
         # a foreign job on a node we offered.
         n = self.runner.run(["sinfo", "-h", "-N", "-p", self.partition, "-o", sp.SINFO_FORMAT])
