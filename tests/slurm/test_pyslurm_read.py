@@ -20,8 +20,8 @@ from malletrain_core.runner import CommandRunner
 @pytest.fixture
 def source(cluster: LocalCluster) -> Iterator[PyslurmSource]:
     rel = cluster.release
-    python = rel.root / "opt" / f"pyslurm-{rel.name}" / "bin" / "python"
-    if not rel.chrooted or not python.exists():
+    built = rel.root / "opt" / f"pyslurm-{rel.name}" / ".mt-built"  # the set-up's stamp
+    if not rel.chrooted or not built.exists():
         pytest.skip(f"no pyslurm for Slurm {rel.name} here (scripts/setup-slurm-matrix.sh "
                     "pyslurm builds those of 24.11 and 25.11)")
     src = PyslurmSource(["chroot", str(rel.root), f"/opt/pyslurm-{rel.name}/bin/python"],
