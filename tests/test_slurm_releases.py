@@ -145,3 +145,33 @@ def test_release_support(text: str, series: str, tested: bool, supported: bool) 
     assert rel.json_filters == (rel >= SlurmRelease(24, 5))
     with pytest.raises(ValueError, match="no Slurm version"):
         SlurmRelease.parse("scontrol: command not found")
+
+
+# ----------------------------------------------------------------------------- the switch
+def test_the_local_cluster_release_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from malletrain_core.errors import ConfigError
+    from malletrain_core.localcluster import LocalCluster
+    from malletrain_core.localcluster.releases import CHROOT, Release, release
+
+    monkeypatch.delenv("MALLETRAIN_SLURM", raising=False)
+    assert release().name == "22.05" and not release().chrooted
+    assert release().daemon_argv("slurmd", "-N", "n01") == ["slurmd", "-N", "n01"]
+    assert release().conf_lines() == "" and release().extra_files() == {}
+    monkeypatch.setenv("MALLETRAIN_SLURM", "25.11")
+    new = release()
+    assert new.name == "25.11" and new.daemon_argv("slurmctld", "-f", "/c") == [
+        "chroot", str(CHROOT), "/opt/slurm-25.11/sbin/slurmctld", "-f", "/c"]
+    assert new.conf_lines() == f"PluginDir={CHROOT}/opt/slurm-25.11/lib/slurm"
+    assert new.extra_files() == {"cgroup.conf": "CgroupPlugin=disabled\n"}
+    env = new.env({"PATH": "/usr/bin"})
+    assert env["PATH"] == f"{new.bin_dir}:/usr/bin" and new.env(env)["PATH"] == env["PATH"]
+    cluster = LocalCluster(nodes=2, root="/nonexistent-root", port_base=24000)
+    assert cluster.release.name == "25.11" and cluster.env["PATH"].startswith(str(new.bin_dir))
+    assert cluster.render_config().endswith(f"# Slurm 25.11\n{new.conf_lines()}\n")
+    monkeypatch.setenv("MALLETRAIN_SLURM", "23.02")
+    with pytest.raises(ConfigError, match=r"MALLETRAIN_SLURM='23.02': choose one of "
+                                          r"22.05, 24.11, 25.11$"):
+        release()
+    with pytest.raises(ConfigError, match=r"Slurm 99.1 is not set up in .*: run "
+                                          r"scripts/setup-slurm-matrix.sh 99.1 \(as root\)$"):
+        Release("99.1", prefix="/opt/nowhere").check_installed()
