@@ -175,3 +175,61 @@ def test_the_local_cluster_release_switch(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(ConfigError, match=r"Slurm 99.1 is not set up in .*: run "
                                           r"scripts/setup-slurm-matrix.sh 99.1 \(as root\)$"):
         Release("99.1", prefix="/opt/nowhere").check_installed()
+
+
+# ----------------------------------------------------------------------------- pyslurm path
+@pytest.mark.parametrize("state, code, usable", [
+    ("IDLE", "idle", True), ("IDLE+PLANNED", "planned", True),
+    ("IDLE+NOT_RESPONDING", "idle*", False), ("ALLOCATED", "allocated", False),
+    ("MIXED+COMPLETING", "completing", False), ("IDLE+DRAIN", "drained", False),
+    ("ALLOCATED+DRAIN", "draining", False), ("IDLE+POWERED_DOWN", "idle~", False),
+    ("DOWN+NOT_RESPONDING", "down*", False)])
+def test_pyslurm_node_states_read_as_sinfo_prints_them(state: str, code: str,
+                                                       usable: bool) -> None:
+    from malletrain_core.backends.pyslurm_reader import node_code
+    assert node_code(state) == code
+    (row,) = sp.parse_sinfo(f"n01|{node_code(state)}\n").values()
+    assert row.usable == usable
+
+
+def test_pyslurm_snapshot_in_the_commands_formats() -> None:
+    """A stand-in for pyslurm's Nodes/Jobs (the live test compares with real output)."""
+    from types import SimpleNamespace as NS
+
+    from malletrain_core.backends.pyslurm_reader import snapshot
+
+    def job(**kw: object) -> NS:
+        base = dict(array_id=None, array_task_id=None, array_tasks_waiting=None,
+                    state="PENDING", allocated_nodes=None, time_limit=None, requeue_count=0,
+                    priority=0, user_name="alice", state_reason="JobHeldUser",
+                    admin_comment="malletrain:min=1,max=3", partition="preemptable",
+                    start_time=0, scheduled_nodes=None)
+        return NS(**{**base, **kw})
+
+    nodes = {"n02": NS(name="n02", state="IDLE+PLANNED", partitions=["prod", "preemptable"]),
+             "n01": NS(name="n01", state="ALLOCATED", partitions=["prod", "preemptable"]),
+             "x1": NS(name="x1", state="IDLE", partitions=["other"])}
+    jobs = {1: job(id=1, array_id=1, array_tasks_waiting="1-2"),
+            3: job(id=3, array_id=1, array_task_id=None, state="RUNNING",
+                   allocated_nodes="n03", time_limit=60, priority=0,
+                   state_reason="JobHeldAdmin", requeue_count=1),
+            7: job(id=7, partition="prod", start_time=1_800_000_000,
+                   scheduled_nodes="n[01-02]", admin_comment=None, state_reason="Resources")}
+    fake = NS(Nodes=NS(load=lambda: nodes), Jobs=NS(load=lambda: jobs))
+    got = snapshot(fake, "preemptable")
+    assert got["sinfo"] == "n01|allocated\nn02|planned\n"
+    rows = {r.key: r for r in sp.parse_squeue(got["squeue"])}
+    assert sorted(rows) == ["1_0", "1_1", "1_2"]  # task 0 of pyslurm reads as "not set"
+    assert rows["1_0"].node == "n03" and rows["1_0"].held and rows["1_0"].restarts == 1
+    assert rows["1_0"].time_limit_s == 3600 and rows["1_1"].time_limit_s is None
+    plan = sp.parse_plan(got["plan"])
+    assert [(r.job_id, r.array_id) for r in plan] == [("1_[1-2]", "1"), ("7", "7")]
+    assert sp.hole_ends(plan, exclude={"1"}) == {"n01": 1.8e9, "n02": 1.8e9}
+
+
+def test_pyslurm_setting() -> None:
+    from malletrain_core.backends.pyslurm_reader import source_for
+    assert source_for("off") is None and source_for("") is None
+    helper = source_for("chroot /srv/x /opt/pyslurm-24.11/bin/python")
+    assert helper is not None and helper.argv == ["chroot", "/srv/x",
+                                                  "/opt/pyslurm-24.11/bin/python"]

@@ -129,15 +129,27 @@ class PyslurmSource:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the pyslurm helper {' '.join(self.argv or [])} exited "
-                               f"({proc.poll()}): run scripts/setup-slurm-matrix.sh pyslurm")
+            proc.wait()
+            self._proc = None
+            raise self._error(f"exited with code {proc.returncode} (a pyslurm that imports "
+                              "and matches the cluster's Slurm? for the local cluster: "
+                              "scripts/setup-slurm-matrix.sh pyslurm)")
         return line
+
+    def _error(self, reason: str) -> Exception:
+        """A CommandError, as a failed squeue would be: the daemon retries at the next poll."""
+        from ..errors import CommandError
+        return CommandError([*(self.argv or ["pyslurm"]), "pyslurm_reader"], None, "", "",
+                            f"pyslurm read: {reason}")
 
     def snapshot(self, partition: str) -> dict[str, str]:
         if self.argv is None:
-            import pyslurm  # type: ignore[import-not-found]
+            import pyslurm
             self.version = pyslurm.__version__
-            return snapshot(pyslurm, partition)
+            try:
+                return snapshot(pyslurm, partition)
+            except Exception as exc:  # pyslurm's RPCError and what else a read may raise
+                raise self._error(f"{type(exc).__name__}: {exc}") from exc
         with self._lock:
             proc = self._helper()
             assert proc.stdin is not None
@@ -145,7 +157,7 @@ class PyslurmSource:
             proc.stdin.flush()
             answer = json.loads(self._read(proc))
         if "error" in answer:
-            raise RuntimeError(f"pyslurm: {answer['error']}")
+            raise self._error(answer["error"])
         return dict(answer)
 
     def close(self) -> None:
@@ -160,9 +172,47 @@ class PyslurmSource:
             self._proc = None
 
 
+def source_for(setting: str, runner: Any = None) -> PyslurmSource | None:
+    """The daemon's ``slurm.pyslurm`` setting → a source, or None for the commands.
+
+    ``off``: None. ``auto``: in-process when ``import pyslurm`` works and its MAJOR.MINOR is
+    the release of the Slurm commands ``runner`` runs (else None, logged once). Anything else
+    is the command of a helper Python (split like a shell line, no shell).
+    """
+    import logging
+    import shlex
+
+    log = logging.getLogger(__name__)
+    setting = setting.strip()
+    if setting in ("", "off"):
+        return None
+    if setting != "auto":
+        return PyslurmSource(shlex.split(setting), env=getattr(runner, "env", None))
+    try:
+        import pyslurm
+    except ImportError as exc:
+        log.info("pyslurm not importable (%s): the poll reads through squeue/sinfo", exc)
+        return None
+    from ..errors import CommandError
+    from .slurm_release import SlurmRelease, detect
+    try:
+        cluster = detect(runner)
+    except CommandError as exc:
+        log.warning("cannot tell the Slurm release (%s): the poll reads through squeue/sinfo",
+                    exc)
+        return None
+    mine = SlurmRelease.parse(pyslurm.__version__)
+    if mine.series != cluster.series:
+        log.warning("pyslurm %s does not match Slurm %s: the poll reads through squeue/sinfo",
+                    pyslurm.__version__, cluster)
+        return None
+    log.info("the poll reads through pyslurm %s (Slurm %s)", pyslurm.__version__, cluster)
+    return PyslurmSource()
+
+
 def main() -> int:
     """Helper mode: one JSON request per stdin line, one JSON answer per stdout line."""
-    import pyslurm  # type: ignore[import-not-found]
+    import pyslurm
     print(json.dumps({"pyslurm": pyslurm.__version__}), flush=True)
     for line in sys.stdin:
         try:

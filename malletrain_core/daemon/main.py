@@ -83,10 +83,12 @@ def make_backend(config: Config) -> Backend:
         from ..backends.pbs import PbsBackend
         return PbsBackend(_runner(config.pbs.bin_dir, config.pbs.command_timeout_s),
                           queue=config.pbs.queue)
+    from ..backends.pyslurm_reader import source_for
     from ..backends.slurm import SlurmBackend
-    return SlurmBackend(_runner(config.slurm.bin_dir, config.slurm.command_timeout_s),
-                        partition=config.slurm.partition,
-                        default_time_limit_s=config.slurm.default_time_limit_s)
+    runner = _runner(config.slurm.bin_dir, config.slurm.command_timeout_s)
+    return SlurmBackend(runner, partition=config.slurm.partition,
+                        default_time_limit_s=config.slurm.default_time_limit_s,
+                        source=source_for(config.slurm.pyslurm, runner))
 
 
 def admin_uids(names: Sequence[str]) -> set[int]:

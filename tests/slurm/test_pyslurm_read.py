@@ -7,14 +7,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from slurm_helpers import elastic, grow, wait_task
+from slurm_helpers import elastic, grow, running, wait_agree, wait_task
 
 from malletrain_core.backends import slurm_parse as sp
 from malletrain_core.backends.pyslurm_reader import PyslurmSource
 from malletrain_core.backends.slurm import SlurmBackend
 from malletrain_core.localcluster import LocalCluster
+from malletrain_core.localcluster.daemon import LocalDaemon
 from malletrain_core.runner import CommandRunner
 
 
@@ -130,3 +132,29 @@ def test_a_poll_through_pyslurm_spawns_no_slurm_command(cluster: LocalCluster,
     print(f"\nSlurm {cluster.release.name}, one poll: pyslurm {py_ms:.1f} ms, {py_rpcs:g} RPCs; "
           f"commands {cmd_ms:.1f} ms, {cmd_rpcs:g} RPCs")
     assert py_rpcs < cmd_rpcs
+
+
+def test_the_daemon_polls_through_pyslurm_and_spawns_no_squeue_or_sinfo(
+        cluster: LocalCluster, source: PyslurmSource, tmp_path: Path) -> None:
+    """malletraind with slurm.pyslurm = the chroot's helper: it grows an elastic job onto the
+    idle nodes as it does through the commands, and never runs squeue or sinfo."""
+    spawned = tmp_path / "spawned.txt"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("squeue", "sinfo"):
+        real = cluster.release.bin_dir / name if cluster.release.bin_dir else Path(name)
+        (bin_dir / name).write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{spawned}'\n"
+                                    f"exec '{real}' \"$@\"\n")
+        (bin_dir / name).chmod(0o755)
+    helper = " ".join(source.argv or [])
+    daemon = LocalDaemon(cluster, root=tmp_path / "malletraind",
+                         settings={"slurm": {"bin_dir": str(bin_dir), "pyslurm": helper},
+                                   "profiler": {"window_s": 2.0}})
+    daemon.start()
+    try:
+        job = elastic(cluster, "1-2")
+        cluster.wait_for("both tasks granted", lambda: running(cluster, job) == 2, 60)
+        wait_agree(cluster, daemon)
+        assert not spawned.exists(), spawned.read_text()
+    finally:
+        daemon.stop()
