@@ -46,6 +46,7 @@ TEMPLATE = REPO / "slurm_conf" / "local" / "slurm.conf.in"
 JOB_SUBMIT_LUA = REPO / "plugin" / "job_submit.lua"
 EPILOG = REPO / "plugin" / "epilog_slurmctld"
 MODES = ("partition", "accounting")
+PIDFILE_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -313,9 +314,17 @@ class LocalCluster:
             time.sleep(interval_s)
 
     def wait_idle(self, timeout_s: float = 60.0) -> float:
-        """Wait until every node is idle (no job, responding); returns the seconds waited."""
+        """Wait until every node is idle (no job, responding); returns the seconds waited.
+
+        slurmctld writes its PID file some time after its parent returned (seconds on a
+        loaded host, through a chroot): only a controller still missing after
+        ``PIDFILE_GRACE_S`` counts as dead."""
+        t0 = time.monotonic()
+
         def all_idle() -> bool:
             if not self.is_running():
+                if time.monotonic() - t0 < PIDFILE_GRACE_S:
+                    return False
                 raise ClusterError(f"slurmctld is not running\n{self.dump()}")
             out = self.run(["sinfo", "-h", "-N", "-p", "preemptable", "-t", "idle", "-o",
                             "%N"], timeout_s=10).stdout
