@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -108,24 +107,23 @@ class PyslurmSource:
     e.g. ``["chroot", ROOT, "/opt/pyslurm-24.11/bin/python"]``)."""
 
     def __init__(self, argv: Sequence[str] | None = None,
-                 env: dict[str, str] | None = None, timeout_s: float = 30.0) -> None:
+                 env: dict[str, str] | None = None) -> None:
         self.argv = list(argv) if argv is not None else None
         self.env = env
-        self.timeout_s = timeout_s
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: Any = None  # the helper: a subprocess.Popen from CommandRunner.start
         self._lock = threading.Lock()
         self.version = ""
 
-    def _helper(self) -> subprocess.Popen[str]:
+    def _helper(self) -> Any:
         if self._proc is None or self._proc.poll() is not None:
             assert self.argv is not None
-            self._proc = subprocess.Popen(
-                [*self.argv, "-I", os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, text=True, env=self.env)
+            from ..runner import CommandRunner
+            self._proc = CommandRunner(env=self.env).start(
+                [*self.argv, "-I", os.path.abspath(__file__)])
             self.version = json.loads(self._read(self._proc))["pyslurm"]
         return self._proc
 
-    def _read(self, proc: subprocess.Popen[str]) -> str:
+    def _read(self, proc: Any) -> str:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line:
@@ -166,7 +164,7 @@ class PyslurmSource:
                 self._proc.stdin.close()
             try:
                 self._proc.wait(5)
-            except subprocess.TimeoutExpired:
+            except Exception:  # subprocess.TimeoutExpired: it did not end with its stdin
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
