@@ -49,5 +49,12 @@ bench-quick: setup
 bench: setup
 	$(PYTHON) bench/allocator.py --json --markdown BENCHMARKS.md
 
+# build/slurm-matrix/trixie has the host's /work, /tmp and /home bind-mounted into it while the
+# matrix is set up: unmount before removing anything, and refuse while a mount is left.
 clean:
+	@if grep -q " $(CURDIR)/build/" /proc/mounts; then \
+	  [ "$$(id -u)" = 0 ] && bash scripts/setup-slurm-matrix.sh umount; \
+	  if grep -q " $(CURDIR)/build/" /proc/mounts; then \
+	    echo "clean: mounts under build/ are left: run scripts/setup-slurm-matrix.sh umount as root"; \
+	    exit 1; fi; fi
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
