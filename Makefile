@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup setup-full setup-pbs test test-pbs test-long check lint demo bench bench-quick clean
+.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long check lint demo bench bench-quick clean
 
 setup:
 	@bash scripts/setup-machine.sh
@@ -28,6 +28,22 @@ test-pbs: setup-pbs
 test-long: setup-full
 	MALLETRAIN_REVIVAL_CANCELS=200 $(PYTEST) -q -s tests/slurm/test_revival.py
 
+# Slurm 24.11 (Debian trixie in a chroot) and 25.11 (built from ../shared/vendor/slurm in it),
+# under build/slurm-matrix; a second run only checks the mounts.
+setup-matrix:
+	@bash scripts/setup-slurm-matrix.sh all
+
+## The real-Slurm contract tier on every newer release: job_submit.lua, the epilog hook, holes
+## on PLANNED nodes, holds surviving preemption, users locked out, admin check, the daemon, the
+## e2e torch test and the fault scenarios. `make test` keeps the whole suite on the host's 22.05.
+MATRIX_RELEASES ?= 24.11 25.11
+MATRIX_TESTS ?= tests/slurm --ignore=tests/slurm/test_accounting.py
+test-matrix: setup setup-matrix
+	@failed=""; for r in $(MATRIX_RELEASES); do echo "== Slurm $$r"; start=$$(date +%s); \
+	  $(PYTEST) -q -m slurm --slurm-release=$$r $(MATRIX_TESTS) || failed="$$failed $$r"; \
+	  echo "== Slurm $$r: $$(( $$(date +%s) - start )) s"; done; \
+	  if [ -n "$$failed" ]; then echo "test-matrix failed on:$$failed"; exit 1; fi
+
 ## Quick development loop: everything that needs neither Slurm nor torch, plus lint.
 check: setup lint
 	$(PYTEST) -q -m "not slurm and not torch and not slow" || [ $$? -eq 5 ]
@@ -45,5 +61,12 @@ bench-quick: setup
 bench: setup
 	$(PYTHON) bench/allocator.py --json --markdown BENCHMARKS.md
 
+# build/slurm-matrix/trixie has the host's /work, /tmp and /home bind-mounted into it while the
+# matrix is set up: unmount before removing anything, and refuse while a mount is left.
 clean:
+	@if grep -q " $(CURDIR)/build/" /proc/mounts; then \
+	  [ "$$(id -u)" = 0 ] && bash scripts/setup-slurm-matrix.sh umount; \
+	  if grep -q " $(CURDIR)/build/" /proc/mounts; then \
+	    echo "clean: mounts under build/ are left: run scripts/setup-slurm-matrix.sh umount as root"; \
+	    exit 1; fi; fi
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

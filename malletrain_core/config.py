@@ -76,6 +76,7 @@ class SlurmConfig:
     default_time_limit_s: float = 72 * 3600.0
     command_timeout_s: float = 30.0
     bin_dir: str = ""
+    pyslurm: str = "off"
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,18 @@ class CommandRunner:
             raise CommandError(argv, proc.returncode, proc.stdout, proc.stderr)
         return result
 
+    def start(self, argv: Sequence[str]) -> subprocess.Popen[str]:
+        """A long-lived helper process, its stdin and stdout piped as text (an argument list,
+        no shell, this runner's environment); the caller talks to it and ends it."""
+        argv = [str(a) for a in argv]
+        log.debug("start: %s", argv)
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True, env=self.env)
+        except FileNotFoundError:
+            raise CommandNotFound(argv, None, "", "", reason=f"{argv[0]}: not found; install it "
+                                  "or put it on PATH") from None
+
     def _spawn(self, argv: list[str], timeout_s: float,
                input: str | None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,

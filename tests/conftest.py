@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slurm-release", default=None, metavar="RELEASE",
+                     help="Slurm release of the local test cluster: 22.05 (the host's, the "
+                     "default), 24.11 or 25.11 (scripts/setup-slurm-matrix.sh); the same as "
+                     "MALLETRAIN_SLURM")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    name = config.getoption("--slurm-release")
+    if name:
+        from malletrain_core.errors import ConfigError
+        from malletrain_core.localcluster.releases import release
+        try:
+            release(name)
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc).replace("MALLETRAIN_SLURM", "--slurm-release")) from None
+        os.environ["MALLETRAIN_SLURM"] = name
 
 
 @pytest.fixture

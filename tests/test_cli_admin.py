@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ def test_parsers():
 def test_a_good_site_passes_every_check(site):
     by_name, checks = site.checks()
     assert [c.status for c in checks] == ["OK"] * len(checks), format_checks(checks)
-    assert list(by_name) == ["slurmctld", "slurm.conf", "JobSubmitPlugins", "job_submit.lua",
+    assert list(by_name) == ["slurmctld", "Slurm release", "slurm.conf", "JobSubmitPlugins", "job_submit.lua",
                              "EpilogSlurmctld", "PrologSlurmctld", "PreemptType",
                              "PreemptMode", "partition", "higher tier", "MaxArraySize",
                              "MaxJobCount"]
@@ -133,7 +134,8 @@ def test_what_is_missing_or_wrong(site):
     by_name, checks = site.checks(broken)
     status = {name: c.status for name, c in by_name.items()}
     assert status == {
-        "slurmctld": "OK", "slurm.conf": "OK", "JobSubmitPlugins": "MISSING",
+        "slurmctld": "OK", "Slurm release": "OK", "slurm.conf": "OK",
+        "JobSubmitPlugins": "MISSING",
         "job_submit.lua": "OK", "EpilogSlurmctld": "OK", "PrologSlurmctld": "WRONG",
         "PreemptType": "OK", "PreemptMode": "WRONG", "partition": "OK", "higher tier": "OK",
         "MaxArraySize": "WRONG", "MaxJobCount": "WRONG"}
@@ -141,6 +143,31 @@ def test_what_is_missing_or_wrong(site):
     assert "1001 with 2 jobs and tasks queued" in by_name["MaxJobCount"].detail
     assert all(c.fix for c in checks if not c.ok)
     assert all("\n" not in line for line in format_checks(checks).splitlines())
+
+
+@pytest.mark.parametrize("version, status, note", [
+    ("22.05.8", "OK", "22.05.8: tested with this MalleTrain"),
+    ("24.11.5", "OK", "24.11.5: tested with this MalleTrain"),
+    ("25.11.7", "OK", "25.11.7: tested with this MalleTrain"),
+    ("24.05.3", "OK", "24.05.3: supported, not tested (tested: 22.05, 24.11, 25.11)"),
+    ("21.08.8", "WRONG", "21.08.8: older than 22.05, not supported"),
+    ("26.05.5", "WRONG", "26.05.5: newer than 25.11, not tested with this MalleTrain"),
+    ("banana", "WRONG", "cannot read the version 'banana'")])
+def test_the_release_is_reported_with_its_support(site, version, status, note):
+    config = re.sub(r"SLURM_VERSION\s*=.*", f"SLURM_VERSION           = {version}", site.config)
+    by_name, _ = site.checks(config)
+    assert (by_name["Slurm release"].status, by_name["Slurm release"].detail) == (status, note)
+    assert status == "OK" or by_name["Slurm release"].fix
+
+
+def test_scripts_listed_per_index_from_24_11(site):
+    """24.11 prints EpilogSlurmctld[0] = ...: still found, the slurm.conf one matches."""
+    config = site.config.replace("EpilogSlurmctld         =", "EpilogSlurmctld[0]      =")
+    assert "EpilogSlurmctld[0]" in config
+    by_name, _ = site.checks(config)
+    assert by_name["EpilogSlurmctld"].status == "OK", by_name["EpilogSlurmctld"]
+    assert by_name["slurm.conf"].status == "OK", by_name["slurm.conf"]
+    assert parse_show_config("Epilog[0] = /a\nEpilog[1] = /b\n") == {"Epilog": "/a,/b"}
 
 
 def test_stale_slurm_conf(site):
@@ -232,7 +259,7 @@ def test_cli_exit_codes_and_json(site, capsys, monkeypatch):
     cfg.write_text("")
     assert main(["admin", "check", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
-    assert len(out.splitlines()) == 12 and all(line.startswith("OK ") for line in out.splitlines())
+    assert len(out.splitlines()) == 13 and all(line.startswith("OK ") for line in out.splitlines())
     config_text = site.config.replace("MaxArraySize            = 1001",
                                       "MaxArraySize            = 64")
     assert main(["admin", "check", "--json", "--config", str(cfg)]) == 1

@@ -1,8 +1,8 @@
 """SlurmBackend against Slurm's recorded output, faked at the subprocess boundary only.
 
-The replay test feeds the outputs captured from a real Slurm 22.05 cluster
-(tests/golden/slurm/22.05/) in order and compares the commands the backend ran with the
-golden argv lists in tests/golden/slurm/*.argv.
+The replay tests feed the outputs captured from real Slurm 22.05, 24.11 and 25.11 clusters
+(tests/golden/slurm/<release>/) in order and compare the commands the backend ran with the
+golden argv lists in tests/golden/slurm/*.argv (the same on every release).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from malletrain_core.backends.slurm.backend import SlurmBackend
-from malletrain_core.backends.slurm.parse import SQUEUE_FORMAT
+from malletrain_core.backends.slurm.parse import SQUEUE_FORMAT, parse_plan
 from malletrain_core.errors import CommandError, CommandNotFound, ValidationError
 from malletrain_core.events import (
     Checkpoint,
@@ -36,6 +36,7 @@ from malletrain_core.runner import CommandRunner
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 CAPTURED = GOLDEN / "22.05"
+RELEASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and p.name[:1].isdigit())
 T = 1_800_000_000.0
 
 
@@ -50,11 +51,12 @@ class FakeSlurm(CommandRunner):
         self.calls: list[list[str]] = []
         self.answers: dict[tuple[str, ...], tuple[int, str]] = {}
         self.hangs: set[tuple[str, ...]] = set()
+        self.captured = CAPTURED
 
     def load(self, stem: str) -> None:
-        self.sinfo = (CAPTURED / f"{stem}.sinfo").read_text()
-        self.squeue = (CAPTURED / f"{stem}.squeue").read_text()
-        self.plan = (CAPTURED / f"{stem}.plan").read_text()
+        self.sinfo = (self.captured / f"{stem}.sinfo").read_text()
+        self.squeue = (self.captured / f"{stem}.squeue").read_text()
+        self.plan = (self.captured / f"{stem}.plan").read_text()
 
     def fail(self, prefix: tuple[str, ...], rc: int, stderr: str) -> None:
         self.answers[prefix] = (rc, stderr)
@@ -117,7 +119,11 @@ def check_golden(name: str, calls: list[list[str]]) -> None:
 
 
 # ----------------------------------------------------------------------------- replay
-def test_replay_of_a_recorded_22_05_session(slurm: FakeSlurm, backend: SlurmBackend) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_replay_of_a_recorded_session(slurm: FakeSlurm, backend: SlurmBackend,
+                                      release: str) -> None:
+    """The same commands on every release's outputs (replay_22.05.argv)."""
+    slurm.captured = GOLDEN / release
     slurm.load("01_submitted")
     ev = backend.poll(T)
     subs = [e.job for e in of(ev, JobSubmitted)]
@@ -145,7 +151,10 @@ def test_replay_of_a_recorded_22_05_session(slurm: FakeSlurm, backend: SlurmBack
     assert backend.poll(T + 9) == [WorkerStopped(T + 9, "1", "n02")]
 
     slurm.load("06_planned")  # a 4-node prod job waits: n02, n04 are its holes
-    hole = time.mktime(time.strptime("2026-11-21T09:21:20", "%Y-%m-%dT%H:%M:%S"))
+    (prod,) = [r for r in parse_plan(slurm.plan) if r.partition == "prod"]
+    hole = prod.start
+    if release == "22.05":
+        assert hole == time.mktime(time.strptime("2026-11-21T09:21:20", "%Y-%m-%dT%H:%M:%S"))
     assert backend.poll(T + 13) == [NodesIdle(T + 13, (IdleNode("n02", hole),
                                                        IdleNode("n04", hole)))]
     backend.execute([Grow("2", ("n04",), 1799.0)], T + 14)
@@ -153,8 +162,10 @@ def test_replay_of_a_recorded_22_05_session(slurm: FakeSlurm, backend: SlurmBack
     check_golden("replay_22.05", slurm.commands())
 
 
-def test_time_limit_and_requeue_of_a_timed_out_task(slurm: FakeSlurm,
-                                                    backend: SlurmBackend) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_time_limit_and_requeue_of_a_timed_out_task(slurm: FakeSlurm, backend: SlurmBackend,
+                                                    release: str) -> None:
+    slurm.captured = GOLDEN / release
     slurm.load("08_before_timeout")  # as after a daemon restart: workers on n02 and n04
     ev = backend.poll(T)
     assert [e.job.id for e in of(ev, JobSubmitted)] == ["1", "2"]

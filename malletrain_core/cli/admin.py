@@ -6,6 +6,9 @@ It asks the running slurmctld (``scontrol show config``, ``scontrol show partiti
 the ``job_submit.lua`` beside it, and prints one line per check: OK, MISSING or WRONG, with how
 to fix it. Exit code 1 when anything is not OK. Every command goes through
 :class:`~malletrain_core.runner.CommandRunner` (argument lists, timeouts).
+
+Kept in one module (over 400 lines) on purpose: the admin checks are one list read top to
+bottom, each a short function.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..backends.slurm.release import TESTED, SlurmRelease
 from ..config import Config, load
 from ..errors import CommandError
 from ..hostlist import expand
@@ -64,12 +68,19 @@ def _wrong(check: str, detail: str, fix: str) -> Check:
 
 # -- parsing --------------------------------------------------------------------------------
 def parse_show_config(text: str) -> dict[str, str]:
-    """``scontrol show config`` → key → value (the first of each key)."""
+    """``scontrol show config`` → key → value (the first of each key). From 24.11 on a key
+    that takes several scripts is printed once per script (``EpilogSlurmctld[0] = ...``): the
+    values are joined with commas under the plain key."""
     out: dict[str, str] = {}
+    listed: dict[str, list[str]] = {}
     for line in text.splitlines():
-        m = re.match(r"^(\w[\w/.-]*)\s*=\s?(.*)$", line)
-        if m:
-            out.setdefault(m.group(1), m.group(2).strip())
+        m = re.match(r"^(\w[\w/.-]*)(\[\d+\])?\s*=\s?(.*)$", line)
+        if m and m.group(2):
+            listed.setdefault(m.group(1), []).append(m.group(3).strip())
+        elif m:
+            out.setdefault(m.group(1), m.group(3).strip())
+    for key, values in listed.items():
+        out.setdefault(key, ",".join(values))
     return out
 
 
@@ -241,6 +252,20 @@ def check_qos(name: str, qos: list[dict[str, str]] | None, keep_qos: bool) -> Ch
     return _ok("qos", f"{name}: requeue, preempted by {', '.join(preemptors)}")
 
 
+def check_release(version: str) -> Check:
+    """Whether this MalleTrain supports the controller's Slurm release."""
+    try:
+        rel = SlurmRelease.parse(version)
+    except ValueError:
+        return _wrong("Slurm release", f"cannot read the version {version!r}",
+                      "check that scontrol show config prints SLURM_VERSION")
+    note = rel.support_note()
+    if rel.supported:
+        return _ok("Slurm release", f"{rel}: {note}")
+    return _wrong("Slurm release", f"{rel}: {note}",
+                  f"run make test-matrix against it first, or use Slurm {', '.join(TESTED)}")
+
+
 class SlurmChecker:
     """Runs the checks against the slurmctld the runner's environment points at."""
 
@@ -258,7 +283,8 @@ class SlurmChecker:
             return [_wrong("slurmctld", f"scontrol show config failed: {exc}",
                            "start slurmctld, or point SLURM_CONF at the cluster's slurm.conf")]
         conf_path = Path(conf.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
-        out = [_ok("slurmctld", f"Slurm {conf.get('SLURM_VERSION', '?')}, {conf_path}")]
+        out = [_ok("slurmctld", f"Slurm {conf.get('SLURM_VERSION', '?')}, {conf_path}"),
+               check_release(conf.get("SLURM_VERSION", ""))]
         try:
             file_conf = parse_slurm_conf(conf_path.read_text(errors="replace"))
         except OSError as exc:

@@ -10,6 +10,9 @@ its PID files (and checks that each still is the process it started).
 Two modes: ``partition`` (a ``prod`` partition with PriorityTier=10 preempts ``preemptable``,
 no accounting) and ``accounting`` (MariaDB + slurmdbd, a ``malletrain`` QOS, preempt/qos; see
 :mod:`malletrain_core.localcluster.accounting`).
+
+Kept in one module (over 400 lines) on purpose: the cluster's start, stop and state file
+follow one another over one set of paths and ports.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..backends.slurm.parse import parse_scontrol_show_job
 from ..errors import CommandError, ConfigError, MalleTrainError
 from ..runner import CommandRunner, Result
 from .procs import (
@@ -38,12 +42,14 @@ from .procs import (
     pid_alive,
     port_free,
 )
+from .releases import Release, release
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "slurm_conf" / "local" / "slurm.conf.in"
 JOB_SUBMIT_LUA = REPO / "plugin" / "job_submit.lua"
 EPILOG = REPO / "plugin" / "epilog_slurmctld"
 MODES = ("partition", "accounting")
+PIDFILE_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,8 @@ class LocalCluster:
 
     def __init__(self, nodes: int = 16, mode: str = "partition", site_defaults: bool = False,
                  root: str | Path | None = None, port_base: int | None = None,
-                 cpus_per_node: int = 2, hook_socket: str | Path | None = None) -> None:
+                 cpus_per_node: int = 2, hook_socket: str | Path | None = None,
+                 slurm: str | Release | None = None) -> None:
         if not 1 <= nodes <= 512:
             raise ConfigError(f"nodes={nodes}: give between 1 and 512 virtual nodes")
         if mode not in MODES:
@@ -100,6 +107,7 @@ class LocalCluster:
         self.root = Path(root).resolve() if root is not None else default_root().resolve()
         self.port_base = port_base
         self.cpus_per_node = cpus_per_node
+        self.release = slurm if isinstance(slurm, Release) else release(slurm)
         self.run_dir = self.root / "run"
         self.conf_path = self.root / "etc" / "slurm.conf"
         self.hook_socket = Path(hook_socket) if hook_socket else self.run_dir / "hook.sock"
@@ -115,7 +123,7 @@ class LocalCluster:
         env = dict(os.environ)
         env["SLURM_CONF"] = str(self.conf_path)
         env["MALLETRAIN_HOOK_SOCKET"] = str(self.hook_socket)
-        return env
+        return self.release.env(env)
 
     def runner(self, timeout_s: float = 30.0) -> CommandRunner:
         return CommandRunner(timeout_s=timeout_s, env=self.env)
@@ -125,6 +133,8 @@ class LocalCluster:
         """Run a Slurm command against this cluster, as ``user`` (through runuser) if given."""
         argv = list(argv)
         if user is not None:
+            if self.release.bin_dir is not None and (self.release.bin_dir / argv[0]).is_file():
+                argv[0] = str(self.release.bin_dir / argv[0])  # runuser may reset PATH
             argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.conf_path}", *argv]
         return self.runner(timeout_s).run(argv, check=check, input=input)
 
@@ -135,9 +145,7 @@ class LocalCluster:
 
     def show_jobs(self, job: str) -> list[dict[str, str]]:
         """``scontrol -o show job`` as one dict per job record (array tasks: one each)."""
-        out = self.run(["scontrol", "-o", "show", "job", job]).stdout
-        return [dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-                for line in out.splitlines() if line.strip()]
+        return parse_scontrol_show_job(self.run(["scontrol", "-o", "show", "job", job]).stdout)
 
     # ------------------------------------------------------------------ state
     @property
@@ -146,7 +154,7 @@ class LocalCluster:
 
     def _settings(self) -> dict[str, object]:
         return {"nodes": self.nodes, "mode": self.mode, "site_defaults": self.site_defaults,
-                "cpus_per_node": self.cpus_per_node}
+                "cpus_per_node": self.cpus_per_node, "slurm": self.release.name}
 
     def _pidfiles(self) -> list[tuple[Path, str]]:
         """Every PID file this cluster may have written, with the marker that proves the
@@ -196,6 +204,8 @@ class LocalCluster:
                 raise ClusterError(f"port base {self.port_base}: port(s) {taken[:5]} in use "
                                    "(another cluster?); choose another base or let one be "
                                    "chosen")
+        self.release.check_installed()
+        self.release.write_wrappers()
         report = StartReport(False, self.port_base)
         try:
             self._start(report, timeout_s)
@@ -233,9 +243,9 @@ class LocalCluster:
             start_accounting(self)
             phase("accounting")
         runner = self.runner()
-        runner.run(["slurmctld", "-f", str(self.conf_path)])
+        runner.run(self.release.daemon_argv("slurmctld", "-f", str(self.conf_path)))
         for name in self.node_names:
-            runner.run(["slurmd", "-N", name, "-f", str(self.conf_path)])
+            runner.run(self.release.daemon_argv("slurmd", "-N", name, "-f", str(self.conf_path)))
         phase("daemons")
         self.wait_idle(timeout_s)
         phase("nodes_idle")
@@ -268,17 +278,21 @@ class LocalCluster:
                 "AccountingStorageEnforce=associations,limits,qos"])
         else:
             accounting = "AccountingStorageType=accounting_storage/none"
-        return string.Template(TEMPLATE.read_text()).substitute(
+        text = string.Template(TEMPLATE.read_text()).substitute(
             cluster_name=f"mt{base}", host=socket.gethostname().split(".")[0],
             ctld_port=base, munge_socket=self.munge_socket, run=self.run_dir,
             accounting=accounting, epilog=self.root / "etc" / "epilog_slurmctld",
             preempt_type="preempt/qos" if self.mode == "accounting" else
             "preempt/partition_prio", cpus_per_node=self.cpus_per_node, node_lines=nodes,
             **{k: v for k, v in asdict(self.timings).items()})
+        extra = self.release.conf_lines()
+        return f"{text}# Slurm {self.release.name}\n{extra}\n" if extra else text
 
     def _write_config(self) -> None:
         etc = self.root / "etc"
         self.conf_path.write_text(self.render_config())
+        for name, content in self.release.extra_files().items():
+            (etc / name).write_text(content)
         (etc / "job_submit.lua").write_text(render_job_submit(keep_qos=self.mode == "accounting"))
         # slurmctld gives its scripts no environment of its own: pin the socket path here.
         epilog = etc / "epilog_slurmctld"
@@ -303,9 +317,17 @@ class LocalCluster:
             time.sleep(interval_s)
 
     def wait_idle(self, timeout_s: float = 60.0) -> float:
-        """Wait until every node is idle (no job, responding); returns the seconds waited."""
+        """Wait until every node is idle (no job, responding); returns the seconds waited.
+
+        slurmctld writes its PID file some time after its parent returned (seconds on a
+        loaded host, through a chroot): only a controller still missing after
+        ``PIDFILE_GRACE_S`` counts as dead."""
+        t0 = time.monotonic()
+
         def all_idle() -> bool:
             if not self.is_running():
+                if time.monotonic() - t0 < PIDFILE_GRACE_S:
+                    return False
                 raise ClusterError(f"slurmctld is not running\n{self.dump()}")
             out = self.run(["sinfo", "-h", "-N", "-p", "preemptable", "-t", "idle", "-o",
                             "%N"], timeout_s=10).stdout

@@ -24,6 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--root", default=None, help="default: $MALLETRAIN_CLUSTER_DIR or ./.cluster")
     p.add_argument("--port-base", type=int, default=None,
                    help="default: $MALLETRAIN_PORT_BASE, else a free one at random")
+    p.add_argument("--slurm", default=None, metavar="RELEASE",
+                   help="22.05 (the host's), 24.11 or 25.11 (scripts/setup-slurm-matrix.sh); "
+                   "default: $MALLETRAIN_SLURM or 22.05")
     args = p.parse_args(argv)
     env_base = os.environ.get("MALLETRAIN_PORT_BASE")
     if args.port_base is None and env_base:
@@ -33,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cluster = LocalCluster(nodes=args.nodes, mode="accounting" if args.accounting else
                                "partition", site_defaults=args.site_defaults, root=args.root,
-                               port_base=args.port_base)
+                               port_base=args.port_base, slurm=args.slurm)
         if args.action == "start":
             rep = cluster.start()
             if rep.already_running:
@@ -42,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 phases = ", ".join(f"{k} {v:.2f} s" for k, v in rep.phases_s.items())
                 print(f"started {cluster.nodes} nodes ({cluster.mode}) in {rep.total_s:.2f} s "
-                      f"({phases}); port base {rep.port_base}")
+                      f"({phases}); port base {rep.port_base}; Slurm {cluster.release.name}")
             print(f"use it with: . {cluster.root / 'env.sh'}")
         elif args.action == "stop":
             was = cluster.is_running()

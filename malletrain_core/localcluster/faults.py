@@ -78,7 +78,8 @@ def restore_node(cluster: LocalCluster, node: str, timeout_s: float = 30.0) -> f
     """Undo :func:`fail_node`: start the node's slurmd again and resume it; returns the
     seconds until it was idle."""
     if slurmd_pid(cluster, node) is None:
-        cluster.run(["slurmd", "-N", node, "-f", str(cluster.conf_path)])
+        cluster.run(cluster.release.daemon_argv("slurmd", "-N", node, "-f",
+                                                str(cluster.conf_path)))
     cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
 
     def idle() -> bool:
@@ -115,6 +116,6 @@ def start_controller(cluster: LocalCluster, timeout_s: float = 30.0) -> float:
     until it answered."""
     if controller_pid(cluster) is not None:
         raise ClusterError(f"slurmctld of {cluster.root} is already running")
-    cluster.run(["slurmctld", "-f", str(cluster.conf_path)])
+    cluster.run(cluster.release.daemon_argv("slurmctld", "-f", str(cluster.conf_path)))
     return cluster.wait_for("slurmctld answering", lambda: cluster.run(
         ["scontrol", "ping"], check=False, timeout_s=10).returncode == 0, timeout_s)

@@ -26,6 +26,9 @@ Built by ``scripts/build-openpbs.sh`` into ``build/openpbs/install``; needs root
 pbs_iff). Ports are PBS's defaults (15001-15004, 17001): each namespace has its own. The
 datastore's port is derived from the root, as PostgreSQL's unix socket lives in a directory
 all namespaces share; so several complexes run side by side with distinct roots.
+
+Kept in one module (over 400 lines) on purpose: the complex's set-up steps (namespaces,
+datastore, server, moms, queues, hooks) run in order over one set of paths and addresses.
 """
 
 from __future__ import annotations

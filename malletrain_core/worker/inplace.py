@@ -22,6 +22,9 @@ membership says so (``abandon``): the control thread fails the DDP comm hook's f
 boundary agreement, the step in flight is dropped (at most one step lost) and the survivors
 re-form. The collective timeout (60 s at most) is only the backstop. A process that still
 holds an abandoned gloo operation cannot exit cleanly, so it leaves with ``os._exit``.
+
+Kept in one module (over 400 lines) on purpose: the re-form, the state hand-over and the abandon
+path share the process group's lifecycle and the control thread's state.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ with the training environment of :mod:`malletrain_core.worker.training`; it rela
 requests by touching the control flag, stops the workers when told (or reports their exit when
 a peer was lost: torchrun exits), keeps its epoch running and reconnects with backoff while the
 daemon is away, and exits at once on SIGTERM, killing the workers' process group.
+
+Kept in one module (over 400 lines) on purpose: the launcher's loop, its order handling and
+the processes it runs share one state.
 """
 
 from __future__ import annotations

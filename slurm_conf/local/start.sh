@@ -2,12 +2,15 @@
 # Start a real one-host Slurm cluster of N virtual nodes (one slurmd each) for MalleTrain.
 #
 #   slurm_conf/local/start.sh [N=16] [--accounting] [--site-defaults] [--root DIR] [--port-base P]
+#                             [--slurm 22.05|24.11|25.11]
 #
 # --accounting     MariaDB + slurmdbd, a `malletrain` QOS and preempt/qos (installs
 #                  mariadb-server, slurmdbd, slurm-wlm-mysql-plugin through
 #                  scripts/setup-machine.sh with MALLETRAIN_ACCOUNTING=1 when missing).
 # --site-defaults  Slurm's site timings (cred_expire=120, bf_interval=30, batch_sched_delay=3,
 #                  KillWait=30) instead of the test-friendly ones (10, 1, 0, 2).
+# --slurm          the Slurm release (default $MALLETRAIN_SLURM, else the host's 22.05); 24.11 and
+#                  25.11 come from scripts/setup-slurm-matrix.sh (a trixie chroot, as root).
 # Root directory: --root, else $MALLETRAIN_CLUSTER_DIR, else .cluster in the checkout.
 # Ports: slurmctld = base, slurmdbd = base+1, MariaDB = base+2, node i = base+2+i; the base is
 # --port-base, else $MALLETRAIN_PORT_BASE, else a free one chosen at random.

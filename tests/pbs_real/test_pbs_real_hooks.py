@@ -15,16 +15,16 @@ from conftest import HOOK_FREQ_S
 from pbs_real_helpers import fill, job, server_log, subjob, submit, wait_state
 
 from malletrain_core.localcluster.pbs import PbsComplex
-from malletrain_core.wire.hooks import HookListener
+from malletrain_core.wire.hooks import HookSocket
 
 HOOKS = {"mt_queuejob": ("queuejob", 10), "mt_periodic": ("periodic", 20),
          "mt_modifyvnode": ("modifyvnode", 5), "mt_jobobit": ("jobobit", 5)}
 
 
 @pytest.fixture
-def listener(pbs: PbsComplex) -> Iterator[HookListener]:
+def listener(pbs: PbsComplex) -> Iterator[HookSocket]:
     """The daemon's side of the hook socket, bound where install.sh pointed the hooks."""
-    lst = HookListener(pbs.hook_socket).bind()
+    lst = HookSocket(pbs.hook_socket).bind()
     try:
         yield lst
     finally:
@@ -33,7 +33,7 @@ def listener(pbs: PbsComplex) -> Iterator[HookListener]:
         pbs.hook_socket.unlink(missing_ok=True)
 
 
-def datagrams(lst: HookListener, want: Callable[[dict], bool], timeout_s: float) -> list[dict]:
+def datagrams(lst: HookSocket, want: Callable[[dict], bool], timeout_s: float) -> list[dict]:
     """Datagrams received until one that ``want`` accepts (returned last) or the timeout."""
     got: list[dict] = []
     deadline = time.monotonic() + timeout_s
@@ -50,7 +50,7 @@ def datagrams(lst: HookListener, want: Callable[[dict], bool], timeout_s: float)
     raise AssertionError(f"no matching datagram within {timeout_s:g} s; got {got}")
 
 
-def drain(lst: HookListener) -> None:
+def drain(lst: HookSocket) -> None:
     while True:
         try:
             lst.receive_raw(timeout_s=0)
@@ -106,7 +106,7 @@ def test_queuejob_routes_an_elastic_job_and_refuses_a_bad_one(pbs: PbsComplex,
 
 
 def test_hint_hooks_reach_the_listener(pbs: PbsComplex, test_user: str,
-                                       listener: HookListener) -> None:
+                                       listener: HookSocket) -> None:
     mark = len(server_log(pbs))
     free = datagrams(listener, lambda m: m["kind"] == "nodes_free", HOOK_FREQ_S + 5)[-1]
     assert free["src"] == "pbs-periodic" and free["nodes"] == pbs.node_names
@@ -135,7 +135,7 @@ def test_hint_hooks_reach_the_listener(pbs: PbsComplex, test_user: str,
 
 
 def test_jobobit_of_a_preempted_worker_says_requeued(pbs: PbsComplex, test_user: str,
-                                                     listener: HookListener) -> None:
+                                                     listener: HookSocket) -> None:
     array = fill(pbs, test_user)
     drain(listener)
     t0 = time.monotonic()
@@ -162,7 +162,7 @@ def test_hooks_never_fail_or_block_pbs_when_nobody_listens(pbs: PbsComplex, test
     path: Path = pbs.hook_socket
     path.unlink(missing_ok=True)
     if socket_state == "stale":
-        HookListener(path).bind().sock.close()  # type: ignore[union-attr]
+        HookSocket(path).bind().sock.close()  # type: ignore[union-attr]
     mark = len(server_log(pbs))
     t0 = time.monotonic()
     array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-2", "-l", "select=1:ncpus=2")

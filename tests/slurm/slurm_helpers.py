@@ -88,7 +88,10 @@ def start_cluster(root: Path, **kwargs: object) -> LocalCluster:
     require_slurm()
     cluster = LocalCluster(root=root, **kwargs)  # type: ignore[arg-type]
     report = cluster.start()
-    print(f"local cluster {root}: {report.phases_s} (port base {report.port_base})")
+    # In-process callers (admin check, the backend's runner) find this release's commands.
+    os.environ["PATH"] = cluster.release.env(dict(os.environ))["PATH"]
+    print(f"local cluster {root}: {report.phases_s} (port base {report.port_base}, "
+          f"Slurm {cluster.release.name})")
     return cluster
 
 

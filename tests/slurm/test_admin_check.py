@@ -18,7 +18,8 @@ def test_the_local_cluster_is_set_up_right(cluster: LocalCluster, tmp_path, caps
     failed = [c for c in report["checks"] if c["status"] != "OK"]
     assert (code, failed) == (0, [])
     by_name = {c["check"]: c["detail"] for c in report["checks"]}
-    assert by_name["slurmctld"].startswith("Slurm 22.05")
+    assert by_name["slurmctld"].startswith(f"Slurm {cluster.release.name}.")
+    assert by_name["Slurm release"].endswith(": tested with this MalleTrain")
     assert by_name["higher tier"] == "prod preempts preemptable (PriorityTier > 1)"
     assert by_name["EpilogSlurmctld"].endswith("plugin/epilog_slurmctld")  # wrapper followed
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 from ...config import Config
 from ...runner import with_bin_dir
 from .backend import SlurmBackend
+from .pyslurm_reader import source_for
 
 __all__ = ["SlurmBackend", "from_config"]
 
 
 def from_config(config: Config) -> SlurmBackend:
-    """The backend ``malletraind`` runs with ``daemon.batch_system = "slurm"``."""
+    """The backend ``malletraind`` runs with ``daemon.batch_system = "slurm"``: the poll reads
+    through pyslurm where ``slurm.pyslurm`` asks for it and a matching one exists."""
     s = config.slurm
-    return SlurmBackend(with_bin_dir(s.bin_dir, s.command_timeout_s), partition=s.partition,
-                        default_time_limit_s=s.default_time_limit_s)
+    runner = with_bin_dir(s.bin_dir, s.command_timeout_s)
+    return SlurmBackend(runner, partition=s.partition,
+                        default_time_limit_s=s.default_time_limit_s,
+                        source=source_for(s.pyslurm, runner))

@@ -1,4 +1,5 @@
-"""The Slurm backend: Slurm's state in, the engine's actions out (verified on Slurm 22.05).
+"""The Slurm backend: Slurm's state in, the engine's actions out (verified on Slurm 22.05,
+24.11 and 25.11; what differs between releases is in :mod:`.release`).
 
 An elastic job is a held array of one-node tasks in the preemptable partition (job_submit.lua
 makes it and tags it in admin_comment). The engine's id of a job is the array's job id.
@@ -30,6 +31,10 @@ it. A Finish needs no confirmation: no event is sent for a job after its Finish.
 The backend keeps no state on disk. After a restart its first poll reports every live job
 again (JobSubmitted), every usable node and every node running a worker (NodesIdle), and
 every running worker (WorkerStarted); the engine treats a repeated JobSubmitted as known.
+
+Kept in one module (over 400 lines) on purpose: the poll's reconciliation and the actions are one
+state machine over the task table; what a shrink or a grow may do depends on what the last poll
+saw, and splitting them would split that invariant.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
 from ...events import (
@@ -101,12 +107,15 @@ class SlurmBackend(TaskBackend):
     def __init__(self, runner: CommandRunner, partition: str = "preemptable",
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
-                 hole_margin_s: float = HOLE_MARGIN_S) -> None:
+                 hole_margin_s: float = HOLE_MARGIN_S, source: Any = None) -> None:
         if default_time_limit_s < 60:
             raise ValidationError("SlurmBackend", "default_time_limit_s",
                                   f"{default_time_limit_s:g} s is under Slurm's one-minute unit")
         super().__init__()
         self.runner = runner
+        self.source = source
+        """None: the poll reads through sinfo/squeue; else a
+        :class:`~.pyslurm_reader.PyslurmSource` (the same texts through pyslurm)."""
         self.partition = partition
         self.default_time_limit_s = float(default_time_limit_s)
         self.grow_timeout_s = float(grow_timeout_s)
@@ -120,6 +129,10 @@ class SlurmBackend(TaskBackend):
 
     # ------------------------------------------------------------------ commands
     def _query(self) -> tuple[dict[str, sp.NodeRow], list[sp.TaskRow], list[sp.PlanRow]]:
+        if self.source is not None:
+            got = self.source.snapshot(self.partition)
+            return (sp.parse_sinfo(got["sinfo"]), sp.parse_squeue(got["squeue"]),
+                    sp.parse_plan(got["plan"]))
         # sinfo first: a task that starts between the two calls then shows as ours, not as
         # a foreign job on a node we offered.
         n = self.runner.run(["sinfo", "-h", "-N", "-p", self.partition, "-o", sp.SINFO_FORMAT])

@@ -1,4 +1,4 @@
-"""All parsing of Slurm's output, in one module (verified against Slurm 22.05).
+"""All parsing of Slurm's output, in one module (verified against Slurm 22.05, 24.11, 25.11).
 
 Formatted ``squeue``/``sinfo`` output is the most stable interface across Slurm releases
 (the JSON schemas move with every release, and 22.05's ``squeue --json`` ignores filters).
@@ -8,6 +8,9 @@ version live in ``tests/golden/slurm/<version>/``.
 
 Times: Slurm prints local time (``2026-11-21T09:23:51``) unless ``SLURM_TIME_FORMAT`` says
 otherwise; :func:`parse_time` reads that and Unix seconds (``SLURM_TIME_FORMAT=%s``).
+
+Kept in one module (over 400 lines) on purpose: every parser of Slurm's output, tested together
+against the golden captures of each release.
 """
 
 from __future__ import annotations
@@ -319,11 +322,32 @@ def hole_ends(plan: Iterable[PlanRow], exclude: Iterable[str] = ()) -> dict[str,
 
 _KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
 
+FREE_TEXT_KEYS = frozenset({"SubmitLine", "Comment", "AdminComment", "SystemComment",
+                            "Command"})
+"""Values a user writes: they may hold `` word=`` (``SubmitLine=sbatch --wrap "x y=1"``,
+printed from 25.11 on), so they end only at a key Slurm prints (:data:`JOB_KEYS`)."""
+JOB_KEYS = frozenset("""
+    JobId ArrayJobId ArrayTaskId ArrayTaskThrottle HetJobId HetJobOffset HetJobIdSet JobName
+    UserId GroupId MCS_label Priority Nice Account QOS WCKey JobState Reason Dependency
+    Requeue Restarts BatchFlag Reboot ExitCode DerivedExitCode RunTime TimeLimit TimeMin
+    SubmitTime EligibleTime AccrueTime StartTime EndTime Deadline PreemptEligibleTime
+    PreemptTime SuspendTime SecsPreSuspend LastSchedEval Scheduler Partition AllocNode:Sid
+    ReqNodeList ExcNodeList NodeList SchedNodeList BatchHost NumNodes NumCPUs NumTasks
+    CPUs/Task ReqB:S:C:T TRES ReqTRES AllocTRES Socks/Node NtasksPerN:B:S:C CoreSpec
+    MinCPUsNode MinMemoryNode MinMemoryCPU MinTmpDiskNode Features Reservation DelayBoot
+    OverSubscribe Exclusive Contiguous Licenses LicensesAlloc Network Command SubmitLine
+    WorkDir Comment AdminComment SystemComment StdErr StdIn StdOut Power TresPerNode
+    TresPerTask TresPerJob TresPerSocket TresBind TresFreq CpusPerTres MemPerTres MailUser
+    MailType NtasksPerTRES Container ContainerID ResvPorts BurstBuffer BurstBufferState
+    CPU_IDs Mem GRES Nodes Prefer ClusterFeatures CpuFreq""".split())
+
 
 def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
     """Records of ``scontrol -o show job``: one ``Key=Value ...`` line per job.
 
-    Values may contain spaces (``Reason``, ``Command``); a value runs to the next `` Key=``.
+    Values may contain spaces (``Reason``, ``Command``, 25.11's ``SubmitLine``); a value runs
+    to the next `` Key=``, a free-text value (:data:`FREE_TEXT_KEYS`) to the next key Slurm
+    prints.
     """
     records = []
     for line in text.splitlines():
@@ -332,9 +356,16 @@ def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
             continue
         marks = list(_KV.finditer(line))
         rec: dict[str, str] = {}
-        for i, m in enumerate(marks):
-            end = marks[i + 1].start() if i + 1 < len(marks) else len(line)
-            rec[m.group(1)] = line[m.end():end].strip()
+        i = 0
+        while i < len(marks):
+            m = marks[i]
+            j = i + 1
+            if m.group(1) in FREE_TEXT_KEYS:
+                while j < len(marks) and marks[j].group(1) not in JOB_KEYS:
+                    j += 1
+            end = marks[j].start() if j < len(marks) else len(line)
+            rec.setdefault(m.group(1), line[m.end():end].strip())
+            i = j
         if rec:
             records.append(rec)
     return records

@@ -1,0 +1,146 @@
+"""Which Slurm release the local cluster runs: the host's, or a newer one in a chroot.
+
+``MALLETRAIN_SLURM=22.05|24.11|25.11`` (default 22.05, the host's Debian packages) selects it.
+24.11 is Debian trixie's packages in a chroot, 25.11 is built from the vendored source into
+``/opt/slurm-25.11`` inside that chroot; ``scripts/setup-slurm-matrix.sh`` makes both under
+``build/slurm-matrix/``.
+
+How a chroot release runs beside the host's tools:
+
+* slurmctld and slurmd run chrooted, so slurmd starts the chroot's slurmstepd and the
+  plugins match their daemons. The chroot sees the host's checkout and its neighbours, /tmp,
+  /home and the host's Python at the same paths (bind mounts made by the set-up script), so
+  job scripts, the host's Python with torch, the cluster root and munged's socket are where
+  the host has them. The epilog's ``#!/usr/bin/python3`` is the chroot's own Python (it needs
+  only the standard library).
+* Client commands (sbatch, squeue, scontrol, ...) run on the host, unchrooted, through the
+  chroot's dynamic loader with the chroot's libraries: wrapper scripts in
+  ``build/slurm-matrix/bin-<release>/``. Any user may run them (chroot needs root), and the
+  daemon and the tests call them like the host's commands, with that folder first on PATH.
+* ``PluginDir`` names the chroot's plugin folder by its host path, which the chroot also
+  sees (its own tree is inside the bind-mounted checkout): one slurm.conf serves both sides.
+* munged is the host's, as for 22.05 (the protocol is the same).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+MATRIX = REPO / "build" / "slurm-matrix"
+CHROOT = MATRIX / "trixie"
+DEFAULT = "22.05"
+CLIENTS = ("sbatch", "squeue", "scontrol", "sinfo", "scancel", "sacct", "sacctmgr", "sdiag",
+           "sprio", "sshare", "srun", "salloc", "sattach", "sstat", "strigger")
+_MULTIARCH = "x86_64-linux-gnu"
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Slurm release the local cluster can run (see the module doc)."""
+
+    name: str
+    prefix: str | None = None
+    """Inside the chroot: where bin/ and sbin/ are; None for the host's packages."""
+    lib_dirs: tuple[str, ...] = ()
+    """Inside the chroot: libslurm's folder and the plugin folder, first wins."""
+    plugin_dir: str = ""
+
+    @property
+    def chrooted(self) -> bool:
+        return self.prefix is not None
+
+    @property
+    def root(self) -> Path:
+        return CHROOT
+
+    @property
+    def bin_dir(self) -> Path | None:
+        """Where the client wrappers are (None: the host's commands on PATH)."""
+        return MATRIX / f"bin-{self.name}" if self.chrooted else None
+
+    def daemon_argv(self, program: str, *args: str) -> list[str]:
+        """How to start ``slurmctld``/``slurmd`` of this release."""
+        if not self.chrooted:
+            return [program, *args]
+        return ["chroot", str(CHROOT), f"{self.prefix}/sbin/{program}", *args]
+
+    def conf_lines(self) -> str:
+        """slurm.conf lines this release needs beyond the template."""
+        if not self.chrooted:
+            return ""
+        return f"PluginDir={CHROOT}{self.plugin_dir}"
+
+    def extra_files(self) -> dict[str, str]:
+        """Files beside slurm.conf: slurmd >= 24 aborts without a mounted cgroup fs unless
+        the cgroup plugin is off (every virtual node shares this host's kernel)."""
+        return {"cgroup.conf": "CgroupPlugin=disabled\n"} if self.chrooted else {}
+
+    def check_installed(self) -> None:
+        """Raise a one-line ConfigError that says how to set the release up when it is not."""
+        if not self.chrooted:
+            return
+        daemon = CHROOT / str(self.prefix).lstrip("/") / "sbin" / "slurmctld"
+        if not daemon.is_file():
+            raise ConfigError(f"Slurm {self.name} is not set up in {CHROOT}: run "
+                              f"scripts/setup-slurm-matrix.sh {self.name} (as root)")
+        if not (CHROOT / "proc" / "self").exists() or not (CHROOT / REPO.relative_to("/")).joinpath(
+                "Makefile").is_file():
+            raise ConfigError(f"the chroot {CHROOT} is not mounted: run "
+                              f"scripts/setup-slurm-matrix.sh mount (as root)")
+
+    def write_wrappers(self) -> Path | None:
+        """Write the client wrappers (idempotent); returns their folder."""
+        bin_dir = self.bin_dir
+        if bin_dir is None:
+            return None
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        loader = CHROOT / "lib64" / "ld-linux-x86-64.so.2"
+        libs = ":".join(f"{CHROOT}{d}" for d in (
+            *self.lib_dirs, f"/usr/lib/{_MULTIARCH}", f"/lib/{_MULTIARCH}"))
+        for name in CLIENTS:
+            target = CHROOT / str(self.prefix).lstrip("/") / "bin" / name
+            if not target.is_file():
+                continue
+            text = (f"#!/bin/sh\n# Slurm {self.name}'s {name}, run with the chroot's loader "
+                    "and libraries (malletrain_core/localcluster/releases.py)\n"
+                    f"exec {loader} --inhibit-cache --library-path {libs} --argv0 {name} "
+                    f"{target} \"$@\"\n")
+            path = bin_dir / name
+            if not path.is_file() or path.read_text() != text:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(text)
+                tmp.chmod(0o755)
+                tmp.replace(path)
+        return bin_dir
+
+    def env(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with this release's commands first on PATH."""
+        path = env.get("PATH", os.defpath)
+        if self.bin_dir is not None and path.split(":")[0] != str(self.bin_dir):
+            env["PATH"] = f"{self.bin_dir}:{path}"
+        return env
+
+
+_WLM = f"/usr/lib/{_MULTIARCH}/slurm-wlm"
+RELEASES = {
+    "22.05": Release("22.05"),
+    "24.11": Release("24.11", prefix="/usr", lib_dirs=(_WLM,), plugin_dir=_WLM),
+    "25.11": Release("25.11", prefix="/opt/slurm-25.11",
+                     lib_dirs=("/opt/slurm-25.11/lib/slurm", "/opt/slurm-25.11/lib"),
+                     plugin_dir="/opt/slurm-25.11/lib/slurm"),
+}
+
+
+def release(name: str | None = None) -> Release:
+    """The release called ``name``, else ``$MALLETRAIN_SLURM``, else 22.05."""
+    name = name or os.environ.get("MALLETRAIN_SLURM") or DEFAULT
+    try:
+        return RELEASES[name]
+    except KeyError:
+        raise ConfigError(f"MALLETRAIN_SLURM={name!r}: choose one of "
+                          f"{', '.join(RELEASES)}") from None
