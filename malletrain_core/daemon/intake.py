@@ -66,6 +66,23 @@ def _raise_priority(what: str) -> None:
         log.debug("%s reader keeps its priority: %s", what, exc)
 
 
+RECEIVE_BUFFER_BYTES = 8 << 20
+"""The report socket's kernel buffer: UDP drops what does not fit while the reader thread
+waits for a core, so bursts from many workers get room (forced past net.core.rmem_max where
+the daemon may, as root)."""
+
+
+def _large_receive_buffer(sock: socket.socket) -> None:
+    for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+        if option is None:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, RECEIVE_BUFFER_BYTES)
+            return
+        except OSError:
+            continue  # not privileged: the plain option, capped by net.core.rmem_max
+
+
 class _Counts:
     """Received and dropped counts, updated by the reader thread and the daemon's thread and
     read by the status API: every access goes through one lock."""
@@ -299,6 +316,7 @@ class ReportListener(_Queued):
                  max_queued: int = MAX_QUEUED) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
+        _large_receive_buffer(self.sock)
         try:
             self.sock.bind((host, port))
         except OSError:
