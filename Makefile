@@ -61,7 +61,7 @@ bench-quick: setup
 bench: setup
 	$(PYTHON) bench/allocator.py --json --markdown BENCHMARKS.md
 
-# build/slurm-matrix/trixie has the host's /work, /tmp and /home bind-mounted into it while the
+# build/slurm-matrix/trixie has the checkout's parent folder, /tmp and /home bind-mounted into it while the
 # matrix is set up: unmount before removing anything, and refuse while a mount is left.
 clean:
 	@if grep -q " $(CURDIR)/build/" /proc/mounts; then \
