@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from prometheus_client.core import (
@@ -35,6 +35,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import start_http_server
 
 from ..engine.config import JobPhase
+from ..engine.router import trainers
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,10 @@ class DaemonCollector:
             actions = dict(counters.actions)
             failures, last_ms = counters.command_failures, counters.last_cycle_ms
             last_poll = counters.last_poll_time
-            inner = getattr(engine, "engines", None)
+            inner = trainers(engine) or {getattr(engine, "name", "default"): engine}
             per_trainer = [(str(name), len(one.idle_nodes), len(one.node_map),
                             Counter(v.phase.value for v in one.jobs.values()))
-                           for name, one in (inner.items() if isinstance(inner, Mapping)
-                                             else [(getattr(engine, "name", "default"), engine)])]
+                           for name, one in inner.items()]
 
         nodes = GaugeMetricFamily("malletrain_nodes", "Idle nodes offered to MalleTrain, by "
                                   "state (free, or held by an elastic job)", labels=["state"])

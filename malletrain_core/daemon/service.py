@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import pwd
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from typing import Any
 
 from .. import __version__
 from ..engine.config import JobPhase, JobView
+from ..engine.router import trainers
 from ..hostlist import fold
 from ..wire.api import ApiError
 from .api import Dispatcher
@@ -31,8 +32,8 @@ PHASES = tuple(phase.value for phase in JobPhase)
 
 def _engines(engine: Any) -> list[Any]:
     """The engines behind ``daemon.engine`` (one, or a router's several)."""
-    inner = getattr(engine, "engines", None)
-    return list(inner.values()) if isinstance(inner, Mapping) else [engine]
+    inner = trainers(engine)
+    return list(inner.values()) if inner is not None else [engine]
 
 
 def trainer_of_job(engine: Any, job_id: str) -> str:
@@ -56,8 +57,8 @@ def _hole_ends(engine: Any) -> dict[str, float | None]:
 
 def _trainers(engine: Any) -> dict[str, dict[str, int]]:
     """Node and job counts per trainer (empty with a single engine)."""
-    inner = getattr(engine, "engines", None)
-    if not isinstance(inner, Mapping):
+    inner = trainers(engine)
+    if inner is None:
         return {}
     return {name: {"free": len(one.idle_nodes), "held": len(one.node_map),
                    "jobs": len(one.jobs)} for name, one in inner.items()}

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.router import trainers
 from ..errors import MalleTrainError
 
 FORMAT = 1
@@ -198,8 +199,8 @@ def _body(engine: Any) -> dict[str, Any]:
 def snapshot(engine: Any) -> str:
     """The engine's state as one JSON text (see the module docstring); a router of several
     trainers' engines is saved as its routing tables and one body per engine."""
-    inner = getattr(engine, "engines", None)
-    if isinstance(inner, dict):
+    inner = trainers(engine)
+    if inner is not None:
         body: dict[str, Any] = {
             "format": FORMAT, "engine": _class_name(engine),
             "routes": {"nodes": dict(engine._node_engine), "jobs": dict(engine._job_engine),
@@ -222,8 +223,8 @@ def restore(engine: Any, text: str) -> None:
         got = body.get("format") if isinstance(body, dict) else None
         raise SnapshotError(f"engine snapshot format {got!r}, this version reads {FORMAT}; "
                             "restart the version that wrote it or remove state.db")
-    inner = getattr(engine, "engines", None)
-    if isinstance(inner, dict):
+    inner = trainers(engine)
+    if inner is not None:
         _check_class(engine, body)
         saved = body.get("engines")
         routes = body.get("routes")
@@ -301,8 +302,8 @@ def canonical(engine: Any) -> Any:
             return [_class_name(obj), walk({k: v for k, v in vars(obj).items()
                                             if k not in ("solve_ms", "_cache")}, inner)]
         return repr(obj)
-    inner = getattr(engine, "engines", None)
-    if isinstance(inner, dict):
+    inner = trainers(engine)
+    if inner is not None:
         return {"routes": [sorted(engine._node_engine.items()), sorted(engine._job_engine.items()),
                            sorted(engine._unowned)],
                 "engines": {name: canonical(one) for name, one in inner.items()}}

@@ -141,3 +141,10 @@ class Router:
             for key, value in vars(engine.stats).items():
                 setattr(total, key, getattr(total, key) + value)
         return total
+
+
+def trainers(engine: object) -> dict[str, Engine] | None:
+    """A router's engines by trainer name, or None for a single engine (what the daemon's
+    status, metrics and snapshots need to tell the two apart)."""
+    inner = getattr(engine, "engines", None)
+    return dict(inner) if isinstance(inner, Mapping) else None

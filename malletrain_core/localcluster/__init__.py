@@ -35,12 +35,14 @@ from ..runner import CommandRunner, Result
 from .procs import (
     PORT_RANGE,
     ClusterError,
+    PhaseClock,
     choose_port_base,
     comm,
     kill,
     munge_dir_for,
     pid_alive,
     port_free,
+    start_or_clean_up,
 )
 from .releases import Release, release
 
@@ -207,23 +209,11 @@ class LocalCluster:
         self.release.check_installed()
         self.release.write_wrappers()
         report = StartReport(False, self.port_base)
-        try:
-            self._start(report, timeout_s)
-        except BaseException as exc:
-            if not isinstance(exc, ClusterError):  # a ClusterError already carries the dump
-                self._dump_quietly()
-            self.stop()
-            raise
+        start_or_clean_up(lambda: self._start(report, timeout_s), self.dump, self.stop)
         return report
 
     def _start(self, report: StartReport, timeout_s: float) -> None:
-        t = time.monotonic()
-
-        def phase(name: str) -> None:
-            nonlocal t
-            now = time.monotonic()
-            report.phases_s[name] = round(now - t, 3)
-            t = now
+        phase = PhaseClock(report.phases_s)
 
         shutil.rmtree(self.run_dir, ignore_errors=True)
         shutil.rmtree(self.munge_dir, ignore_errors=True)
@@ -353,12 +343,6 @@ class LocalCluster:
                     continue
             parts.append(f"--- {log} (last {log_lines} lines)\n" + "\n".join(lines[-log_lines:]))
         return "\n".join(parts)
-
-    def _dump_quietly(self) -> None:
-        try:
-            print(self.dump(), file=sys.stderr)
-        except Exception as exc:  # a failed dump must not hide the failure being dumped
-            print(f"(dump failed: {exc})", file=sys.stderr)
 
     # ------------------------------------------------------------------ stop
     def stop(self, timeout_s: float = 20.0) -> float:

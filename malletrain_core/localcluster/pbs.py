@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ..errors import CommandError, ConfigError, MalleTrainError
 from ..runner import CommandRunner, Result
-from .procs import ClusterError, kill
+from .procs import ClusterError, PhaseClock, kill, start_or_clean_up
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-openpbs.sh"
@@ -264,23 +264,11 @@ class PbsComplex:
             return StartReport(True)
         self.stop()  # leftovers of a complex that died
         report = StartReport(False)
-        try:
-            self._start(report, timeout_s)
-        except BaseException as exc:
-            if not isinstance(exc, ClusterError):
-                self._dump_quietly()
-            self.stop()
-            raise
+        start_or_clean_up(lambda: self._start(report, timeout_s), self.dump, self.stop)
         return report
 
     def _start(self, report: StartReport, timeout_s: float) -> None:
-        t = time.monotonic()
-
-        def phase(name: str) -> None:
-            nonlocal t
-            now = time.monotonic()
-            report.phases_s[name] = round(now - t, 3)
-            t = now
+        phase = PhaseClock(report.phases_s)
 
         for sub in ("server", "etc", "bin", *(f"mom-{n}" for n in self.node_names)):
             shutil.rmtree(self.root / sub, ignore_errors=True)
@@ -482,12 +470,6 @@ class PbsComplex:
                     parts.append(f"--- {logs[-1]} (last {log_lines} lines)\n"
                                  + "\n".join(lines[-log_lines:]))
         return "\n".join(parts)
-
-    def _dump_quietly(self) -> None:
-        try:
-            print(self.dump(), file=sys.stderr)
-        except Exception as exc:  # a failed dump must not hide the failure being dumped
-            print(f"(dump failed: {exc})", file=sys.stderr)
 
     # ------------------------------------------------------------------ stop
     def stop(self, timeout_s: float = 30.0) -> float:

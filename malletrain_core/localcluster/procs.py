@@ -7,7 +7,10 @@ import hashlib
 import os
 import random
 import socket
+import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import MalleTrainError
@@ -82,3 +85,33 @@ def kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+class PhaseClock:
+    """Records how long each phase of a start took: ``phase(name)`` closes the phase that
+    began at the previous call (or at creation) into ``phases[name]`` (seconds)."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases = phases
+        self._t = time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = round(now - self._t, 3)
+        self._t = now
+
+
+def start_or_clean_up(start: Callable[[], None], dump: Callable[[], str],
+                      stop: Callable[[], object]) -> None:
+    """Run ``start``; if it fails, print ``dump()`` to stderr (a ClusterError already carries
+    it), stop whatever did start, and re-raise."""
+    try:
+        start()
+    except BaseException as exc:
+        if not isinstance(exc, ClusterError):
+            try:
+                print(dump(), file=sys.stderr)
+            except Exception as failed:  # a failed dump must not hide the failure being dumped
+                print(f"(dump failed: {failed})", file=sys.stderr)
+        stop()
+        raise
