@@ -24,6 +24,7 @@ from malletrain_core.daemon.intake import (
     READER_NICE,
     HookListener,
     ReportListener,
+    to_event,
 )
 from malletrain_core.daemon.store import Store
 from malletrain_core.events import Action, Event
@@ -192,6 +193,25 @@ def test_report_flood_while_blocked_is_all_verified() -> None:
         got = drain_until(listener, 2000)
         assert [r.seq for r in got] == list(range(1, 2001))
         assert listener.received == 2000 and not listener.dropped
+    finally:
+        listener.close()
+
+
+def test_a_report_is_timed_at_its_receipt_not_by_its_senders_clock() -> None:
+    """A node whose clock is an hour ahead or behind (or jumps) must not move the engine's
+    time: the report's time is the daemon's clock when the reader received it."""
+    now = [1000.0]
+    listener = ReportListener("127.0.0.1", 0, key_for={"9": KEY}.get, clock=lambda: now[0])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for seq, skew in enumerate((3600.0, -3600.0, 0.0), start=1):
+                report = reports.Report(job="9", epoch=1, seq=seq, t=time.time() + skew,
+                                        samples=64.0 * seq, world=2)
+                s.sendto(reports.sign(report, KEY), listener.address)
+                got = drain_until(listener, 1)
+                assert len(got) == 1 and got[0].seq == seq and got[0].t == now[0]
+                assert to_event(got[0]).time == now[0]
+                now[0] += 2.0
     finally:
         listener.close()
 

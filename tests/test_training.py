@@ -106,3 +106,47 @@ def test_checkpoint_is_atomic_unwrapped_and_acknowledged(tmp_path, receiver):
     other = torch.nn.Linear(3, 2)
     other.load_state_dict(payload["state"]["model"])
     assert torch.equal(other.weight, model.weight)
+
+
+@pytest.mark.torch
+def test_a_failed_checkpoint_keeps_the_last_one_and_training_goes_on(tmp_path, receiver,
+                                                                      monkeypatch, capsys):
+    """A full or read-only checkpoint folder: the save fails without raising, the partial
+    file is gone, the previous checkpoint is intact, one line says why (not one per try), the
+    daemon gets no acknowledgement, and the next period tries again."""
+    torch = pytest.importorskip("torch")
+    clock = Clock()
+    s = training.Session(env=env_for(tmp_path, receiver), clock=clock, checkpoint_every_s=10,
+                         handle_sigterm=False)
+    assert s.checkpoint({"w": torch.zeros(2)}, step=5) is not None
+    reports.verify(receiver.recv(2048), KEY)  # the acknowledgement of step 5
+    real_save = torch.save
+
+    def full_disk(obj, fh):
+        fh.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    flag = tmp_path / training.REQUEST_NAME
+    flag.write_text("1")  # the daemon asks for a checkpoint
+    import os
+    os.utime(flag, (clock.t + 5, clock.t + 5))
+    clock.t += 11
+    assert s.should_checkpoint()
+    for step in (9, 10):
+        assert s.checkpoint({"w": torch.ones(2)}, step=step) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "step 9" in err[0], err
+    assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".tmp")]
+    assert not s.should_checkpoint(), "a failed save must not be retried at every step"
+    receiver.settimeout(0.2)
+    with pytest.raises(socket.timeout):
+        receiver.recv(2048)  # no acknowledgement of a checkpoint that was not made
+    fresh = training.Session(env={training.ENV_CHECKPOINT_DIR: str(tmp_path / "ckpt")},
+                             handle_sigterm=False)
+    assert fresh.resume()["step"] == 5
+    clock.t += 11
+    assert s.should_checkpoint()  # the next period tries again
+    monkeypatch.setattr(torch, "save", real_save)
+    assert s.checkpoint({"w": torch.ones(2)}, step=30) is not None
+    assert fresh.resume()["step"] == 30

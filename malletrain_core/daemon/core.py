@@ -36,7 +36,7 @@ from ..events import (
     WorkerStarted,
 )
 from . import snapshot as snapshots
-from .store import Store
+from .store import CorruptState, Store
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,11 @@ class Daemon:
         n = 0
         saved = self.store.snapshot()
         if saved is not None:
-            snapshots.restore(self.engine, saved[1])
+            try:
+                snapshots.restore(self.engine, saved[1])
+            except snapshots.CorruptSnapshot as exc:
+                raise CorruptState(f"{self.store.path}: the engine snapshot does not load "
+                                   f"({exc})") from None
             log.info("recovered the engine snapshot at journal position %d", saved[0])
             self._recovered = True
         for batch in self.store.replay():

@@ -16,16 +16,18 @@ counted as ``"queue overflow"``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
 import socket
 import sys
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..errors import MalleTrainError
 from ..events import ProgressReport
@@ -233,7 +235,7 @@ class _Queued:
     and the counters (snapshots, taken under the counters' lock)."""
 
     _counts: _Counts
-    queue: DatagramQueue[bytes]
+    queue: DatagramQueue[Any]
 
     @property
     def dropped(self) -> Counter[str]:
@@ -310,10 +312,15 @@ class HookListener(_Queued):
 class ReportListener(_Queued):
     """Receives signed progress reports over UDP, read continuously on its own thread;
     ``key_for(job)`` gives each job's key (called from :meth:`drain`, on the caller's thread).
+
+    A report's time is when the reader thread received it, on the daemon's ``clock``, not the
+    ``t`` its sender wrote: the nodes' clocks are not the daemon's, and one that is off or
+    jumps (an NTP step, a VM resumed) would otherwise move the engine's time, and with it the
+    harvest accounting and the profiler's rates, by as much as it is off.
     """
 
     def __init__(self, host: str, port: int, key_for: Callable[[str], bytes | None],
-                 max_queued: int = MAX_QUEUED) -> None:
+                 max_queued: int = MAX_QUEUED, clock: Callable[[], float] = time.time) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         _large_receive_buffer(self.sock)
@@ -325,9 +332,10 @@ class ReportListener(_Queued):
         self.key_for = key_for
         self.guard = reports.ReplayGuard()
         self._counts = _Counts("report")
-        self.queue: DatagramQueue[bytes] = DatagramQueue(
-            self.sock, lambda: self.sock.recv(reports.MAX_BYTES + 1), self._counts, max_queued,
-            "report-intake")
+        self.clock = clock
+        self.queue: DatagramQueue[tuple[bytes, float]] = DatagramQueue(
+            self.sock, lambda: (self.sock.recv(reports.MAX_BYTES + 1), clock()), self._counts,
+            max_queued, "report-intake")
 
     @property
     def address(self) -> tuple[str, int]:
@@ -355,12 +363,13 @@ class ReportListener(_Queued):
         return report
 
     def drain(self) -> list[reports.Report]:
-        """Every report queued now that verifies; the others are dropped and counted."""
+        """Every report queued now that verifies, timed at its receipt; the others are dropped
+        and counted."""
         out: list[reports.Report] = []
-        for data in self.queue.take():
+        for data, received in self.queue.take():
             report = self.accept(data)
             if report is not None:
-                out.append(report)
+                out.append(dataclasses.replace(report, t=received))
         return out
 
 

@@ -35,7 +35,7 @@ from .epochs import EpochCoordinator
 from .intake import HookListener, ReportListener, to_event
 from .launchers import LauncherService
 from .service import attach
-from .store import Store
+from .store import Store, open_checked
 
 log = logging.getLogger("malletraind")
 
@@ -165,9 +165,13 @@ class Service:
 
 
 def build(config: Config) -> Service:
-    """The daemon, its listeners and API servers, state recovered from the store."""
+    """The daemon, its listeners and API servers, state recovered from the store (a corrupt
+    one is moved aside and the daemon starts from an empty one: :func:`.store.open_checked`)."""
+    return open_checked(config.daemon.state_dir, lambda store: _build(config, store))
+
+
+def _build(config: Config, store: Store) -> Service:
     d = config.daemon
-    store = Store(d.state_dir)
     coordinator = make_coordinator(config, store)
     engine = make_engine(config)
     bridge = EpochBridge(make_backend(config), coordinator)
@@ -178,11 +182,11 @@ def build(config: Config) -> Service:
     service = Service(daemon, coordinator, bridge, Dispatcher(admin_uids=admins))
     try:
         _wire(config, service, admins)
+        daemon.recover()
     except BaseException:
         service.close()
         store.close()
         raise
-    daemon.recover()
     return service
 
 

@@ -40,6 +40,10 @@ class SnapshotError(MalleTrainError):
     """A snapshot cannot be written or read."""
 
 
+class CorruptSnapshot(SnapshotError):
+    """A stored snapshot does not decode (as opposed to one of another format version)."""
+
+
 def _class_name(obj: object) -> str:
     cls = type(obj)
     return f"{cls.__module__}:{cls.__qualname__}"
@@ -217,7 +221,7 @@ def restore(engine: Any, text: str) -> None:
     try:
         body = json.loads(text)
     except ValueError as exc:
-        raise SnapshotError(f"the engine snapshot is not JSON ({exc}); remove state.db to "
+        raise CorruptSnapshot(f"the engine snapshot is not JSON ({exc}); remove state.db to "
                             "start empty (the daemon reconciles with the batch system)") from None
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         got = body.get("format") if isinstance(body, dict) else None

@@ -6,23 +6,35 @@ journal into a fresh engine (discarding the actions) and then reconciles with th
 which is the truth. The key-value table holds what is not derived from events (the epoch
 coordinator's state, counters). Once the journal holds more than ``daemon.journal_max_events``
 events it is compacted: a snapshot of the engine (:mod:`.snapshot`) replaces every row before
-it, in one transaction, and a restart loads the snapshot and replays only the rows after it. Only two faults stop the daemon instead of being recovered: a
-full disk and a database locked by another process; both raise :class:`StateError` with one
-clear message and leave the database consistent (every write is one transaction).
+it, in one transaction, and a restart loads the snapshot and replays only the rows after it.
+
+Only two faults stop the daemon instead of being recovered: a full disk and a database locked
+by another process; both raise :class:`StateError` with one clear message and leave the
+database consistent (every write is one transaction). A corrupt or truncated database (a disk
+fault, a copy taken mid-write) raises :class:`CorruptState` when it is opened, checked or read;
+:func:`open_checked` then moves its files aside, keeps them for a post-mortem, and starts from
+an empty one: the batch system still holds every job, so what is lost is what only the
+daemon knew (measured scaling curves, counters), which the profiler measures again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import MalleTrainError
 from ..events import Event
 from . import codec
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -41,8 +53,21 @@ class StateError(MalleTrainError):
     """The state database cannot be written: the daemon stops with this message."""
 
 
+class CorruptState(StateError):
+    """The state database's pages or rows do not read back: it is moved aside."""
+
+
+CORRUPT_SIGNS = ("malformed", "not a database", "corrupt")
+"""Words in SQLite's messages for a damaged file (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``)."""
+
+_FILES = ("", "-wal", "-shm")
+"""The database file and SQLite's write-ahead log and shared-memory index beside it."""
+
+
 def _explain(path: Path, exc: sqlite3.Error) -> StateError:
     text = str(exc).lower()
+    if any(sign in text for sign in CORRUPT_SIGNS):
+        return CorruptState(f"{path}: the state database is corrupt ({exc})")
     if "locked" in text or "busy" in text:
         return StateError(f"{path}: the state database is locked by another process; stop the "
                           "other malletraind (only one may run per state_dir)")
@@ -118,9 +143,26 @@ class Store:
                 yield batch
                 batch = []
             current = number
-            batch.append(codec.from_dict(json.loads(body)))  # type: ignore[arg-type]
+            try:
+                batch.append(codec.from_dict(json.loads(body)))  # type: ignore[arg-type]
+            except (ValueError, TypeError, KeyError) as exc:
+                raise CorruptState(f"{self.path}: journal row of batch {number} does not "
+                                   f"decode ({exc})") from None
         if batch:
             yield batch
+
+    def check(self) -> None:
+        """SQLite's page-level check of the whole file (``PRAGMA quick_check``, linear in its
+        size, which compaction bounds); raises :class:`CorruptState`."""
+        try:
+            rows = self.db.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+        problems = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+        if problems:
+            raise CorruptState(f"{self.path}: the state database is corrupt ({problems[0]}"
+                               + (f" and {len(problems) - 1} more" if len(problems) > 1 else "")
+                               + ")")
 
     def journal_length(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM journal").fetchone()[0])
@@ -183,5 +225,51 @@ class Store:
             raise _explain(self.path, exc) from None
 
     def get(self, key: str, default: Any = None) -> Any:
-        row = self.db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else default
+        try:
+            row = self.db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+            return json.loads(row[0]) if row else default
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+        except ValueError:
+            raise CorruptState(f"{self.path}: the value of {key!r} does not decode") from None
+
+
+def quarantine(path: Path, now: float | None = None) -> Path:
+    """Move a corrupt database and its log files aside (``state.db.corrupt-<UTC time>``);
+    returns the new path of the database file."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while any(Path(f"{target}{part}").exists() for part in _FILES):
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
+    for part in _FILES:
+        try:
+            os.replace(f"{path}{part}", f"{target}{part}")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StateError(f"{path}{part}: the state database is corrupt and cannot be "
+                             f"moved aside ({exc.strerror}); move it away by hand and restart "
+                             "malletraind") from None
+    return target
+
+
+def open_checked(state_dir: str | os.PathLike[str], opened: Callable[[Store], T]) -> T:
+    """Open the store, check it and call ``opened(store)`` (which recovers from it); when the
+    database turns out corrupt on the way, move it aside, log one line that says what was
+    lost, and do it again on an empty database. Other errors propagate."""
+    store = None
+    try:
+        store = Store(state_dir)
+        store.check()
+        return opened(store)
+    except CorruptState as exc:
+        if store is not None:
+            store.close()
+        path = Path(state_dir) / "state.db"
+        moved = quarantine(path)
+        log.error("%s: moved it to %s and started from an empty state; the jobs are read "
+                  "again from the batch system, their measured scaling curves are lost and "
+                  "measured again", exc, moved.name)
+    return opened(Store(state_dir))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -90,6 +91,7 @@ class Session:
         self._last_send_t = 0.0
         self._seq = 0
         self._ckpt_ack: int | None = None
+        self._save_error = ""
         self.samples = 0.0
         self.dropped_reports = 0
         self._key = bytes.fromhex(env[ENV_REPORT_KEY]) if env.get(ENV_REPORT_KEY) else b""
@@ -163,23 +165,50 @@ class Session:
         return self._request_mtime() > self._request_seen
 
     def checkpoint(self, state: Mapping[str, Any], step: int) -> Path | None:
-        """Save ``state`` atomically from the chief; returns the path (None on other ranks)."""
+        """Save ``state`` atomically from the chief; returns the path (None on other ranks,
+        and when the save failed).
+
+        A folder that is full, read-only or gone does not stop training: the partial file is
+        removed, the last complete checkpoint stays as it was, one line on stderr says why
+        (once per distinct cause until a save succeeds again), and the next period tries
+        again. The daemon is not told that a checkpoint was made, so a change it asked for
+        waits for its checkpoint timeout and the job resumes from the last complete one."""
         if not self.is_chief:
             return None
         import torch
 
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         final = self.checkpoint_dir / CHECKPOINT_NAME
         tmp = final.with_name(f".{CHECKPOINT_NAME}.{os.getpid()}.tmp")
         payload = {"state": _unwrap(dict(state)), "step": int(step), "samples": self.samples,
                    "world_size": self.world_size, "time": self._clock()}
-        with open(tmp, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        try:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                torch.save(payload, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except (OSError, RuntimeError) as exc:  # torch.save wraps write errors in RuntimeError
+            self._checkpoint_failed(step, exc, tmp)
+            return None
+        self._save_error = ""
         self.checkpointed(step)
         return final
+
+    def _checkpoint_failed(self, step: int, exc: BaseException, tmp: Path) -> None:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        self._last_ckpt_t = self._clock()  # try again a period later, not at every step
+        self._request_seen = self._request_mtime()  # the daemon's request was tried: it times out
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+            str(exc).splitlines()[0][:200]
+        if cause != self._save_error:
+            self._save_error = cause
+            print(f"malletrain: checkpoint of step {step} to {self.checkpoint_dir} failed "
+                  f"({cause}); training goes on and the last complete checkpoint is kept: "
+                  "free space or fix the folder's permissions", file=sys.stderr, flush=True)
 
     def checkpointed(self, step: int) -> None:
         """A checkpoint of ``step`` is complete (written here or by a library such as
