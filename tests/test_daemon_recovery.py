@@ -100,3 +100,21 @@ def test_a_fresh_daemon_reconciles_nothing(tmp_path: Path) -> None:
     assert reconciled(engine) == []
     d.close()
     d.store.close()
+
+
+def test_a_daemon_without_state_shrinks_the_workers_it_did_not_grant(tmp_path: Path) -> None:
+    """State lost (a corrupt database moved aside, state_dir removed): tasks still run that
+    the fresh engine never granted. They are shrunk, once, and never left on nodes that the
+    engine offers to other jobs."""
+    engine = Engine({})
+    backend = Backend([NodesIdle(10.0, (IdleNode("n1", None), IdleNode("n2", None))),
+                       WorkerStarted(10.0, "7", "n1"), WorkerStarted(10.0, "7", "n2")])
+    d = daemon(tmp_path, engine, backend, journal=False)
+    d.cycle()
+    assert backend.executed == [Shrink("7", ("n1", "n2"))]
+    assert reconciled(engine) == []
+    backend.polled = [WorkerStarted(11.0, "7", "n1")]
+    d.cycle()  # only the first poll reconciles
+    assert backend.executed == [Shrink("7", ("n1", "n2"))]
+    d.close()
+    d.store.close()

@@ -103,6 +103,7 @@ class Daemon:
         self._stopping = False
         self._hook_at: float | None = None
         self._recovered = False
+        self._first_poll = True
         # Held by the cycle and by every API handler: the API server answers on its own
         # threads, the engine and the epoch coordinator are not thread-safe.
         self.lock = threading.RLock()
@@ -154,19 +155,30 @@ class Daemon:
             self._compact_after = self.store.rows + bound
             log.error("journal compaction failed, the journal keeps growing: %s", exc)
 
-    def _after_recovery(self, events: list[Event], now: float) -> list[Event]:
+    def _after_recovery(self, events: list[Event], now: float, fresh: bool = False
+                        ) -> list[Event]:
         """Reconcile the replayed engine with the first poll after a restart (which reports
         every running worker and every offered node): a grow it made whose worker never
         started is taken back and the node offered again (so that the engine re-plans), a
-        shrink it made that never reached the batch system is carried out again."""
+        shrink it made that never reached the batch system is carried out again.
+
+        A ``fresh`` daemon (no state: a first start, or a state database that was lost or
+        moved aside as corrupt) holds no node, so every worker still running is one it did
+        not grant: each is shrunk (requeue-held, its job resumes from its checkpoint on the
+        nodes the engine then grants), never left training where the engine offers the node
+        to others."""
         self._recovered = False
         node_map = getattr(self.engine, "node_map", None)
         if node_map is None:
             return []
         held = dict(node_map)
         running = {(e.job_id, e.node) for e in events if isinstance(e, WorkerStarted)}
+        if fresh and running:
+            log.warning("%d workers run that this daemon, started without state, did not "
+                        "grant: they are shrunk and their jobs planned again", len(running))
         offered = {n.name: n for e in events if isinstance(e, NodesIdle) for n in e.nodes}
-        lost = [node for node, job in sorted(held.items()) if (job, node) not in running]
+        lost = [] if fresh else [node for node, job in sorted(held.items())
+                                 if (job, node) not in running]
         out: list[Event] = []
         if lost:
             log.warning("no worker on %s after the restart: the grows there are dropped",
@@ -244,6 +256,9 @@ class Daemon:
             self.counters.last_poll_time = now
             if self._recovered:
                 events = events + self._after_recovery(events, now)
+            elif self._first_poll:
+                events = events + self._after_recovery(events, now, fresh=True)
+            self._first_poll = False
         events = self.pending + events
         self.pending = []
         if now - self._last_tick >= self.tick_interval_s:

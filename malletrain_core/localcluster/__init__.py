@@ -241,8 +241,14 @@ class LocalCluster:
         phase("nodes_idle")
 
     def _start_munge(self) -> None:
+        self.start_munged(new_key=True)
+
+    def start_munged(self, new_key: bool = False) -> None:
+        """Start this cluster's munged (with a fresh random key when ``new_key``: at start-up;
+        the fault tests restart it with the same key)."""
         key = self.munge_dir / "munge.key"
-        key.write_bytes(os.urandom(1024))
+        if new_key or not key.exists():
+            key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         self.munge_dir.chmod(0o711)
         CommandRunner().run([

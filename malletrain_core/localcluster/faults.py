@@ -1,9 +1,11 @@
 """Faults to inject into a :class:`~malletrain_core.localcluster.LocalCluster`.
 
 A node failure (its slurmd and every process of the jobs on it killed at once), a controller
-restart over the same state directory, and the reverse operations, so that a test can break a
+restart over the same state directory, munged stopped and started again with the same key, a
+process hung (SIGSTOP) and resumed, and the reverse operations, so that a test can break a
 node and hand the cluster back healthy. Only processes that belong to this cluster are
-touched: each is checked against the cluster's ``slurm.conf`` path or its job ids.
+touched: each is checked against the cluster's ``slurm.conf`` path, its munge socket or its
+job ids.
 """
 
 from __future__ import annotations
@@ -119,3 +121,45 @@ def start_controller(cluster: LocalCluster, timeout_s: float = 30.0) -> float:
     cluster.run(cluster.release.daemon_argv("slurmctld", "-f", str(cluster.conf_path)))
     return cluster.wait_for("slurmctld answering", lambda: cluster.run(
         ["scontrol", "ping"], check=False, timeout_s=10).returncode == 0, timeout_s)
+
+
+def munged_pid(cluster: LocalCluster) -> int | None:
+    """The PID of this cluster's munged, None when it is not running."""
+    path = cluster.run_dir / "pids" / "munged.pid"
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid, str(cluster.munge_socket)) else None
+
+
+def stop_munged(cluster: LocalCluster, timeout_s: float = 10.0) -> None:
+    """Stop munged (SIGTERM, as ``systemctl stop munge``): every credential is refused until
+    :func:`start_munged`."""
+    pid = munged_pid(cluster)
+    if pid is None:
+        raise ClusterError(f"munged of {cluster.root} is not running")
+    kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid, str(cluster.munge_socket)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def start_munged(cluster: LocalCluster, timeout_s: float = 10.0) -> float:
+    """Start munged again with the cluster's key (credentials made before stay valid until
+    they expire); returns the seconds until its socket answered."""
+    if munged_pid(cluster) is not None:
+        raise ClusterError(f"munged of {cluster.root} is already running")
+    cluster.start_munged(new_key=False)
+    return cluster.wait_for("munged answering", lambda: munged_pid(cluster) is not None
+                            and cluster.munge_socket.exists(), timeout_s)
+
+
+def pause(pid: int) -> None:
+    """SIGSTOP ``pid``: the process is hung (holds its sockets, answers nothing)."""
+    kill(pid, signal.SIGSTOP)
+
+
+def resume(pid: int) -> None:
+    """SIGCONT a process stopped by :func:`pause`."""
+    kill(pid, signal.SIGCONT)

@@ -14,20 +14,29 @@ checkpoint); with ``MALLETRAIN_FAULTS_RESULTS`` set the table goes to that JSON 
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import sqlite3
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 import pytest
+from faults_common import (
+    NO_PROFILING,
+    assert_invariants,
+    daemons_fixture,
+    gone,
+    outdir_fixture,
+    prod,
+    record,
+    samples_lost,
+    submit,
+    wait_running,
+    write_results,
+)
 from slurm_helpers import (
     after_test,
     cluster_root,
@@ -43,7 +52,7 @@ from slurm_helpers import (
     wait_agree,
     wait_consistent,
 )
-from training_logs import JobLog, invariant_problems, read_job
+from training_logs import read_job
 
 from malletrain_core.errors import MalleTrainError
 from malletrain_core.localcluster import LocalCluster
@@ -57,96 +66,14 @@ from malletrain_core.localcluster.faults import (
 
 pytestmark = [pytest.mark.faults]
 
-BATCH = 16
-TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", str(BATCH),
-         "--step-sleep-s", "0.1", "--checkpoint-every-s", "6", "--log-every", "1"]
-NO_PROFILING: dict[str, dict[str, Any]] = {"profiler": {"enabled": False}}
-RESULTS: list[dict[str, Any]] = []
-
-
 @pytest.fixture(scope="module", autouse=True)
 def results() -> Iterator[None]:
     yield
-    path = os.environ.get("MALLETRAIN_FAULTS_RESULTS")
-    if path and RESULTS:
-        Path(path).write_text(json.dumps(RESULTS, indent=1) + "\n")
+    write_results()
 
 
-def record(scenario: str, survived: str, lost: int | None, note: str = "") -> None:
-    RESULTS.append({"scenario": scenario, "outcome": survived, "samples_lost": lost,
-                    "note": note})
-
-
-@pytest.fixture
-def daemons(request: pytest.FixtureRequest, cluster: LocalCluster,
-            tmp_path: Path) -> Iterator[Callable[..., LocalDaemon]]:
-    """Start daemons (``settings`` as for LocalDaemon); all are stopped afterwards."""
-    started: list[LocalDaemon] = []
-
-    def make(settings: dict[str, dict[str, Any]] | None = None, start: bool = True,
-             root: Path | None = None) -> LocalDaemon:
-        d = LocalDaemon(cluster, root=root or tmp_path / f"malletraind-{uuid.uuid4().hex[:8]}",
-                        settings=settings)
-        started.append(d)
-        if start:
-            d.start()
-        return d
-
-    yield make
-    rep = getattr(request.node, "rep_call", None)
-    for d in started:
-        if rep is not None and rep.failed and d.running():
-            print(f"\n==== malletraind's view ====\n{d.snapshot()}")
-        d.stop()
-        if rep is not None and rep.failed:
-            print(f"\n==== malletraind log ({d.root.name}) ====\n{d.log_tail(60)}")
-
-
-@pytest.fixture
-def outdir(tmp_path: Path) -> Path:
-    out = tmp_path / "out"
-    out.mkdir()
-    out.chmod(0o777)
-    return out
-
-
-# ---------------------------------------------------------------------------- Slurm's view
-def gone(cluster: LocalCluster, job: str) -> bool:
-    return not cluster.run(["squeue", "-h", "-j", job, "-o", "%i"], check=False).stdout.strip()
-
-
-def prod(cluster: LocalCluster, nodes: int, seconds: float) -> str:
-    return cluster.sbatch("-p", "prod", "-N", str(nodes), "-o", "/dev/null",
-                          "--wrap", f"sleep {seconds:g}")
-
-
-def wait_running(cluster: LocalCluster, job: str, timeout_s: float = 30.0) -> None:
-    cluster.wait_for(f"job {job} running", lambda: cluster.run(
-        ["squeue", "-h", "-j", job, "-t", "R", "-o", "%i"]).stdout.strip() != "", timeout_s)
-
-
-# ---------------------------------------------------------------------------- training
-def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path) -> str:
-    script = daemon.training_script(TRAIN, outdir)
-    return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append",
-                          "-o", f"{outdir}/task-%A_%a.out", script=script)
-
-
-def samples_lost(log: JobLog, fault_epoch: int) -> int:
-    """Samples trained in epochs up to ``fault_epoch`` beyond the step that the first later
-    epoch resumed from (the largest step reached times the global batch)."""
-    reached = [(step, world) for epoch, rows in log.steps.items() if epoch <= fault_epoch
-               for step, world, _, _ in rows]
-    later = sorted(e for e in log.starts if e > fault_epoch)
-    assert reached and later, f"no resume after epoch {fault_epoch}"
-    step, world = max(reached)
-    resumed = min(s for s, _, _ in log.starts[later[0]])
-    return max(0, step - resumed) * BATCH * world
-
-
-def assert_invariants(log: JobLog) -> None:
-    problems = invariant_problems(log)
-    assert not problems, "\n".join(problems)
+daemons = pytest.fixture(daemons_fixture, name="daemons")
+outdir = pytest.fixture(outdir_fixture, name="outdir")
 
 
 # ---------------------------------------------------------------------------- scenarios
