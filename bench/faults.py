@@ -1,9 +1,9 @@
 """Fault-injection results → the faults section of BENCHMARKS.md.
 
-``tests/slurm/test_faults.py`` injects each fault into a real malletraind on the real local
-Slurm cluster and, with ``MALLETRAIN_FAULTS_RESULTS=FILE`` set, writes one JSON record per
-scenario that passed (scenario, outcome, samples lost beyond the last checkpoint). This script
-runs that test module (``--run``) or reads such a file (``--results FILE``) and prints the
+``tests/slurm/test_faults.py`` and ``tests/slurm/test_faults_site.py`` inject each fault into a
+real malletraind on the real local Slurm cluster and, with ``MALLETRAIN_FAULTS_RESULTS=FILE``
+set, append one JSON record per scenario that passed (scenario, outcome, samples lost beyond
+the last checkpoint, notes). This script runs those test modules (``--run``) or reads such a file (``--results FILE``) and prints the
 markdown table, or replaces the section between ``<!-- faults:begin -->`` and
 ``<!-- faults:end -->`` in BENCHMARKS.md (``--write``; appended when the markers are absent).
 
@@ -26,15 +26,16 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- faults:begin -->", "<!-- faults:end -->"
-TEST = "tests/slurm/test_faults.py"
+TESTS = ("tests/slurm/test_faults.py", "tests/slurm/test_faults_site.py")
 
 
 def run_tests(results: Path, extra: list[str]) -> tuple[int, float, str]:
     """Run the fault tests with the results file set; returns (exit code, seconds, summary)."""
     env = dict(os.environ, MALLETRAIN_FAULTS_RESULTS=str(results))
+    results.unlink(missing_ok=True)  # the test modules append to it
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider",
-                           *extra], cwd=REPO, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "pytest", *TESTS, "-q", "-p",
+                           "no:cacheprovider", *extra], cwd=REPO, env=env, capture_output=True, text=True,
                           check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     failed = [ln.split("::")[-1].split(" ")[0] for ln in lines if ln.startswith("FAILED ")]
@@ -69,14 +70,17 @@ def render(rows: list[dict[str, Any]], summary: str = "") -> str:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"Measured {when} on {platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cores, with `python bench/faults.py --run --write` "
-            f"({TEST} on an 8-node local Slurm cluster, the storm on a 32-node one of its "
-            f"own, a real malletraind"
+            f"({' and '.join(TESTS)} on an 8-node local Slurm cluster, the storm on a "
+            "32-node one of its own, a real malletraind"
             + (f"; pytest: {summary}" if summary else "") + "). "
             f"{len(rows)} scenarios survived. Progress lost is the samples trained beyond "
             "the last checkpoint: the largest step any rank logged before the fault minus the "
             "step the next epoch resumed from, times the global batch (16 per rank × ranks); "
             "the training scenarios run examples/train_elastic.py with a checkpoint every 6 s "
-            "(0.1 s per step).")
+            "(0.1 s per step). Every scenario ends with Slurm's view and the daemon's equal; "
+            "those of the second file also with a one-node prod job that must start within "
+            "10 s of its sbatch (on a full cluster it preempts an elastic task; its delay is "
+            "in the notes).")
     table = ["| scenario | outcome | samples lost | notes |", "| --- | --- | --- | --- |"]
     for r in rows:
         table.append(f"| {r['scenario']} | {r.get('outcome', '')} | "
@@ -98,7 +102,7 @@ def write(section: str, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--run", action="store_true", help=f"run {TEST} first")
+    parser.add_argument("--run", action="store_true", help=f"run {' and '.join(TESTS)} first")
     parser.add_argument("--results", type=Path, help="a results JSON file (default: a "
                         "temporary one with --run, else $MALLETRAIN_FAULTS_RESULTS)")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")

@@ -99,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step={step} epoch={session.epoch} world={world} rank={rank} "
                   f"samples={int(session.samples)} loss={loss.item():.4f} "
                   f"params={digest(model)}", flush=True)
-        if session.should_checkpoint():
-            session.checkpoint({"model": model.state_dict(),
-                                "optimizer": optimizer.state_dict()}, step)
+        if session.should_checkpoint() and session.checkpoint(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step):
             print(f"checkpoint step={step} epoch={session.epoch} world={world}", flush=True)
         if args.step_sleep_s > 0:
             time.sleep(args.step_sleep_s)

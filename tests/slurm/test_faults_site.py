@@ -58,7 +58,9 @@ PROD_START_S = 10.0
 """A prod job must start within this (sbatch returned → RUNNING) after every scenario; the
 local cluster's preemption takes about 1 s (BENCHMARKS, load section)."""
 
-FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+FAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))),
+                Path("/usr/lib/faketime/libfaketime.so.1"))
+"""Debian's libfaketime (package ``faketime``, installed by scripts/setup-machine.sh)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -87,27 +89,44 @@ def start_job(cluster: LocalCluster, daemon: LocalDaemon, outdir: Path, nodes: s
     return job, epoch
 
 
-def prod_start_s(cluster: LocalCluster) -> float:
-    """Seconds from ``sbatch`` of a one-node prod job to its start, on a full cluster (it
-    must preempt an elastic task); asserted within :data:`PROD_START_S`."""
+def job_nodes(cluster: LocalCluster, job: str) -> set[str]:
+    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%N"]).stdout
+    return set(out.split())
+
+
+def prod_start_s(cluster: LocalCluster) -> tuple[float, str]:
+    """A one-node prod job: (seconds from ``sbatch`` to its start, its node); the start is
+    asserted within :data:`PROD_START_S`. On a full cluster it preempts an elastic task."""
     t0 = time.monotonic()
     job = prod(cluster, 1, 1)
-    cluster.wait_for(f"prod job {job} started", lambda: gone(cluster, job) or cluster.run(
-        ["squeue", "-h", "-j", job, "-t", "R,CG", "-o", "%i"], check=False).stdout.strip() != "",
-        60, interval_s=0.05)
+    node: list[str] = []
+
+    def started() -> bool:
+        out = cluster.run(["squeue", "-h", "-j", job, "-t", "R,CG", "-o", "%N"],
+                          check=False).stdout.strip()
+        if out:
+            node.append(out)
+        return bool(out) or gone(cluster, job)
+
+    cluster.wait_for(f"prod job {job} started", started, 60, interval_s=0.05)
     took = time.monotonic() - t0
     assert took <= PROD_START_S, f"prod job {job} took {took:.1f} s to start"
     cluster.wait_for(f"prod job {job} ended", lambda: gone(cluster, job), 60)
-    return took
+    return took, node[0] if node else ""
 
 
 def settle(cluster: LocalCluster, daemon: LocalDaemon, outdir: Path, job: str,
            at_least: int) -> tuple[float, int]:
     """The end of every scenario: views equal, a prod job on time, the job training again;
-    returns (prod start seconds, epoch)."""
+    returns (prod start seconds, epoch). When the prod job took one of the job's nodes, the
+    epoch returned is one started after that preemption."""
     wait_agree(cluster, daemon)
-    took = prod_start_s(cluster)
-    _, epoch = wait_consistent(cluster, job, outdir, timeout_s=150, at_least=at_least)
+    before = read_job(outdir, job).latest()
+    held = job_nodes(cluster, job)
+    took, node = prod_start_s(cluster)
+    after = before[0] if before is not None and node in held else -1
+    _, epoch = wait_consistent(cluster, job, outdir, timeout_s=150, at_least=at_least,
+                               after_epoch=after)
     wait_agree(cluster, daemon)
     assert_invariants(read_job(outdir, job))
     return took, epoch
@@ -209,8 +228,7 @@ def test_slurmd_hung_while_its_task_runs(
     without it and grows back once slurmd answers again."""
     daemon = daemons(NO_PROFILING)
     job, before = start_job(cluster, daemon, outdir, "1-3", 5)
-    nodes = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%N"]).stdout.split()
-    victim = sorted(nodes)[-1]
+    victim = sorted(job_nodes(cluster, job))[-1]
     pid = slurmd_pid(cluster, victim)
     assert pid is not None
     pause(pid)
@@ -316,9 +334,8 @@ def test_checkpoint_folder_full_then_read_only(
             assert good is not None
             at = read_job(outdir, job).max_step()
             wait_steps(outdir, job, at)  # training goes on
-            nodes = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%N"]
-                                ).stdout.split()
-            taker = cluster.sbatch("-p", "prod", "-w", sorted(nodes)[-1], "-N", "1",
+            taker = cluster.sbatch("-p", "prod", "-w", sorted(job_nodes(cluster, job))[-1],
+                                   "-N", "1",
                                    "-o", "/dev/null", "--wrap", "sleep 20")
             wait_running(cluster, taker)
             _, after = wait_consistent(cluster, job, outdir, timeout_s=120, after_epoch=epoch)
@@ -434,7 +451,7 @@ def test_daemon_sigkilled_in_the_middle_of_a_planned_shrink(
     log = read_job(outdir, job)
     assert_invariants(log)
     lost = samples_lost(log, latest[0])
-    took = prod_start_s(cluster)
+    took, _ = prod_start_s(cluster)
     wait_agree(cluster, daemon)
     what = ("while rank 0 checkpointed for a planned shrink" if moment == "checkpoint" else
             "right after Slurm carried out a planned shrink")
