@@ -172,6 +172,7 @@ def build(config: Config) -> Service:
     engine = make_engine(config)
     bridge = EpochBridge(make_backend(config), coordinator)
     daemon = Daemon(engine, bridge, store, poll_interval_s=d.poll_interval_s,
+                    idle_poll_interval_s=d.idle_poll_interval_s,
                     tick_interval_s=max(1.0, min(config.profiler.window_s / 4, 10.0)),
                     journal_max_events=d.journal_max_events)
     admins = admin_uids(d.admin_users)
