@@ -36,6 +36,7 @@ from ..events import (
     WorkerStarted,
 )
 from . import snapshot as snapshots
+from .drain import Drain
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,8 @@ class Daemon:
         self._changed = True
         self._last_poll = float("-inf")
         self.polls = 0
+        # The administrator's drain switch (:mod:`.drain`); None: never drained.
+        self.drain: Drain | None = None
         self.wake_delay_s = wake_delay_s
         self.tick_interval_s = tick_interval_s
         self._last_tick = float("-inf")
@@ -275,6 +278,20 @@ class Daemon:
             # event so that a replay decides exactly as the live daemon did.
             events.append(Tick(now))
             self._last_tick = now
+        if self.drain is not None:
+            events, forced = self.drain.filter(self.engine, events, now)
+            if forced:
+                self._changed = True
+                for action in forced:
+                    self.counters.actions[type(action).__name__] += 1
+                    log.info("job %s: shrink %s (drained)", getattr(action, "job_id", ""),
+                             ",".join(getattr(action, "nodes", ())))
+                try:  # what comes back (a shrink refused: WorkerStarted) is filtered again
+                    self.pending.extend(self.backend.execute(forced, now))
+                except CommandError as exc:
+                    self.counters.command_failures += 1
+                    log.warning("drain: %d shrinks failed; the next poll reconciles: %s",
+                                len(forced), exc)
         executed: list[Action] = []
         for _ in range(3):  # the backend's immediate follow-up events, bounded
             if not events:

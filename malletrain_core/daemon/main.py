@@ -31,6 +31,7 @@ from ..wire.orders import EpochError
 from .api import Dispatcher, TcpApiServer, UnixApiServer
 from .bridge import EpochBridge
 from .core import Daemon
+from .drain import Drain
 from .epochs import EpochCoordinator
 from .intake import HookListener, ReportListener, to_event
 from .launchers import LauncherService
@@ -200,6 +201,23 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
 
     daemon.watch(hooks, on_hook, wake=True)
     daemon.after_cycle.append(service.save)
+    daemon.drain = Drain(daemon.store)
+    if daemon.drain.drained:
+        log.warning("MalleTrain is drained (malletrain admin drain): no node is given to any "
+                    "job until malletrain admin resume")
+
+    def switch(on: bool) -> Any:
+        def handler(uid: int, args: dict[str, Any]) -> Any:
+            assert daemon.drain is not None
+            with daemon.lock:
+                changed = daemon.drain.set(on, daemon.clock())
+                state = daemon.drain.state()
+            daemon.notify()
+            return {**state, "changed": changed}
+        return handler
+
+    service.dispatcher.register("drain", switch(True), admin=True)
+    service.dispatcher.register("resume", switch(False), admin=True)
     metrics = attach(daemon, service.dispatcher, d.metrics_port)
     if metrics is not None:
         service.closables.append(metrics)
