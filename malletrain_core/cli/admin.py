@@ -328,9 +328,15 @@ class SlurmChecker:
                                 f"copy plugin/job_submit.lua to {lua_path}"))
         else:
             text = lua_path.read_text(errors="replace")
+            module = conf_path.parent / "malletrain.lua"
+            if LUA_MARKER not in text and re.search(r"require\s*\(?\s*[\"']malletrain[\"']",
+                                                    text) and module.is_file():
+                lua_path, text = module, module.read_text(errors="replace")  # a site's script
             if LUA_MARKER not in text:
                 out.append(_wrong("job_submit.lua", f"{lua_path} is not MalleTrain's",
-                                  "merge plugin/job_submit.lua into your job_submit.lua"))
+                                  "merge plugin/job_submit.lua into your job_submit.lua, or "
+                                  "install it as malletrain.lua beside it and require it "
+                                  "(docs/site-integration.md)"))
             else:
                 lua = lua_settings(text)
                 out.append(_ok("job_submit.lua", f"{lua_path} (" + ", ".join(
