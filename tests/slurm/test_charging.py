@@ -95,9 +95,9 @@ def test_harvested_time_is_charged_at_the_qos_usage_factor(charged: LocalCluster
     assert qos.get(f"{job}_0") == "malletrain" and qos.get(prod) == "normal"
 
 
-def test_elastic_submissions_are_not_elastic_without_the_tag(charged: LocalCluster) -> None:
-    """A plain job in the malletrain QOS cannot be made by moving one there (job_modify
-    refuses it), so only the daemon's tasks are charged at the factor."""
+def test_elastic_jobs_keep_the_qos_that_charges_them(charged: LocalCluster) -> None:
+    """KEEP_QOS = true in accounting mode: the held array carries the malletrain QOS, so every
+    task the daemon releases is charged at its UsageFactor."""
     job = elastic(charged, "1-2")
     assert charged.show_jobs(job)[0]["QOS"] == "malletrain"
     charged.run(["scancel", job])
