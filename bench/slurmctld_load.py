@@ -291,7 +291,8 @@ def section(r: dict[str, Any], base: dict[str, Any] | None = None) -> str:
         "(microseconds spent processing, summed). The budget is one plain `squeue` (all jobs) "
         f"every 10 s on the same queue, i.e. six a minute; one squeue cost {sizes}. Harvesting "
         "and churn tasks only sleep (no launcher), so the phases measure the batch-system "
-        "side alone.",
+        "side alone. Slurm 22.05 and the commands path only: the pyslurm read path (24.11 "
+        "and 25.11, in the matrix's chroot) is not measured here.",
         "",
         "| nodes | phase | daemon RPCs / min | slurmctld ms / min | budget ms / min | "
         "/ budget | costliest now |",
@@ -301,8 +302,9 @@ def section(r: dict[str, Any], base: dict[str, Any] | None = None) -> str:
         f"Steady state (idle and harvesting): {max(steady):.2f} of the budget at most "
         f"({'below' if max(steady) < 1 else 'NOT below'} one squeue every 10 s at every "
         "size). Under churn every prod job's start and end wakes the daemon (its epilog), "
-        "which then polls at every cycle while the change settles; that cost follows the "
-        "churn, not the cluster's size.",
+        "which then polls at every cycle while the change settles and re-holds and grows "
+        "the tasks (`UPDATE_JOB`): there quiet polling saves nothing, and the RPC count "
+        "follows the churn (a prod job every few seconds here) rather than the size.",
         "",
         *([f"Extrapolated to 10,000 nodes from the {max(x['nodes'] for x in r['sizes'])}-node "
            "run, assuming the daemon's RPCs per minute stay as measured (they are set by its "
@@ -311,7 +313,9 @@ def section(r: dict[str, Any], base: dict[str, Any] | None = None) -> str:
            "proportion to the queue, which is either kept as measured or grown with the "
            "nodes: " + "; ".join(ext) + ". The timings above vary by tens of percent from "
            "run to run on this shared 2-core machine (the 16-node rows cost more than the "
-           "64-node ones), so these are orders of magnitude."] if ext else []),
+           "64-node ones), so these are orders of magnitude. Steady-state cost is one full "
+           "poll per idle_poll_interval_s, so a ratio above 1 is divided by lengthening it "
+           "(120 s halves it)."] if ext else []),
         END])
 
 
