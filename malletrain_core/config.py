@@ -42,6 +42,7 @@ class DaemonConfig:
     api_port: int = 7817
     advertise_host: str = ""
     poll_interval_s: float = 5.0
+    idle_poll_interval_s: float = 60.0
     metrics_port: int = 9817
     log_level: str = "info"
     admin_users: tuple[str, ...] = ("root", "slurm")
@@ -160,6 +161,7 @@ class Config:
             raise ConfigError(f"daemon.log_level: {d.log_level!r}; use debug, info, warning "
                               "or error")
         for name, value in (("daemon.poll_interval_s", d.poll_interval_s),
+                            ("daemon.idle_poll_interval_s", d.idle_poll_interval_s),
                             ("allocator.lookahead_s", self.allocator.lookahead_s),
                             ("profiler.window_s", self.profiler.window_s),
                             ("slurm.command_timeout_s", self.slurm.command_timeout_s),

@@ -13,6 +13,10 @@ them when regular jobs need the nodes back.
              let the job run on fewer.
   no -N      refused: an elastic job needs its node range.
 
+Two ways to install it: as job_submit.lua itself, or, where the site already has a
+job_submit.lua, as malletrain.lua which the site's script loads with require("malletrain") and
+calls from its own slurm_job_submit and slurm_job_modify (slurm_conf/README.md shows the lines).
+
 Refused, with a message that says how to fix it: LO > HI, HI above MAX_NODES, no batch script
 (salloc/srun), a job that already is an array, a malformed --comment.
 
@@ -20,10 +24,16 @@ slurm_job_modify refuses every change to a tagged job (release, hold, update of 
 unless it comes from root, SlurmUser or a uid in ADMIN_UIDS: the tasks' placement is the
 allocator's decision. scancel is not a modification and keeps working for the owner.
 
-No I/O per job: this runs inside slurmctld under its locks. The only command (`id -u`, to
-learn SlurmUser's uid from the process that loads this file) runs once, when slurmctld loads
-or reloads the script.
+Almost no I/O per job: this runs inside slurmctld under its locks. The only command (`id -u`,
+to learn SlurmUser's uid from the process that loads this file) runs once, when slurmctld loads
+or reloads the script. Each accepted elastic submission sends one non-blocking datagram to the
+daemon's hook socket (a few microseconds; only where Lua's socket module is installed, Debian's
+lua-socket), so that a daemon polling slowly while nothing changes looks at once.
 ]]
+
+-- The module name when a site's own job_submit.lua loads this file with require("malletrain");
+-- nil when slurmctld loads it as job_submit.lua.
+local MODULE_NAME = ...
 
 -- ------------------------------------------------------------------ site settings (edit these)
 -- QOS name that marks an elastic submission.
@@ -39,6 +49,8 @@ local MAX_NODES = 1000
 -- Extra uids (besides root and SlurmUser) allowed to modify tagged jobs, e.g. the uid the
 -- MalleTrain daemon runs as when it is not root: { [1234] = true }.
 local ADMIN_UIDS = {}
+-- The daemon's hook socket (daemon.hook_socket): each elastic submission wakes it.
+local HOOK_SOCKET = os.getenv("MALLETRAIN_HOOK_SOCKET") or "/run/malletrain/hook.sock"
 
 -- ------------------------------------------------------------------ implementation
 local TAG = "malletrain:"
@@ -85,6 +97,22 @@ local function parse_options(comment)
 		table.insert(parts, key .. "=" .. value)
 	end
 	return table.concat(parts, ","), nil
+end
+
+-- Lua's socket module, if installed: without it the daemon finds the job at its next poll.
+local have_unix, unix = pcall(require, "socket.unix")
+
+local function wake_daemon()
+	if not have_unix or type(unix) ~= "table" or unix.dgram == nil then return end
+	pcall(function()
+		local sock = unix.dgram()
+		if sock == nil then return end
+		sock:settimeout(0)
+		sock:sendto(string.format(
+			'{"v":1,"src":"slurm-job-submit","kind":"job_submit","t":%d}', os.time()),
+			HOOK_SOCKET)
+		sock:close()
+	end)
 end
 
 local function refuse(msg, code)
@@ -139,14 +167,17 @@ local function convert(job_desc)
 	return nil
 end
 
-function slurm_job_submit(job_desc, part_list, submit_uid)
+-- Returns slurm.SUCCESS for a job MalleTrain does not touch or has converted, else the
+-- error code of a refusal (the user sees the message).
+local function job_submit(job_desc, part_list, submit_uid)
 	if job_desc.qos ~= QOS_NAME then return slurm.SUCCESS end
 	local err, code = convert(job_desc)
 	if err ~= nil then return refuse(err, code) end
+	wake_daemon()
 	return slurm.SUCCESS
 end
 
-function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+local function job_modify(job_desc, job_rec, part_list, modify_uid)
 	if is_admin(modify_uid) then return slurm.SUCCESS end
 	local tagged = job_rec.admin_comment ~= nil and
 		string.sub(job_rec.admin_comment, 1, #TAG) == TAG
@@ -160,6 +191,24 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 			"anew with sbatch --qos=" .. QOS_NAME .. " -N LO-HI", E_DENIED)
 	end
 	return slurm.SUCCESS
+end
+
+-- Loaded with require (a site's own job_submit.lua calls these two; see
+-- slurm_conf/README.md): return them and define no Slurm entry points.
+if type(MODULE_NAME) == "string" then
+	return {job_submit = job_submit, job_modify = job_modify, is_elastic = function(job_rec)
+		return job_rec ~= nil and job_rec.admin_comment ~= nil and
+			string.sub(job_rec.admin_comment, 1, #TAG) == TAG
+	end}
+end
+
+-- Installed as job_submit.lua itself: these are Slurm's entry points.
+function slurm_job_submit(job_desc, part_list, submit_uid)
+	return job_submit(job_desc, part_list, submit_uid)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	return job_modify(job_desc, job_rec, part_list, modify_uid)
 end
 
 return slurm.SUCCESS

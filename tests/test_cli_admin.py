@@ -269,3 +269,19 @@ def test_cli_exit_codes_and_json(site, capsys, monkeypatch):
     cfg.write_text('[daemon]\nbatch_system = "pbs"\n')
     assert main(["admin", "check", "--config", str(cfg)]) == 1
     assert "knows Slurm only" in capsys.readouterr().err
+
+
+def test_a_site_script_that_requires_the_module(site):
+    """A site's own job_submit.lua that loads plugin/job_submit.lua as malletrain.lua: the
+    settings are read from the module (docs/site-integration.md)."""
+    (site.etc / "malletrain.lua").write_text((PLUGIN / "job_submit.lua").read_text())
+    (site.etc / "job_submit.lua").write_text(
+        'package.path = "/etc/slurm/?.lua;" .. package.path\n'
+        'local malletrain = require("malletrain")\n'
+        "function slurm_job_submit(d, p, u) return malletrain.job_submit(d, p, u) end\n")
+    by_name, _ = site.checks()
+    assert by_name["job_submit.lua"].status == "OK"
+    assert "malletrain.lua" in by_name["job_submit.lua"].detail
+    (site.etc / "malletrain.lua").unlink()
+    by_name, _ = site.checks()
+    assert by_name["job_submit.lua"].status == "WRONG"

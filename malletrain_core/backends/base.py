@@ -111,6 +111,11 @@ class TaskBackend:
         """Nodes the engine has been told it may use (idle or running a worker) → hole end."""
         return dict(self._offered)
 
+    def busy(self) -> bool:
+        """Work in flight that only a poll confirms: grows not yet running, tasks being
+        stopped, arrays still to cancel (the daemon's quiet polling waits for none)."""
+        return bool(self._launching or self._stopping or getattr(self, "_to_cancel", None))
+
     # ------------------------------------------------------------------ for subclasses
     def _job_of(self, task: str) -> str:
         """The job id a task id belongs to."""

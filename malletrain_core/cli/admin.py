@@ -27,9 +27,18 @@ from ..config import Config, load
 from ..errors import CommandError
 from ..hostlist import expand
 from ..runner import CommandRunner
+from . import client
 from .output import CliError, exit_one, print_json, styled
 
-HELP = "administrator tools (admin check: validate the Slurm setup)"
+HELP = ("administrator tools (admin check: validate the Slurm setup; admin drain / resume: "
+        "take MalleTrain off the cluster and back)")
+DRAIN_DESCRIPTION = (
+    "shrink every elastic job to zero and give no node to any job until resume: the "
+    "running tasks checkpoint and go back to held, the jobs stay queued, the daemon keeps "
+    "running and stays drained across a restart. Root or the SlurmUser.")
+RESUME_DESCRIPTION = (
+    "end a drain: the daemon offers the idle nodes to the engine again and grows the "
+    "jobs as before. Root or the SlurmUser.")
 LUA_MARKER = "MalleTrain job_submit.lua"
 EPILOG_MARKER = "MalleTrain's EpilogSlurmctld"
 NULL = ("", "(null)", "none", "None")
@@ -319,9 +328,15 @@ class SlurmChecker:
                                 f"copy plugin/job_submit.lua to {lua_path}"))
         else:
             text = lua_path.read_text(errors="replace")
+            module = conf_path.parent / "malletrain.lua"
+            if LUA_MARKER not in text and re.search(r"require\s*\(?\s*[\"']malletrain[\"']",
+                                                    text) and module.is_file():
+                lua_path, text = module, module.read_text(errors="replace")  # a site's script
             if LUA_MARKER not in text:
                 out.append(_wrong("job_submit.lua", f"{lua_path} is not MalleTrain's",
-                                  "merge plugin/job_submit.lua into your job_submit.lua"))
+                                  "merge plugin/job_submit.lua into your job_submit.lua, or "
+                                  "install it as malletrain.lua beside it and require it "
+                                  "(docs/site-integration.md)"))
             else:
                 lua = lua_settings(text)
                 out.append(_ok("job_submit.lua", f"{lua_path} (" + ", ".join(
@@ -404,6 +419,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "slurm.partition, slurm.command_timeout_s)")
     check.add_argument("--json", action="store_true", help="print the checks as JSON")
     check.set_defaults(func=run_check)
+    for name, text in (("drain", DRAIN_DESCRIPTION), ("resume", RESUME_DESCRIPTION)):
+        cmd = sub.add_parser(name, help=text.split(":")[0], description=text)
+        client.add_connection_args(cmd)
+        cmd.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+        cmd.set_defaults(func=run_switch, switch=name)
 
 
 def runner_for(config: Config, env: Mapping[str, str] | None = None) -> CommandRunner:
@@ -412,6 +432,22 @@ def runner_for(config: Config, env: Mapping[str, str] | None = None) -> CommandR
         env["PATH"] = f"{config.slurm.bin_dir}:{env.get('PATH', '')}"
     env.pop("SLURM_TIME_FORMAT", None)
     return CommandRunner(timeout_s=config.slurm.command_timeout_s, env=env)
+
+
+@exit_one
+def run_switch(args: argparse.Namespace) -> int:
+    """``admin drain`` / ``admin resume``: ask the daemon, say what it did."""
+    answer = client.call(args, args.switch)
+    if args.json:
+        print_json(answer)
+    elif args.switch == "drain":
+        print("MalleTrain drained: every elastic job is being shrunk to zero and gets no "
+              "node until 'malletrain admin resume'" if answer.get("changed") else
+              "MalleTrain was already drained; 'malletrain admin resume' ends it")
+    else:
+        print("MalleTrain resumed: idle nodes are offered to the jobs again"
+              if answer.get("changed") else "MalleTrain was not drained: nothing to resume")
+    return 0
 
 
 @exit_one

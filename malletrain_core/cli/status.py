@@ -40,6 +40,9 @@ def format_status(s: Mapping[str, Any]) -> str:
         f"{e.get('solves', 0)} solves in {fmt_number(e.get('solve_ms', 0.0))} ms, "
         f"{harvested} harvested",
     ]
+    if s.get("drain", {}).get("drained"):
+        lines.insert(1, f"DRAINED  since {fmt_time(s['drain']['since'])} (malletrain admin "
+                        "drain): no node is given to any job; malletrain admin resume ends it")
     return "\n".join(lines)
 
 

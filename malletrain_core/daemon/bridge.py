@@ -140,6 +140,11 @@ class EpochBridge:
                 self.deferred = [d for d in self.deferred
                                  if getattr(d.action, "job_id", None) != event.job_id]
 
+    def busy(self) -> bool:
+        """Deferred actions, or the backend's own work in flight: the next cycle polls."""
+        inner = getattr(self.backend, "busy", None)
+        return bool(self.deferred) or bool(inner is not None and inner())
+
     # -- deferred actions --------------------------------------------------------------------
     def pending_nodes(self) -> set[str]:
         """Nodes of shrinks not yet handed to the batch system."""

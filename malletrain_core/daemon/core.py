@@ -36,6 +36,7 @@ from ..events import (
     WorkerStarted,
 )
 from . import snapshot as snapshots
+from .drain import Drain
 from .store import CorruptState, Store
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class Daemon:
 
     def __init__(self, engine: EngineLike, backend: Backend, store: Store, *,
                  poll_interval_s: float = 5.0, wake_delay_s: float = 0.2,
-                 tick_interval_s: float = 5.0,
+                 tick_interval_s: float = 5.0, idle_poll_interval_s: float | None = None,
                  clock: Callable[[], float] = time.time,
                  on_actions: Callable[[list[Action], float], None] | None = None,
                  journal_max_events: int | None = None) -> None:
@@ -85,6 +86,17 @@ class Daemon:
         self.backend = backend
         self.store = store
         self.poll_interval_s = poll_interval_s
+        # Quiet polling: a cycle polls the batch system only when something may have changed
+        # (a hook or API wake, the last poll's events or actions, work in flight in the
+        # backend) or idle_poll_interval_s has passed; other cycles feed the engine reports
+        # and ticks only. None or <= poll_interval_s: every cycle polls.
+        self.idle_poll_interval_s = idle_poll_interval_s
+        self._poke = True
+        self._changed = True
+        self._last_poll = float("-inf")
+        self.polls = 0
+        # The administrator's drain switch (:mod:`.drain`); None: never drained.
+        self.drain: Drain | None = None
         self.wake_delay_s = wake_delay_s
         self.tick_interval_s = tick_interval_s
         self._last_tick = float("-inf")
@@ -238,27 +250,46 @@ class Daemon:
                 pass
 
     def wake(self) -> None:
+        self._poke = True
         now = time.monotonic()
         self._next_cycle = min(self._next_cycle, now + self.wake_delay_s)
 
     # -- the cycle --------------------------------------------------------------------------
+    def poll_due(self) -> bool:
+        """Whether this cycle must poll the batch system (see ``idle_poll_interval_s``)."""
+        quiet = self.idle_poll_interval_s
+        if quiet is None or quiet <= self.poll_interval_s or self._poke or self._changed:
+            return True
+        busy = getattr(self.backend, "busy", None)
+        if busy is not None and busy():
+            return True
+        return time.monotonic() - self._last_poll >= quiet
+
     def cycle(self) -> list[Action]:
         """One reconcile: poll, journal, decide, act. Returns the actions executed."""
         t0 = time.perf_counter()
         now = self.clock()
-        try:
-            events = self.backend.poll(now)
-        except CommandError as exc:
-            self.counters.command_failures += 1
-            log.warning("poll failed, retrying next cycle: %s", exc)
-            events = []
-        else:
-            self.counters.last_poll_time = now
-            if self._recovered:
-                events = events + self._after_recovery(events, now)
-            elif self._first_poll:
-                events = events + self._after_recovery(events, now, fresh=True)
-            self._first_poll = False
+        events: list[Event] = []
+        polled = self.poll_due()
+        if polled:
+            self._poke = False
+            self._last_poll = time.monotonic()
+            self.polls += 1
+            try:
+                events = self.backend.poll(now)
+            except CommandError as exc:
+                self.counters.command_failures += 1
+                log.warning("poll failed, retrying next cycle: %s", exc)
+                events = []
+                self._poke = True
+            else:
+                self.counters.last_poll_time = now
+                if self._recovered:
+                    events = events + self._after_recovery(events, now)
+                elif self._first_poll:
+                    events = events + self._after_recovery(events, now, fresh=True)
+                self._first_poll = False
+        self._changed = bool(events)
         events = self.pending + events
         self.pending = []
         if now - self._last_tick >= self.tick_interval_s:
@@ -266,6 +297,20 @@ class Daemon:
             # event so that a replay decides exactly as the live daemon did.
             events.append(Tick(now))
             self._last_tick = now
+        if self.drain is not None:
+            events, forced = self.drain.filter(self.engine, events, now)
+            if forced:
+                self._changed = True
+                for action in forced:
+                    self.counters.actions[type(action).__name__] += 1
+                    log.info("job %s: shrink %s (drained)", getattr(action, "job_id", ""),
+                             ",".join(getattr(action, "nodes", ())))
+                try:  # what comes back (a shrink refused: WorkerStarted) is filtered again
+                    self.pending.extend(self.backend.execute(forced, now))
+                except CommandError as exc:
+                    self.counters.command_failures += 1
+                    log.warning("drain: %d shrinks failed; the next poll reconciles: %s",
+                                len(forced), exc)
         executed: list[Action] = []
         for _ in range(3):  # the backend's immediate follow-up events, bounded
             if not events:
@@ -292,6 +337,7 @@ class Daemon:
                             len(actions), exc)
                 events = []
             executed.extend(actions)
+            self._changed = True
             if self.on_actions is not None:
                 self.on_actions(actions, now)
         self._hook_at = None

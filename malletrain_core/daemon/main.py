@@ -31,6 +31,7 @@ from ..wire.orders import EpochError
 from .api import Dispatcher, TcpApiServer, UnixApiServer
 from .bridge import EpochBridge
 from .core import Daemon
+from .drain import Drain
 from .epochs import EpochCoordinator
 from .intake import HookListener, ReportListener, to_event
 from .launchers import LauncherService
@@ -176,6 +177,7 @@ def _build(config: Config, store: Store) -> Service:
     engine = make_engine(config)
     bridge = EpochBridge(make_backend(config), coordinator)
     daemon = Daemon(engine, bridge, store, poll_interval_s=d.poll_interval_s,
+                    idle_poll_interval_s=d.idle_poll_interval_s,
                     tick_interval_s=max(1.0, min(config.profiler.window_s / 4, 10.0)),
                     journal_max_events=d.journal_max_events)
     admins = admin_uids(d.admin_users)
@@ -203,6 +205,23 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
 
     daemon.watch(hooks, on_hook, wake=True)
     daemon.after_cycle.append(service.save)
+    daemon.drain = Drain(daemon.store)
+    if daemon.drain.drained:
+        log.warning("MalleTrain is drained (malletrain admin drain): no node is given to any "
+                    "job until malletrain admin resume")
+
+    def switch(on: bool) -> Any:
+        def handler(uid: int, args: dict[str, Any]) -> Any:
+            assert daemon.drain is not None
+            with daemon.lock:
+                changed = daemon.drain.set(on, daemon.clock())
+                state = daemon.drain.state()
+            daemon.notify()
+            return {**state, "changed": changed}
+        return handler
+
+    service.dispatcher.register("drain", switch(True), admin=True)
+    service.dispatcher.register("resume", switch(False), admin=True)
     metrics = attach(daemon, service.dispatcher, d.metrics_port)
     if metrics is not None:
         service.closables.append(metrics)

@@ -55,6 +55,12 @@ def _hole_ends(engine: Any) -> dict[str, float | None]:
     return ends
 
 
+def _drain(daemon: Any) -> dict[str, Any]:
+    """The administrator's drain switch (``malletrain admin drain``)."""
+    drain = getattr(daemon, "drain", None)
+    return drain.state() if drain is not None else {"drained": False, "since": None}
+
+
 def _trainers(engine: Any) -> dict[str, dict[str, int]]:
     """Node and job counts per trainer (empty with a single engine)."""
     inner = trainers(engine)
@@ -147,6 +153,7 @@ class StatusService:
                 "engine": engine.stats.to_dict(),
                 "trainers": _trainers(engine),
                 "intake": _intake(self.daemon),
+                "drain": _drain(self.daemon),
             }
 
     def jobs(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:

@@ -95,7 +95,7 @@ class LocalCluster:
     def __init__(self, nodes: int = 16, mode: str = "partition", site_defaults: bool = False,
                  root: str | Path | None = None, port_base: int | None = None,
                  cpus_per_node: int = 2, hook_socket: str | Path | None = None,
-                 slurm: str | Release | None = None) -> None:
+                 slurm: str | Release | None = None, extra_conf: Sequence[str] = ()) -> None:
         if not 1 <= nodes <= 512:
             raise ConfigError(f"nodes={nodes}: give between 1 and 512 virtual nodes")
         if mode not in MODES:
@@ -110,6 +110,7 @@ class LocalCluster:
         self.port_base = port_base
         self.cpus_per_node = cpus_per_node
         self.release = slurm if isinstance(slurm, Release) else release(slurm)
+        self.extra_conf = tuple(extra_conf)  # slurm.conf lines added at the end
         self.run_dir = self.root / "run"
         self.conf_path = self.root / "etc" / "slurm.conf"
         self.hook_socket = Path(hook_socket) if hook_socket else self.run_dir / "hook.sock"
@@ -282,7 +283,8 @@ class LocalCluster:
             "preempt/partition_prio", cpus_per_node=self.cpus_per_node, node_lines=nodes,
             **{k: v for k, v in asdict(self.timings).items()})
         extra = self.release.conf_lines()
-        return f"{text}# Slurm {self.release.name}\n{extra}\n" if extra else text
+        text = f"{text}# Slurm {self.release.name}\n{extra}\n" if extra else text
+        return text + "".join(f"{line}\n" for line in self.extra_conf)
 
     def _write_config(self) -> None:
         etc = self.root / "etc"

@@ -73,7 +73,10 @@ class LocalDaemon:
                        "hook_socket": str(cluster.hook_socket),
                        "api_socket": str(self.api_socket), "api_host": "127.0.0.1",
                        "api_port": self.port, "advertise_host": "127.0.0.1",
-                       "poll_interval_s": 1.0, "metrics_port": 0, "log_level": "info"},
+                       "poll_interval_s": 1.0, "metrics_port": 0, "log_level": "info",
+                       # Every cycle polls unless a test asks for quiet polling (the
+                       # environment's MALLETRAIN_DAEMON_IDLE_POLL_INTERVAL_S overrides it).
+                       "idle_poll_interval_s": 1.0},
             "profiler": {"window_s": 6.0},
             # Every virtual node is this host: daemons side by side need disjoint master
             # ports, above Linux's ephemeral range and the local clusters' ports.

@@ -11,6 +11,8 @@ One JSON object per datagram, UTF-8, at most :data:`MAX_DATAGRAM_BYTES` bytes::
   ``partition`` (the PBS queue).
 * ``nodes_free`` — ``nodes``: a list of node names found free.
 * ``node_change`` — ``node`` and its new ``state`` (the batch system's word for it).
+* ``job_submit`` — an elastic job was submitted (its id is not known yet); optionally
+  ``user``. Sent by job_submit.lua so that a quiet daemon polls at once.
 
 Hooks are standard-library scripts that encode this themselves; :func:`decode` is the single
 place that validates it. Keys not listed here are ignored, so a newer hook can add fields
@@ -37,7 +39,7 @@ VERSION = 1
 MAX_DATAGRAM_BYTES = 4096
 DEFAULT_SOCKET = "/run/malletrain/hook.sock"
 SOCKET_ENV = "MALLETRAIN_HOOK_SOCKET"
-KINDS = ("job_end", "nodes_free", "node_change")
+KINDS = ("job_end", "nodes_free", "node_change", "job_submit")
 MAX_HOSTLIST_NODES = 65536
 _EXIT = re.compile(r"^-?\d+:\d+$")
 
@@ -84,7 +86,17 @@ class NodeChange:
     kind: str = field(default="node_change", init=False)
 
 
-Message = Union[JobEnd, NodesFree, NodeChange]
+@dataclass(frozen=True)
+class JobSubmit:
+    """An elastic job was submitted (the hook runs before Slurm gives it an id)."""
+
+    src: str
+    t: float
+    user: str | None = None
+    kind: str = field(default="job_submit", init=False)
+
+
+Message = Union[JobEnd, NodesFree, NodeChange, JobSubmit]
 
 
 def _get(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], required: bool,
@@ -176,6 +188,8 @@ def decode(data: bytes) -> Message:
         if not all(isinstance(n, str) and n.strip() for n in names):
             raise ProtocolError("hook datagram: field 'nodes' must list non-empty node names")
         return NodesFree(src=src, t=t, nodes=tuple(names))
+    if kind == "job_submit":
+        return JobSubmit(src=src, t=t, user=_name(obj, "user", required=False))
     return NodeChange(src=src, t=t, node=str(_name(obj, "node")),
                       state=str(_name(obj, "state")))
 
@@ -192,6 +206,9 @@ def encode(msg: Message) -> bytes:
                 obj[key] = getattr(msg, key)
     elif isinstance(msg, NodesFree):
         obj["nodes"] = list(msg.nodes)
+    elif isinstance(msg, JobSubmit):
+        if msg.user is not None:
+            obj["user"] = msg.user
     else:
         obj["node"] = msg.node
         obj["state"] = msg.state

@@ -437,3 +437,46 @@ def fold_tasks(keys: Iterable[str]) -> str:
                 start = prev = i
         parts.append(f"{aid}_[{','.join(ranges)}]")
     return ",".join(parts + sorted(set(plain)))
+
+
+_SDIAG_RPC = re.compile(r"^\s*(\S+)\s+\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+"
+                        r"total_time:(\d+)")
+
+SDIAG_NODE_TYPES = frozenset({
+    "MESSAGE_EPILOG_COMPLETE", "REQUEST_COMPLETE_BATCH_SCRIPT", "REQUEST_COMPLETE_PROLOG",
+    "MESSAGE_NODE_REGISTRATION_STATUS", "REQUEST_STEP_COMPLETE", "REQUEST_JOB_STEP_CREATE",
+    "REQUEST_JOB_ALLOCATION_INFO", "REQUEST_HET_JOB_ALLOC_INFO", "REQUEST_JOB_SBCAST_CRED",
+    "REQUEST_JOB_READY", "MESSAGE_COMPOSITE", "REQUEST_STATS_INFO", "REQUEST_PING",
+    "REQUEST_NODE_REGISTRATION_STATUS", "REQUEST_UPDATE_NODE",
+})
+"""RPC types the daemon's commands never send: from slurmd/slurmstepd (root, as job starts
+and ends) and ``sdiag`` itself."""
+
+
+def parse_sdiag_rpcs(text: str) -> dict[str, dict[str, dict[str, int]]]:
+    """``sdiag``'s RPC tables: ``{"types"|"users": {name: {"count", "time_us"}}}`` (times are
+    the total microseconds slurmctld spent on them)."""
+    out: dict[str, dict[str, dict[str, int]]] = {"types": {}, "users": {}}
+    part: str | None = None
+    for line in text.splitlines():
+        if "statistics by message type" in line:
+            part = "types"
+        elif "statistics by user" in line:
+            part = "users"
+        elif line.strip() and not line.startswith((" ", "\t")):
+            part = None
+        elif part is not None:
+            m = _SDIAG_RPC.match(line)
+            if m:
+                out[part][m.group(1)] = {"count": int(m.group(3)), "time_us": int(m.group(5))}
+    return out
+
+
+def sdiag_daemon_share(stats: Mapping[str, Mapping[str, Mapping[str, int]]],
+                       user: str = "root") -> dict[str, int]:
+    """``user``'s RPCs minus :data:`SDIAG_NODE_TYPES`: a root daemon's own share when
+    everyone else who talks to slurmctld runs as another user."""
+    mine = stats["users"].get(user, {"count": 0, "time_us": 0})
+    node = [v for k, v in stats["types"].items() if k in SDIAG_NODE_TYPES]
+    return {"count": max(0, mine["count"] - sum(v["count"] for v in node)),
+            "time_us": max(0, mine["time_us"] - sum(v["time_us"] for v in node))}

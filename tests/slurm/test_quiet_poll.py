@@ -1,0 +1,86 @@
+"""Quiet polling against the real slurmctld: a daemon with nothing to do costs slurmctld
+(almost) no RPCs, and the hooks still bring it at once: job_submit.lua's datagram for a new
+elastic job, the EpilogSlurmctld's for a preemption. RPCs are counted with ``sdiag`` (root's,
+minus what slurmd/slurmstepd send); everything else the test does runs as the test user."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slurm_helpers import elastic, elastic_nodes
+
+from malletrain_core.backends.slurm import parse as sp
+from malletrain_core.localcluster import LocalCluster
+from malletrain_core.localcluster.daemon import LocalDaemon
+
+
+def _lua_socket() -> bool:
+    """Whether Lua 5.1 (the Lua Debian's slurmctld links) finds the socket module."""
+    lua = shutil.which("lua5.1")
+    return lua is not None and subprocess.run(
+        [lua, "-e", 'require("socket.unix")'], capture_output=True, check=False).returncode == 0
+
+
+pytestmark = pytest.mark.skipif(
+    not _lua_socket(), reason="Lua's socket module (lua-socket) is not installed: "
+    "job_submit.lua cannot wake the daemon (scripts/setup-machine.sh installs it)")
+
+
+@pytest.fixture
+def quiet_daemon(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalDaemon]:
+    if cluster.release.name != "22.05":
+        pytest.skip("lua-socket is installed for the host's Slurm only")
+    daemon = LocalDaemon(cluster, root=tmp_path / "daemon", settings={
+        "daemon": {"poll_interval_s": 1.0, "idle_poll_interval_s": 120.0}})
+    daemon.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def daemon_rpcs(cluster: LocalCluster, seconds: float) -> int:
+    cluster.run(["sdiag", "--reset"])
+    time.sleep(seconds)
+    return sp.sdiag_daemon_share(sp.parse_sdiag_rpcs(cluster.run(["sdiag"]).stdout))["count"]
+
+
+def wait(check, timeout_s: float) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if check():
+            return time.monotonic() - t0
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s:g} s")
+
+
+def test_quiet_daemon_costs_no_rpcs_and_hooks_wake_it(quiet_daemon: LocalDaemon,
+                                                      test_user: str) -> None:
+    cluster = quiet_daemon.cluster
+    time.sleep(3.0)  # its first polls
+    idle = daemon_rpcs(cluster, 10.0)
+    # Polling every second would be about 60 RPCs (sinfo and two squeues, 6 RPCs a poll).
+    assert idle == 0, f"{idle} RPCs in 10 s of nothing"
+    job = elastic(cluster, "1-2", "--comment=profile=no", user=test_user)
+    started = wait(lambda: len(elastic_nodes(cluster)) == 2, 30.0)
+    assert started < 20.0  # the submit hook woke it: not the 120 s idle poll
+    time.sleep(5.0)  # its follow-up polls (admin holds) settle
+    held = daemon_rpcs(cluster, 10.0)
+    assert held <= 6, f"{held} RPCs in 10 s while harvesting, nothing changing"
+    # A prod job takes every node: the epilog of the preempted tasks wakes the daemon, which
+    # sees them back held; when the prod job ends, it grows the job again.
+    prod = cluster.sbatch("-p", "prod", "-N", str(cluster.nodes), "-o", "/dev/null",
+                          "--chdir=/tmp", "--wrap", "sleep 4", user=test_user)
+    wait(lambda: not elastic_nodes(cluster), 30.0)
+    wait(lambda: cluster.run(["squeue", "-h", "-j", prod, "-o", "%T"], check=False)
+         .stdout.strip() in ("", "COMPLETED"), 60.0)
+    regrown = wait(lambda: len(elastic_nodes(cluster)) == 2, 60.0)
+    assert regrown < 30.0, "the prod job's end did not wake the daemon"
+    log = quiet_daemon.log_text()
+    assert " ERROR " not in log
+    cluster.run(["scancel", job])

@@ -1,0 +1,107 @@
+"""Quiet polling: while nothing changes the daemon reads the batch system once per
+``idle_poll_interval_s``; a hook or API wake, a poll that saw a change, an action taken, or
+work in flight in the backend brings the poll back at every cycle. The live counterpart
+(slurmctld's RPC counts) is tests/slurm/test_quiet_poll.py and bench/slurmctld_load.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from malletrain_core.daemon.core import Daemon
+from malletrain_core.daemon.store import Store
+from malletrain_core.events import Action, Event, Grow, IdleNode, NodesIdle, ProgressReport
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.seen: list[Event] = []
+        self.reply: list[Action] = []
+
+    def handle_many(self, events: Sequence[Event]) -> list[Action]:
+        self.seen.extend(events)
+        out, self.reply = self.reply, []
+        return out
+
+
+class Backend:
+    def __init__(self) -> None:
+        self.polls = 0
+        self.next: list[Event] = []
+        self.in_flight = False
+
+    def poll(self, now: float) -> list[Event]:
+        self.polls += 1
+        out, self.next = self.next, []
+        return out
+
+    def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
+        return []
+
+    def busy(self) -> bool:
+        return self.in_flight
+
+
+def make(tmp_path: Path, idle_s: float | None) -> tuple[Daemon, Engine, Backend]:
+    engine, backend = Engine(), Backend()
+    d = Daemon(engine, backend, Store(tmp_path / "state"), poll_interval_s=1.0,
+               idle_poll_interval_s=idle_s, clock=time.time)
+    return d, engine, backend
+
+
+def test_quiet_cycles_skip_the_poll_until_something_may_have_changed(tmp_path: Path) -> None:
+    d, engine, backend = make(tmp_path, 60.0)
+    d.cycle()
+    assert backend.polls == 1  # the first cycle always polls
+    for _ in range(5):
+        d.cycle()
+    assert backend.polls == 1  # nothing changed: no poll
+    d.wake()  # a hook datagram or an API wake
+    d.cycle()
+    d.cycle()
+    assert backend.polls == 2
+    backend.next = [NodesIdle(1.0, (IdleNode("n1", None),))]
+    d.wake()
+    d.cycle()  # the poll sees a change ...
+    d.cycle()  # ... so the next cycle polls as well
+    assert backend.polls == 4
+    d.cycle()
+    assert backend.polls == 4  # and then nothing changed
+    backend.in_flight = True  # a grow not yet seen running
+    d.cycle()
+    d.cycle()
+    assert backend.polls == 6
+    backend.in_flight = False
+    engine.reply = [Grow("7", ("n1",), None)]  # an action taken without a poll
+    d.submit([ProgressReport(3.0, job_id="7", samples=10.0, world_size=1)])
+    d.cycle()
+    d.cycle()
+    assert backend.polls == 7
+
+
+def test_reports_reach_the_engine_without_a_poll(tmp_path: Path) -> None:
+    d, engine, backend = make(tmp_path, 60.0)
+    d.cycle()
+    report = ProgressReport(2.0, job_id="7", samples=100.0, world_size=1)
+    d.submit([report])
+    d.cycle()
+    assert backend.polls == 1 and report in engine.seen
+
+
+def test_the_idle_interval_still_polls(tmp_path: Path) -> None:
+    d, _, backend = make(tmp_path, 1.05)
+    d.cycle()
+    d.cycle()
+    assert backend.polls == 1
+    time.sleep(1.1)
+    d.cycle()
+    assert backend.polls == 2
+
+
+def test_off_by_default_and_when_not_longer_than_the_poll(tmp_path: Path) -> None:
+    for idle in (None, 1.0, 0.5):
+        d, _, backend = make(tmp_path / str(idle), idle)
+        for _ in range(3):
+            d.cycle()
+        assert backend.polls == 3
