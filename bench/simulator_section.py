@@ -249,7 +249,7 @@ def _jct_note(res: dict[str, Any]) -> list[str]:
     return [text + ".", ""]
 
 
-def _later_change(timings: list[dict[str, Any]]) -> list[str]:
+def _later_change(timings: list[dict[str, Any]], head: dict[str, Any]) -> list[str]:
     """Say so when the malletrain replays of the Speed table decided differently (a later
     engine change): the headline's malletrain runs predate it."""
     runs = [t for t in timings if t.get("policy") == "malletrain" and t.get("seed") == 0]
@@ -257,11 +257,16 @@ def _later_change(timings: list[dict[str, Any]]) -> list[str]:
     if len(values) < 2:
         return []
     first = next(float(t["net_samples"]) for t in runs if "net_samples" in t)
+    seed0 = [x for x in head["policies"].get("malletrain", {}).get("per_seed", [])
+             if x.get("seed") == 0]
+    head_net = float(seed0[0]["net_samples"]) if seed0 else None
     last = float(runs[-1]["net_samples"])
     return [f"The last `malletrain` replay above ran after commit f157a1f (the JPA measures a "
             "partial, doubtful estimate again on nodes left idle) and gave "
             f"{100 * (last / first - 1):+.2f} % net samples on seed 0 ({first:.4g} → {last:.4g}); "
-            "the headline's `malletrain` runs predate that commit.", ""]
+            + ("the headline's `malletrain` runs were replayed after it (seed 0: "
+               f"{head_net:.4g})." if head_net is not None and round(head_net / last, 4) == 1
+               else "the headline's `malletrain` runs predate that commit."), ""]
 
 
 def timing_table(records: list[dict[str, Any]]) -> list[str]:
@@ -345,7 +350,7 @@ def section(head: dict[str, Any], arrivals: list[dict[str, Any]],
         "model is below — starting from 0 nodes is free. Shares are "
         "mean ± sample standard deviation over the seeds; net samples vary more than shares "
         "because each seed draws another job set. Wall seconds per run were taken with the "
-        "machine shared with other work (two replays at a time); the Speed table below is "
+        "machine shared with other work (niced, beside other jobs); the Speed table below is "
         "the measurement of the replay's cost.",
         "",
         "### Share of UB_oracle",
@@ -453,7 +458,7 @@ def section(head: dict[str, Any], arrivals: list[dict[str, Any]],
                   "call. The machine is shared: wall seconds depend on the load printed beside "
                   "them, CPU seconds much less. At commit "
                   f"{EARLIER_COMMIT} the same replays took {EARLIER_SPEED}.", "",
-                  *_later_change(timings)]
+                  *_later_change(timings, head)]
     return "\n".join(lines + [END])
 
 
