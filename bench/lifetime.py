@@ -17,6 +17,10 @@ files into BENCHMARKS.md between the ``lifetime`` markers.
     python3 bench/lifetime.py --results RESULTS_DIR --workers 2 \\
         --plan summit:imagenet:50:5,summit:hpo:50:3,theta:imagenet:50:3
     python3 bench/lifetime.py --results RESULTS_DIR --markdown BENCHMARKS.md
+
+``--rescale-cost inplace`` replays under the in-place cost model (``malletrain_core/sim/costs.py``);
+its files carry an ``-inplace`` suffix, so both cost models share one results folder and the
+table shows a row per cost model.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ from malletrain_core.engine.survival import (  # noqa: E402
     trace_fragments,
 )
 from malletrain_core.sim.bounds import BoundJob, compute_bounds  # noqa: E402
+from malletrain_core.sim.costs import COST_MODELS, DEFAULT_COST_MODEL  # noqa: E402
 from malletrain_core.sim.measured import load_profiles  # noqa: E402
+from malletrain_core.sim.perfmodel import PerfParams  # noqa: E402
 from malletrain_core.sim.replay import replay  # noqa: E402
 from malletrain_core.sim.sources import load_trace  # noqa: E402
 from malletrain_core.sim.traces import DAY_S, Trace  # noqa: E402
@@ -75,20 +81,28 @@ def learned_model(learn: Trace) -> tuple[SurvivalModel, dict[str, Any]]:
     return model, info
 
 
-def units(plan: list[tuple[str, str, int, int]]) -> list[tuple[str, str, int, int, str, float]]:
+Unit = tuple[str, str, int, int, str, float, str]
+"""trace, workload, jobs, seed, policy, look-ahead, cost model."""
+
+
+def units(plan: list[tuple[str, str, int, int]],
+          rescale_cost: str = DEFAULT_COST_MODEL) -> list[Unit]:
     out = []
     for trace, workload, jobs, seeds in plan:
         for seed in range(seeds):
             for la in LOOKAHEADS:
-                out.append((trace, workload, jobs, seed, "malletrain", la))
-            out.append((trace, workload, jobs, seed, "malletrain-lifetime", HORIZON_S))
-            out.append((trace, workload, jobs, seed, "malletrain-clairvoyant", HORIZON_S))
+                out.append((trace, workload, jobs, seed, "malletrain", la, rescale_cost))
+            out.append((trace, workload, jobs, seed, "malletrain-lifetime", HORIZON_S,
+                        rescale_cost))
+            out.append((trace, workload, jobs, seed, "malletrain-clairvoyant", HORIZON_S,
+                        rescale_cost))
     return list(dict.fromkeys(out))
 
 
-def unit_path(results: Path, unit: tuple[str, str, int, int, str, float]) -> Path:
-    trace, workload, jobs, seed, policy, la = unit
-    return results / f"{trace}-{workload}-{jobs}-s{seed}-{policy}-{la:g}.json"
+def unit_path(results: Path, unit: Unit) -> Path:
+    trace, workload, jobs, seed, policy, la, cost = unit
+    suffix = "" if cost == DEFAULT_COST_MODEL else f"-{cost}"
+    return results / f"{trace}-{workload}-{jobs}-s{seed}-{policy}-{la:g}{suffix}.json"
 
 
 _STATE: dict[str, Any] = {}
@@ -99,8 +113,8 @@ def _init(learn_days: float, eval_days: float) -> None:
     _STATE["model"], _STATE["learn"] = learned_model(_STATE["traces"]["summit-learn"])
 
 
-def run_unit(unit: tuple[str, str, int, int, str, float], out: str) -> str:
-    trace_name, workload, n_jobs, seed, policy, la = unit
+def run_unit(unit: Unit, out: str) -> str:
+    trace_name, workload, n_jobs, seed, policy, la, cost = unit
     trace = _STATE["traces"][trace_name]
     jobs = make_workload(workload, n_jobs, seed=seed, start=trace.start, end=trace.end,
                          profiles=load_profiles(workload))
@@ -110,8 +124,10 @@ def run_unit(unit: tuple[str, str, int, int, str, float], out: str) -> str:
         options["lifetime"] = LifetimePredictor(_STATE["model"], la)
     elif policy == "malletrain-clairvoyant":
         options["lifetime"] = LifetimePredictor(None, la, learn_online=False)
-    r = replay(trace, jobs, policy, seed=seed, lookahead_s=la, engine_options=options)
+    r = replay(trace, jobs, policy, seed=seed, lookahead_s=la, engine_options=options,
+               params=PerfParams(rescale_cost=cost))
     record = {"trace": trace_name, "workload": workload, "jobs": n_jobs, "seed": seed,
+              "rescale_cost": cost,
               "policy": policy, "lookahead_s": la, "net_samples": r.net_samples,
               "ub_oracle": ub.ub_oracle, "share": r.net_samples / ub.ub_oracle,
               "rescales": r.rescales, "rescale_loss": r.rescale_loss,
@@ -181,11 +197,19 @@ def parse_plan(text: str) -> list[tuple[str, str, int, int]]:
 
 
 def campaign(plan: list[tuple[str, str, int, int]], results: Path, workers: int,
-             learn_days: float, eval_days: float) -> None:
+             learn_days: float, eval_days: float,
+             rescale_cost: str = DEFAULT_COST_MODEL) -> None:
     results.mkdir(parents=True, exist_ok=True)
-    todo = [u for u in units(plan) if not unit_path(results, u).exists()]
+    todo = [u for u in units(plan, rescale_cost) if not unit_path(results, u).exists()]
     print(f"lifetime: {len(todo)} replays to run", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
+    if workers <= 1:  # one process: no pool beside this one
+        _init(learn_days, eval_days)
+        for i, u in enumerate(todo, 1):
+            name = run_unit(u, str(unit_path(results, u)))
+            print(f"lifetime: {i}/{len(todo)} {name} ({time.perf_counter() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+        return
     with ProcessPoolExecutor(max_workers=workers, initializer=_init,
                              initargs=(learn_days, eval_days)) as pool:
         futures = {pool.submit(run_unit, u, str(unit_path(results, u))): u for u in todo}
@@ -207,23 +231,24 @@ def _cpu() -> str:
 def table(results: Path, timing: dict[str, Any] | None = None) -> str:
     """The BENCHMARKS.md section from the JSON files in ``results`` (and a solver timing)."""
     recs = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
-    groups: dict[tuple[str, str, int], dict[int, dict[str, float]]] = defaultdict(
+    groups: dict[tuple[str, str, int, str], dict[int, dict[str, float]]] = defaultdict(
         lambda: defaultdict(dict))
     span: dict[str, float] = {}
     walls: dict[str, list[float]] = defaultdict(list)
     for r in recs:
         name = r["policy"] if r["policy"] != "malletrain" else f"malletrain@{r['lookahead_s']:g}"
-        groups[(r["trace"], r["workload"], r["jobs"])][r["seed"]][name] = r["share"]
+        groups[_key(r)][r["seed"]][name] = r["share"]
         walls[r["policy"]].append(r["wall_s"])
         span[r["trace"]] = r["days"]
     learn = recs[0]["learn"] if recs else {}
     verdicts: list[str] = []
     lines = [
-        "| trace (eval days) | workload | jobs | seeds | fixed 10 s | fixed 120 s | fixed 600 s "
-        "| best fixed | lifetime | clairvoyant | gap closed | lifetime − best fixed, per seed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (trace, workload, jobs), seeds in sorted(groups.items(), key=lambda kv: (
-            kv[0][0] != "summit", kv[0][1], -kv[0][2])):
+        "| trace (eval days) | workload | jobs | rescale cost | seeds | fixed 10 s | fixed 120 s "
+        "| fixed 600 s | best fixed | lifetime | clairvoyant | gap closed | lifetime − best fixed, "
+        "per seed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (trace, workload, jobs, cost), seeds in sorted(groups.items(), key=lambda kv: (
+            kv[0][0] != "summit", kv[0][1], -kv[0][2], kv[0][3] != DEFAULT_COST_MODEL)):
         full = {s: v for s, v in seeds.items() if len(v) == len(LOOKAHEADS) + 2}
         if not full:
             continue
@@ -242,7 +267,7 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
             f"Theta SWF ({days:.1f} d after its first day)"
         per_seed = " ".join(f"{100 * (v['malletrain-lifetime'] - v[f'malletrain@{best_la:g}']):+.2f}"
                             for _, v in sorted(full.items()))
-        lines.append(f"| {label} | {workload} | {jobs} | {len(full)} | {cells} | "
+        lines.append(f"| {label} | {workload} | {jobs} | {cost} | {len(full)} | {cells} | "
                      f"{100 * best:.2f} % ({best_la:g} s) | {100 * life:.2f} % | "
                      f"{100 * clair:.2f} % | {_closed(closed, clair - best)} | {per_seed} pp |")
         if clair - best < MIN_GAP:
@@ -250,25 +275,26 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
                 f"look-ahead by {100 * MIN_GAP:.1f} pp or more, so there is no gap to close"
         else:
             verdict = "met" if closed >= 0.5 else "not met"
-        verdicts.append(f"* {trace} {workload} {jobs} jobs: lifetime − best fixed "
+        verdicts.append(f"* {trace} {workload} {jobs} jobs, {cost}: lifetime − best fixed "
                         f"{100 * (life - best):+.2f} pp, clairvoyant − best fixed "
                         f"{100 * (clair - best):+.2f} pp; goal (close half the gap) {verdict}.")
     lines.extend(["", *verdicts])
     lines.extend(["", "Where the samples go (means over the same seeds; losses in % of UB_oracle):",
-                  "", "| trace | workload | jobs | policy | rescales | rescale loss | preemptions "
-                  "| preemption loss |", "|---|---|---|---|---|---|---|---|"])
-    per: dict[tuple[str, str, int, str], list[dict[str, Any]]] = defaultdict(list)
+                  "", "| trace | workload | jobs | rescale cost | policy | rescales | rescale loss "
+                  "| preemptions | preemption loss |", "|---|---|---|---|---|---|---|---|---|"])
+    per: dict[tuple[str, str, int, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         name = r["policy"] if r["policy"] != "malletrain" else f"malletrain@{r['lookahead_s']:g}"
-        per[(r["trace"], r["workload"], r["jobs"], name)].append(r)
-    for (trace, workload, jobs, name), rs in sorted(per.items(), key=lambda kv: (
-            kv[0][0] != "summit", kv[0][1], -kv[0][2], kv[0][3])):
-        done = [r for r in rs if len(groups[(trace, workload, jobs)][r["seed"]]) ==
+        per[(*_key(r), name)].append(r)
+    for (trace, workload, jobs, cost, name), rs in sorted(per.items(), key=lambda kv: (
+            kv[0][0] != "summit", kv[0][1], -kv[0][2], kv[0][3] != DEFAULT_COST_MODEL,
+            kv[0][4])):
+        done = [r for r in rs if len(groups[(trace, workload, jobs, cost)][r["seed"]]) ==
                 len(LOOKAHEADS) + 2]
         if not done:
             continue
         lines.append(
-            f"| {trace} | {workload} | {jobs} | {name} | "
+            f"| {trace} | {workload} | {jobs} | {cost} | {name} | "
             f"{np.mean([r['rescales'] for r in done]):,.0f} | "
             f"{100 * np.mean([r['rescale_loss'] / r['ub_oracle'] for r in done]):.2f} % | "
             f"{np.mean([r['preemptions'] for r in done]):,.0f} | "
@@ -279,7 +305,9 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
     return "\n".join([
         f"Built {stamp} from {len(recs)} replays on {_cpu()}, {os.cpu_count()} cores "
         f"(1-min load {load:.2f}), Python {platform.python_version()}, with "
-        "`python3 bench/lifetime.py --results DIR --workers 2 --plan …` then "
+        "`python3 bench/lifetime.py --results DIR --workers 2 --plan …` (restart cost model), "
+        "`python3 bench/lifetime.py --results DIR --workers 1 --rescale-cost inplace --plan …`"
+        " (in-place cost model, malletrain_core/sim/costs.py) then "
         "`python3 bench/lifetime.py --results DIR --markdown BENCHMARKS.md`.",
         "",
         f"Survival model learned from Summit days 1–7: {learn.get('fragments', 0):,} complete "
@@ -296,6 +324,12 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
             f"ImageNet jobs holding {timing['held']:,} of them, median of {timing['reps']}): "
             f"lifetime DP {timing['lifetime_ms']:.0f} ms (value tables and the hand-out check included), fixed "
             f"look-ahead DP {timing['fixed_ms']:.0f} ms, on the same shared machine."])])
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str, int, str]:
+    """A replay's group: trace, workload, jobs and cost model (files from before the cost
+    models were named ran under ``restart``)."""
+    return r["trace"], r["workload"], r["jobs"], r.get("rescale_cost", DEFAULT_COST_MODEL)
 
 
 def _closed(x: float, gap: float) -> str:
@@ -323,10 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--learn-days", type=float, default=LEARN_DAYS)
     ap.add_argument("--eval-days", type=float, default=EVAL_DAYS)
     ap.add_argument("--markdown", type=Path, help="write the table into this BENCHMARKS.md")
+    ap.add_argument("--rescale-cost", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
+                    help="the cost model --plan replays under (default %(default)s)")
     args = ap.parse_args(argv)
     if args.plan:
         campaign(parse_plan(args.plan), args.results, args.workers, args.learn_days,
-                 args.eval_days)
+                 args.eval_days, args.rescale_cost)
     if args.markdown:
         write_markdown(args.markdown, table(args.results, speed()))
     elif not args.plan:

@@ -5,7 +5,7 @@ Three modes:
     python3 bench/simulate.py --policies malletrain,freetrain-exact   # share + wall per policy
     python3 bench/simulate.py --timing --out timing.json
     python3 bench/simulate.py --markdown BENCHMARKS.md --headline DIR[,DIR…] \\
-        --arrivals DIR[,DIR…] --timing-file FILE[,FILE…]
+        --arrivals DIR[,DIR…] --timing-file FILE[,FILE…] [--headline-inplace DIR[,DIR…]]
 
 ``--timing`` replays the whole Summit trace (14.08 days) with 50 ImageNet jobs under one
 policy and prints one JSON record: wall and CPU seconds, re-plans, solver calls and the
@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="results.json directories of arrivals runs, comma-separated")
     ap.add_argument("--timing-file", default="", help="--timing records, comma-separated")
     ap.add_argument("--hpo", default="", help="results.json directory of an HPO-workload run")
+    ap.add_argument("--headline-inplace", default="",
+                    help="results.json directories of the headline setup replayed with "
+                         "--rescale-cost inplace, comma-separated")
     args = ap.parse_args(argv)
     if args.markdown:
         if not args.headline:
@@ -139,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                  *(",".join(Path(p).name for p in a.split(",")) if "/" in a else a
                    for a in given)]
         hpo = read_results(Path(args.hpo)) if args.hpo else None
-        write_markdown(args.markdown, section(head, arrivals, timings, " ".join(shown), hpo))
+        inplace = merged([Path(p) for p in args.headline_inplace.split(",") if p]) \
+            if args.headline_inplace else None
+        write_markdown(args.markdown, section(head, arrivals, timings, " ".join(shown), hpo,
+                                              inplace))
         return 0
     if args.timing:
         record = timing(args)

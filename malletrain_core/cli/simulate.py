@@ -6,6 +6,7 @@ Examples::
         --policies malletrain,freetrain-linear,oracle --out results/
     malletrain simulate --trace swf --workload hpo --jobs 20 --arrivals --json
     malletrain simulate --trace my_cluster.csv.gz --policies all --seeds 5
+    malletrain simulate --rescale-cost inplace --policies malletrain,freetrain-exact,oracle
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S
 from ..sim.compare import Progress, SimOptions, compare
+from ..sim.costs import COST_MODELS, DEFAULT_COST_MODEL
 from ..sim.perfmodel import PerfParams
 from ..sim.policies import POLICIES, parse_policies
 from ..sim.report import format_table, to_json, write_plots, write_results
@@ -80,6 +82,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint-s", type=_non_negative, default=0.0,
                    help="periodic checkpoint interval; a preemption loses the progress since "
                         "the last one (default 0: continuous, the prototype's cost model)")
+    p.add_argument("--rescale-cost", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
+                   help="what a grow, shrink or preemption costs a job: 'restart' (every "
+                        "worker restarts from the disk checkpoint: the job's profiled scale-up "
+                        "/ scale-down time, ≈ 18 / 12 s) or 'inplace' (survivors keep training: "
+                        "grow pause 0.62 s after the joiners' 5 s start, shrink or preemption "
+                        "pause 0.06 s plus the step in flight; measured figures, see "
+                        "malletrain_core/sim/costs.py; losing every node still costs a disk "
+                        "restart) (default: %(default)s)")
     p.add_argument("--noise", type=_non_negative, default=0.03,
                    help="σ of the log-normal throughput noise (default 0.03)")
     p.add_argument("--machine-nodes", type=_positive_int, default=THETA_NODES,
@@ -109,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         seeds=args.seeds, lookahead_s=args.lookahead_s, node_order=args.node_order,
         machine_nodes=args.machine_nodes, synthetic_nodes=args.nodes,
         skip_events=args.skip_events, learn_days=args.learn_days,
-        perf=PerfParams(noise=args.noise, checkpoint_interval_s=args.checkpoint_s))
+        perf=PerfParams(noise=args.noise, checkpoint_interval_s=args.checkpoint_s,
+                        rescale_cost=args.rescale_cost))
     n_runs = sum(1 for p in opts.policies if p != "oracle") * opts.seeds
     comparison = compare(opts, Progress(n_runs, sys.stderr), workers=args.workers)
     results = comparison.results

@@ -106,7 +106,11 @@ class SimBackend:
         p = self.params
         period = p.report_fast_s if first or t - m.restart_t < p.fast_window_s else \
             p.report_slow_s
-        self._push(t + period, _REPORT, job, v)
+        delay = m.costs.first_report_s
+        if first and delay is not None:  # the first report once training resumes
+            self._push(max(t, m.stall_until) + delay, _REPORT, job, v)
+        else:
+            self._push(t + period, _REPORT, job, v)
         if m.spec.work is not None:
             dt = m.time_to_progress(m.spec.work)
             if math.isfinite(dt):

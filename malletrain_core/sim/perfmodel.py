@@ -11,6 +11,15 @@ Both ledgers also lose, on a preemption, the progress since the last checkpoint;
 are taken every ``checkpoint_interval_s`` of running and before every planned rescale
 (``checkpoint_interval_s = 0``: after every step, the prototype's assumption). Throughput
 carries multiplicative log-normal noise with mean 1, redrawn at every report.
+
+The cost model (``PerfParams.rescale_cost``, :mod:`.costs`) says what a change costs. Under
+``restart`` it is the above. Under ``inplace`` the survivors keep training: a grow keeps the old
+size running while the joiners start (``joiner_start_s``), then pauses every member
+(``grow_pause_s``); a shrink or a preemption that leaves survivors loses the step in flight
+(``lost_step_s`` at the rate before) and pauses (``shrink_pause_s``/``preempt_pause_s``); no
+warm-up. Net samples are then charged exactly what the change lost against an instant change,
+so net and trained samples agree; a change that leaves no process alive is charged as under
+``restart``.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .costs import DEFAULT_COST_MODEL, RescaleCosts, cost_model
 from .workloads import SimJob
 
 
@@ -38,8 +48,15 @@ class PerfParams:
     report_slow_s: float = 300.0
     """Report period once the scale has run for ``fast_window_s``."""
     fast_window_s: float = 120.0
+    rescale_cost: str = DEFAULT_COST_MODEL
+    """The named cost model of :mod:`.costs` (``restart`` or ``inplace``)."""
+
+    @property
+    def costs(self) -> RescaleCosts:
+        return cost_model(self.rescale_cost)
 
     def __post_init__(self) -> None:
+        cost_model(self.rescale_cost)  # a one-line error for an unknown name
         for name in ("noise", "checkpoint_interval_s", "fast_window_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be ≥ 0")
@@ -55,6 +72,7 @@ class JobModel:
     def __init__(self, spec: SimJob, params: PerfParams, rng: np.random.Generator) -> None:
         self.spec = spec
         self.params = params
+        self.costs = params.costs
         self.rng = rng
         table = spec.curve.table(spec.max_nodes)
         table[:spec.min_nodes] = 0.0
@@ -65,6 +83,9 @@ class JobModel:
         self.progress = 0.0
         self.stall_until = self.t
         self.warm_until = self.t
+        self.join_until = self.t
+        self.prev_rate = 0.0
+        self._window = ""
         self.ckpt = 0.0
         self.ckpt_t = self.t
         self.restart_t = self.t
@@ -107,6 +128,21 @@ class JobModel:
         half = max(0.0, min(t1, self.warm_until) - max(t0, self.stall_until))
         return full + half / 2
 
+    def _trained(self, t0: float, t1: float, r: float) -> float:
+        """Samples trained between ``t0`` and ``t1`` at rate ``r`` after the change, plus the
+        old size's rate while in-place joiners start (until ``join_until``)."""
+        old = max(0.0, min(t1, self.join_until) - t0) * self.prev_rate * self.factor
+        return r * self._effective_s(t0, t1) + old
+
+    def _rate_now(self) -> float:
+        """The true rate (noise aside) the job trains at this instant: the old size's while
+        joiners start, 0 in a pause, else the current size's."""
+        if self.t < self.join_until:
+            return self.prev_rate
+        if self.t < self.stall_until:
+            return 0.0
+        return self.true_rate()
+
     def advance(self, t: float) -> None:
         """Train from the last update up to ``t`` at the current scale."""
         dt = t - self.t
@@ -114,15 +150,18 @@ class JobModel:
             return
         self.node_s += self.world * dt
         r = self.rate()
-        if r > 0:
+        if r > 0 or self.t < self.join_until:
             self.ideal += r * dt
             interval = self.params.checkpoint_interval_s
             if interval > 0:
                 last = self.ckpt_t + interval * math.floor((t - self.ckpt_t) / interval)
                 if last > self.t:
-                    self.ckpt = self.progress + r * self._effective_s(self.t, last)
+                    self.ckpt = self.progress + self._trained(self.t, last, r)
                     self.ckpt_t = last
-            self.progress += r * self._effective_s(self.t, t)
+            trained = self._trained(self.t, t, r)
+            self.progress += trained
+            if self.costs.inplace and self.t < self.stall_until:
+                self._charge(r * dt - trained, self._window)
             if interval == 0:
                 self.ckpt = self.progress
         self.t = t
@@ -159,6 +198,8 @@ class JobModel:
         self.epoch += 1
         self.restart_t = t
         self.ckpt_t = t
+        self.join_until = t
+        self.prev_rate = 0.0
         if was_running and world > 0:
             w = self.params.warmup_share
             self.stall_until = t + (1 - w) * cost_s
@@ -166,8 +207,54 @@ class JobModel:
         else:
             self.stall_until = self.warm_until = t
 
+    def _charge(self, samples: float, kind: str) -> None:
+        """Charge ``samples`` lost to an in-place change to the net ledger."""
+        self.charged += samples
+        if kind == "preempt":
+            self.preemption_loss += samples
+        else:
+            self.rescale_loss += samples
+
+    def _lose_step(self, kind: str) -> None:
+        """In place: the step in flight is dropped (at the rate trained at this instant)."""
+        lost = min(self.progress, self._rate_now() * self.factor * self.costs.lost_step_s)
+        self.progress -= lost
+        self.ckpt = min(self.ckpt, self.progress)
+        self.rolled_back += lost
+        if kind == "preempt":
+            self.preemption_loss += lost
+        else:
+            self.rescale_loss += lost
+
+    def _in_place(self, t: float, world: int, kind: str) -> None:
+        """An in-place change to ``world`` > 0 nodes while ``self.world`` > 0 (see
+        :mod:`.costs`): survivors keep their state; joiners start while members train."""
+        c = self.costs
+        if kind == "up":
+            self.prev_rate = self._rate_now()
+            self.join_until = t + c.joiner_start_s
+            self.stall_until = self.join_until + c.grow_pause_s
+        else:
+            self._lose_step(kind)
+            self.prev_rate = 0.0
+            self.join_until = t
+            self.stall_until = t + (c.preempt_pause_s if kind == "preempt" else
+                                    c.shrink_pause_s)
+        self.warm_until = self.stall_until
+        self._window = kind
+        self.world = world
+        self.epoch += 1
+        self.restart_t = t
+
     def rescale(self, t: float, world: int) -> None:
-        """A planned change to ``world`` nodes: checkpoint, then restart at the new size."""
+        """A planned change to ``world`` nodes: checkpoint, then restart at the new size (in
+        place: survivors keep training, see :mod:`.costs`)."""
+        if self.costs.inplace and self.world > 0 and world > 0:
+            self.advance(t)
+            if world != self.world:
+                self.rescales += 1
+                self._in_place(t, world, "up" if world > self.world else "down")
+            return
         self.checkpoint(t)
         if world == self.world:
             return
@@ -183,6 +270,10 @@ class JobModel:
         """The batch system took nodes back: roll back to the checkpoint, restart the
         survivors (``world`` nodes, possibly 0)."""
         self.advance(t)
+        if self.costs.inplace and world > 0:
+            self.preemptions += 1
+            self._in_place(t, world, "preempt")
+            return
         r_before = self.rate()
         lost = self.progress - self.ckpt
         self.progress = self.ckpt

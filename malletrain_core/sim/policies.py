@@ -19,7 +19,10 @@ curves the jobs bring at submission:
   and any policy added there — played on the true curves;
 * ``oracle`` — no run: the upper bound UB_oracle of :mod:`.bounds`.
 
-FreeTrain variants and baselines declare the true rescale costs; MalleTrain measures them.
+FreeTrain variants and baselines declare the true rescale costs (those of the cost model in use,
+:mod:`.costs`); MalleTrain measures them. Under the ``inplace`` cost model the engine's default
+costs (used until a job's first change is measured) are that model's, as a site running jobs in
+place would configure them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .. import allocator
 from ..errors import ConfigError
 from ..events import JobRequest
 from ..model import DEFAULT_LOOKAHEAD_S, Curve
+from .costs import RESTART, RescaleCosts
 from .workloads import SimJob
 
 ALLOCATION_POLICIES = tuple(p for p in allocator.POLICIES if p not in allocator.SOLVERS)
@@ -82,8 +86,10 @@ def mismatched_curves(jobs: Sequence[SimJob], catalogue: dict[str, Curve],
 
 
 def job_requests(policy: str, jobs: Sequence[SimJob], seed: int,
-                 catalogue: dict[str, Curve] | None = None) -> list[JobRequest]:
-    """What each job declares at submission under ``policy``."""
+                 catalogue: dict[str, Curve] | None = None,
+                 costs: RescaleCosts = RESTART) -> list[JobRequest]:
+    """What each job declares at submission under ``policy`` (rescale costs as ``costs``
+    makes them)."""
     if policy in PROFILED:
         return [JobRequest(id=j.id, min_nodes=j.min_nodes, max_nodes=j.max_nodes, model=j.model,
                            curve=None, profile=True, work=j.work) for j in jobs]
@@ -95,9 +101,10 @@ def job_requests(policy: str, jobs: Sequence[SimJob], seed: int,
         curves = [j.curve for j in jobs]
     else:
         raise ConfigError(f"policy {policy!r} is not simulated; choose from {RUN_POLICIES}")
+    declared = [costs.declared(j.scale_up_s, j.scale_down_s) for j in jobs]
     return [JobRequest(id=j.id, min_nodes=j.min_nodes, max_nodes=j.max_nodes, model=j.model,
-                       curve=c, profile=False, scale_up_s=j.scale_up_s,
-                       scale_down_s=j.scale_down_s, work=j.work) for j, c in zip(jobs, curves)]
+                       curve=c, profile=False, scale_up_s=up, scale_down_s=down, work=j.work)
+            for j, c, (up, down) in zip(jobs, curves, declared)]
 
 
 def make_engine(policy: str, lookahead_s: float, **config: Any) -> Any:

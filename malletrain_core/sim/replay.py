@@ -55,8 +55,14 @@ def replay(trace: Trace, jobs: Sequence[SimJob], policy: str, *, seed: int = 0,
            engine_options: dict[str, Any] | None = None) -> RunResult:
     """Play ``jobs`` on ``trace`` under ``policy`` with the real Engine."""
     wall0 = time.perf_counter()
-    engine = make_engine(policy, lookahead_s, **(engine_options or {}))
-    requests = job_requests(policy, jobs, seed, catalogue)
+    costs = (params or PerfParams()).costs
+    options = dict(engine_options or {})
+    if costs.inplace:  # the defaults a site running jobs in place would set
+        up, down = costs.declared(0.0, 0.0)
+        options.setdefault("default_scale_up_s", up)
+        options.setdefault("default_scale_down_s", down)
+    engine = make_engine(policy, lookahead_s, **options)
+    requests = job_requests(policy, jobs, seed, catalogue, costs)
     backend = SimBackend(trace, jobs, requests, params, seed,
                          hole_ends=policy == "malletrain-clairvoyant")
     span = max(trace.span_s, 1e-9)

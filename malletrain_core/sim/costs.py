@@ -1,0 +1,84 @@
+"""What a membership change costs a simulated job: the named rescale-cost models.
+
+Every figure the simulator charges for a grow, a shrink or a preemption lives here, in one
+:class:`RescaleCosts` per model, so a figure is changed in one place and results.json names the
+model it ran under (``perf_model.rescale_cost``).
+
+``restart`` — the restart-per-epoch path (and the FreeTrain prototype's cost model): every
+change stops every worker and restarts them from the disk checkpoint. A grow costs the job's
+profiled scale-up time ``Tcup`` (≈ 18 s in the ImageNet profiles), a shrink or a preemption its
+scale-down time ``Tcdw`` (≈ 12 s), charged at the rate before the change.
+
+``inplace`` — the in-place path (``malletrain-run --inplace``, :mod:`malletrain_core.worker.inplace`):
+survivors keep their processes and state and re-form the group. Sources of the figures
+(docs/inplace.md, "Measured"; torch 2.13 CPU, gloo, 2 shared cores, medians of 8 runs):
+
+* ``grow_pause_s`` 0.62 s — members' pause on a grow, the larger of the two measured medians
+  (grow 2→3: 0.62 s, grow 1→2: 0.47 s);
+* ``shrink_pause_s`` 0.06 s — planned shrink 3→1, median 0.059 s;
+* ``preempt_pause_s`` 0.06 s — a peer SIGKILLed (what a batch-system preemption does to the
+  worker), median 0.051 s, rounded up to the shrink figure;
+* ``lost_step_s`` 1.0 s — the step in flight, lost on a shrink and on a preemption that leaves
+  survivors. The measured runs lost no completed step (a planned shrink stops at a step
+  boundary, a killed peer's step is run again); the model charges one step anyway, and the
+  profiles carry no step time, so one step is taken as 1 s at the rate before the change;
+* ``joiner_start_s`` 5.0 s — a joiner's start (torch import, 4.3 s measured; the model build
+  and the check-in are not measured separately and are given 0.7 s) during which the members
+  keep training at the old size: the joiner's node is held but not productive;
+* ``first_report_s`` 2.0 s — the first progress report after a change comes this long after
+  training resumes (the worker's report interval, ``training.Session(report_interval_s=2.0)``),
+  so the engine's monitor, which measures a change's cost as the time from the order to the
+  first report at the new size, sees joiner start + pause + report delay (≈ 7.6 s for a grow).
+
+Under ``inplace`` a change that leaves no process alive — a preemption that takes every node of
+a job, or a shrink to 0 — still costs a restart from the disk checkpoint, charged as under
+``restart`` (``Tcdw`` at the rate before, plus what rolls back to the checkpoint). Starting a
+job from 0 nodes is free under both models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RescaleCosts:
+    """One cost model; ``inplace`` False means: restart every worker (the job's Tcup/Tcdw)."""
+
+    name: str
+    inplace: bool
+    grow_pause_s: float = 0.0
+    shrink_pause_s: float = 0.0
+    preempt_pause_s: float = 0.0
+    lost_step_s: float = 0.0
+    joiner_start_s: float = 0.0
+    first_report_s: float | None = None
+    """Delay of the first report after training resumes; ``None``: the report cadence."""
+
+    def declared(self, scale_up_s: float, scale_down_s: float) -> tuple[float, float]:
+        """(scale-up, scale-down) seconds a user who knows this model declares for a job whose
+        restart costs are ``scale_up_s``/``scale_down_s``: from the order to training at the
+        new size."""
+        if not self.inplace:
+            return scale_up_s, scale_down_s
+        return (self.joiner_start_s + self.grow_pause_s,
+                self.lost_step_s + max(self.shrink_pause_s, self.preempt_pause_s))
+
+
+RESTART = RescaleCosts("restart", inplace=False)
+INPLACE = RescaleCosts("inplace", inplace=True, grow_pause_s=0.62, shrink_pause_s=0.06,
+                       preempt_pause_s=0.06, lost_step_s=1.0, joiner_start_s=5.0,
+                       first_report_s=2.0)
+COST_MODELS = {c.name: c for c in (RESTART, INPLACE)}
+DEFAULT_COST_MODEL = RESTART.name
+
+
+def cost_model(name: str) -> RescaleCosts:
+    """The named cost model, or a one-line error naming the choices."""
+    try:
+        return COST_MODELS[name]
+    except KeyError:
+        raise ConfigError(f"--rescale-cost {name!r}: choose one of "
+                          f"{', '.join(COST_MODELS)}") from None

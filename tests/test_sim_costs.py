@@ -1,0 +1,156 @@
+"""The rescale-cost models: exact losses per change, hand-computed, under both models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from malletrain_core.errors import ConfigError
+from malletrain_core.events import Grow, ProgressReport
+from malletrain_core.model import Curve
+from malletrain_core.sim.backend import SimBackend
+from malletrain_core.sim.costs import INPLACE, RESTART, cost_model
+from malletrain_core.sim.perfmodel import JobModel, PerfParams
+from malletrain_core.sim.policies import job_requests
+from malletrain_core.sim.replay import replay
+from malletrain_core.sim.sources import synthetic
+from malletrain_core.sim.workloads import SimJob
+
+CURVE = Curve.of([1, 2, 4], [10.0, 18.0, 30.0])
+
+
+def _job(up: float = 20.0, down: float = 10.0) -> SimJob:
+    return SimJob("j", "m", CURVE, 1, 4, up, down, None, 0.0)
+
+
+def _model(rescale_cost: str) -> JobModel:
+    params = PerfParams(noise=0.0, warmup_share=0.0, rescale_cost=rescale_cost)
+    return JobModel(_job(), params, np.random.default_rng(0))
+
+
+def _scenario(m: JobModel) -> list[tuple[float, float, float, float]]:
+    """Start at 2, grow to 4, shrink to 2, lose one node, lose the last: (progress, net,
+    rescale loss, preemption loss) 100 s after each change."""
+    out = []
+    m.rescale(0.0, 2)
+    m.advance(100.0)
+    out.append((m.progress, m.net, m.rescale_loss, m.preemption_loss))
+    m.rescale(100.0, 4)
+    m.advance(200.0)
+    out.append((m.progress, m.net, m.rescale_loss, m.preemption_loss))
+    m.rescale(200.0, 2)
+    m.advance(300.0)
+    out.append((m.progress, m.net, m.rescale_loss, m.preemption_loss))
+    m.preempt(300.0, 1)
+    m.advance(400.0)
+    out.append((m.progress, m.net, m.rescale_loss, m.preemption_loss))
+    m.preempt(400.0, 0)
+    out.append((m.progress, m.net, m.rescale_loss, m.preemption_loss))
+    return out
+
+
+def test_inplace_losses_per_change_by_hand() -> None:
+    m = _model("inplace")
+    got = _scenario(m)
+    # Start from 0 is free: 100 s at 18/s.
+    assert got[0] == pytest.approx((1800.0, 1800.0, 0.0, 0.0))
+    # Grow 2→4: the joiners start for 5 s while the members train at 18/s (90 samples), then
+    # 0.62 s of pause, then 30/s. Against an instant change: 30 × 5.62 − 90 = 78.6 lost.
+    assert got[1] == pytest.approx((1800 + 90 + 30 * (100 - 5.62), 4800 - 78.6, 78.6, 0.0))
+    # Planned shrink 4→2: the step in flight (1 s at 30/s) and a 0.06 s pause at 18/s.
+    shrink = 30.0 + 18 * 0.06
+    p2 = got[1][0] - 30.0 + 18 * (100 - 0.06)
+    assert got[2] == pytest.approx((p2, 6600 - 78.6 - shrink, 78.6 + shrink, 0.0))
+    # One of two nodes preempted: the step in flight at 18/s and a 0.06 s pause at 10/s.
+    preempt = 18.0 + 10 * 0.06
+    p3 = p2 - 18.0 + 10 * (100 - 0.06)
+    assert got[3] == pytest.approx((p3, 7600 - 78.6 - shrink - preempt, 78.6 + shrink,
+                                    preempt))
+    # Every node lost: a restart from the disk checkpoint, charged Tcdw (10 s) at 10/s as
+    # under restart; continuous checkpoints roll nothing back.
+    assert got[4] == pytest.approx((p3, 7600 - 78.6 - shrink - preempt - 100.0,
+                                    78.6 + shrink, preempt + 100.0))
+    assert m.rescales == 2 and m.preemptions == 2
+    assert m.net == pytest.approx(m.progress - 100.0)  # only the disk restart is a convention
+
+
+def test_restart_losses_per_change_by_hand() -> None:
+    m = _model("restart")
+    got = _scenario(m)
+    assert got[0] == pytest.approx((1800.0, 1800.0, 0.0, 0.0))
+    # Grow: Tcup 20 s at the rate before (18/s); the workers train nothing for 20 s.
+    assert got[1] == pytest.approx((1800 + 30 * 80, 4800 - 360, 360, 0))
+    # Shrink: Tcdw 10 s at 30/s.
+    assert got[2] == pytest.approx((1800 + 2400 + 18 * 90, 6600 - 660, 660, 0))
+    # One node preempted: Tcdw at 18/s.
+    assert got[3] == pytest.approx((5820 + 10 * 90, 7600 - 840, 660, 180))
+    # All lost: Tcdw at 10/s.
+    assert got[4] == pytest.approx((6720, 7600 - 940, 660, 280))
+
+
+def test_grow_keeps_the_old_size_training_until_the_joiners_are_ready() -> None:
+    m = _model("inplace")
+    m.rescale(0.0, 1)
+    m.advance(10.0)
+    m.rescale(10.0, 2)
+    m.advance(14.0)                                   # joiner starting: members train on
+    assert m.restarting and m.progress == pytest.approx(140.0)
+    assert m.node_s == pytest.approx(10 + 2 * 4)      # the joiner's node is held
+    m.advance(15.5)                                   # 15 … 15.62: the pause
+    assert m.progress == pytest.approx(150.0)
+    m.advance(16.0)
+    assert not m.restarting and m.progress == pytest.approx(150.0 + 18 * 0.38)
+
+
+def test_cost_models_are_named_and_declared() -> None:
+    assert cost_model("restart") is RESTART and cost_model("inplace") is INPLACE
+    with pytest.raises(ConfigError, match="choose one of restart, inplace"):
+        cost_model("cheap")
+    with pytest.raises(ConfigError):
+        PerfParams(rescale_cost="cheap")
+    assert RESTART.declared(18.0, 12.0) == (18.0, 12.0)
+    assert INPLACE.declared(18.0, 12.0) == pytest.approx((5.62, 1.06))
+    reqs = job_requests("freetrain-exact", [_job(18.0, 12.0)], 0, costs=INPLACE)
+    assert (reqs[0].scale_up_s, reqs[0].scale_down_s) == pytest.approx((5.62, 1.06))
+
+
+def test_first_report_comes_when_training_resumes_in_place() -> None:
+    """The monitor measures a change's cost up to the first report: 2 s after the pause."""
+    tr = synthetic(nodes=4, days=0.05, seed=1, idle_fraction=0.99,
+                   fragments=np.array([100000.0]))
+    job = _job()
+    backend = SimBackend(tr, [job], job_requests("freetrain-exact", [job], 0, costs=INPLACE),
+                         PerfParams(noise=0.0, rescale_cost="inplace"))
+    t0 = backend.next_time()
+    assert t0 is not None
+    backend.poll(t0)
+    names = sorted(backend.idle)[:2]
+    backend.execute([Grow(job.id, (names[0],))], t0)          # a start: no pause
+    first = _next_report(backend)
+    assert (first.time, first.world_size) == (pytest.approx(t0 + 2.0), 1)
+    backend.execute([Grow(job.id, (names[1],))], first.time)  # joiners 5 s, pause 0.62 s
+    second = _next_report(backend)
+    assert second.world_size == 2
+    assert second.time == pytest.approx(first.time + 5.0 + 0.62 + 2.0)
+
+
+def _next_report(backend: SimBackend) -> ProgressReport:
+    while True:
+        t = backend.next_time()
+        assert t is not None
+        reports = [e for e in backend.poll(t) if isinstance(e, ProgressReport)]
+        if reports:
+            return reports[0]
+
+
+def test_inplace_replay_keeps_net_at_most_ub_and_above_restart() -> None:
+    tr = synthetic(nodes=12, days=0.15, seed=2, idle_fraction=0.4,
+                   fragments=np.array([200, 400, 900, 1800, 3600]))
+    jobs = [SimJob(f"j{i}", "m", Curve.of([1, 2, 4, 8], [100.0, 190.0, 350.0, 600.0]), 1, 8,
+                   18.0, 12.0, None, 0.0) for i in range(3)]
+    runs = {c: replay(tr, jobs, "freetrain-exact", seed=0,
+                      params=PerfParams(noise=0.0, rescale_cost=c)) for c in ("restart",
+                                                                              "inplace")}
+    assert runs["inplace"].net_samples > runs["restart"].net_samples
+    assert runs["inplace"].rescale_loss < runs["restart"].rescale_loss
+    assert runs["inplace"].invalid_actions == 0
