@@ -44,12 +44,14 @@ command -v "$qmgr" >/dev/null || die "$qmgr not found; run this on the PBS serve
 [[ -r $script ]] || die "$script is missing; run install.sh from the MalleTrain sources"
 [[ $script != *[[:space:]]* ]] || die "qmgr cannot import from a path with blanks: copy pbs_hooks/ elsewhere"
 
-# hook name, event, alarm (s): the hint hooks must never make PBS wait.
+# hook name, event(s), alarm (s): the hint hooks must never make PBS wait.
 hooks=(
     "mt_queuejob queuejob 10"
     "mt_periodic periodic 20"
     "mt_modifyvnode modifyvnode 5"
     "mt_jobobit jobobit 5"
+    "mt_postqueuejob postqueuejob 5"
+    "mt_modifyjob modifyjob,movejob 5"
 )
 
 q() { "$qmgr" -c "$*"; }
@@ -74,6 +76,7 @@ EOF
 for spec in "${hooks[@]}"; do
     read -r hook event alarm <<<"$spec"
     exists "$hook" || q "create hook $hook"
+    if [[ $event == *,* ]]; then event="\"$event\""; fi  # qmgr wants a list quoted
     q "set hook $hook event = $event"
     q "set hook $hook alarm = $alarm"
     if [[ $event == periodic ]]; then q "set hook $hook freq = $freq"; fi
@@ -81,4 +84,5 @@ for spec in "${hooks[@]}"; do
     q "import hook $hook application/x-config default $config"
     q "set hook $hook enabled = true"
 done
-echo "MalleTrain PBS hooks installed: mt_queuejob mt_periodic mt_modifyvnode mt_jobobit"
+echo "MalleTrain PBS hooks installed: mt_queuejob mt_periodic mt_modifyvnode mt_jobobit" \
+     "mt_postqueuejob mt_modifyjob"

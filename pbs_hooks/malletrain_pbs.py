@@ -1,4 +1,4 @@
-"""MalleTrain's PBS hooks: one script, installed as four hooks (see install.sh).
+"""MalleTrain's PBS hooks: one script, installed as five hooks (see install.sh).
 
 * ``periodic`` (mt_periodic): the vnodes that are free, run no job and are not reserved soon,
   sent as ``nodes_free`` datagrams.
@@ -6,6 +6,12 @@
   constant time, never waiting.
 * ``queuejob`` (mt_queuejob): routes jobs submitted to the MalleTrain entry queue to the
   preemptable queue, or refuses a request that cannot work, with a message saying how to fix it.
+* ``postqueuejob`` (mt_postqueuejob): an array just queued in the preemptable queue is announced
+  to the daemon (``job_queued``); this event runs once the server holds the job, unlike
+  queuejob, so the woken daemon finds it.
+* ``modifyjob`` and ``movejob`` (mt_modifyjob): keep users from steering their workers. Only PBS
+  itself, root, and the server's managers and operators (the daemon is one) may alter, hold,
+  release or move a job of the preemptable queue; everyone else gets a one-line refusal.
 
 The script runs inside PBS's embedded Python, not the project's environment: standard library
 only (Python >= 3.6), and it encodes the daemon's datagram itself (one JSON object per unix
@@ -323,12 +329,57 @@ def on_queuejob(e: object, cfg: dict) -> None:
         env["MALLETRAIN_MAX_NODES"] = str(max_nodes)
 
 
-HANDLERS = {
-    pbs.PERIODIC: on_periodic,
-    pbs.MODIFYVNODE: on_modifyvnode,
-    pbs.JOBOBIT: on_jobobit,
-    pbs.QUEUEJOB: on_queuejob,
-}
+def on_postqueuejob(e: object, cfg: dict) -> None:
+    job = e.job
+    if queue_name(job.queue) != cfg["queue"] or "[]" not in str(job.id):
+        return  # another queue's job, or a subjob (its array was announced)
+    send(cfg, message("pbs-postqueuejob", "job_queued", job=str(job.id)))
+
+
+# Requestors that are PBS itself (routing, the scheduler, moms): never refused.
+_PBS_ITSELF = ("PBS_Server", "Scheduler", "pbs_mom", "PBS_System", "root")
+
+
+def privileged(requestor: str) -> bool:
+    """PBS itself, root, or a manager or operator of the server (``user@host`` entries,
+    ``*`` for any host)."""
+    user = requestor.split("@", 1)[0]
+    if user in _PBS_ITSELF:
+        return True
+    server = pbs.server()
+    for attr in ("managers", "operators"):
+        for entry in str(getattr(server, attr, None) or "").split(","):
+            if entry.strip() and entry.strip().split("@", 1)[0] == user:
+                return True
+    return False
+
+
+def on_modifyjob(e: object, cfg: dict) -> None:
+    """qalter/qhold/qrls (modifyjob) and qmove (movejob) of MalleTrain's jobs: only the
+    privileged. A user may still qdel the job (that ends it) and read it with qstat."""
+    # modifyjob: e.job carries only the requested changes, e.job_o the job as it is.
+    old = getattr(e, "job_o", None)
+    queues = {queue_name(e.job.queue), queue_name(getattr(old, "queue", None)),
+              queue_name(getattr(e, "src_queue", None))}
+    if cfg["queue"] not in queues or privileged(str(e.requestor or "")):
+        return
+    verb = "moved" if e.type == getattr(pbs, "MOVEJOB", None) else "changed"
+    e.reject(f"MalleTrain: jobs in {cfg['queue']} are {verb} only by MalleTrain, which "
+             f"starts, stops and places its workers; to change the request, qdel the job and "
+             f"submit again with -q {cfg['entry_queue']}")
+
+
+_EVENT_HANDLERS = (
+    ("PERIODIC", on_periodic),
+    ("MODIFYVNODE", on_modifyvnode),
+    ("JOBOBIT", on_jobobit),
+    ("QUEUEJOB", on_queuejob),
+    ("POSTQUEUEJOB", on_postqueuejob),
+    ("MODIFYJOB", on_modifyjob),
+    ("MOVEJOB", on_modifyjob),
+)
+# Events an older pbs module does not know are left out (their hooks cannot be installed there).
+HANDLERS = {getattr(pbs, name): fn for name, fn in _EVENT_HANDLERS if hasattr(pbs, name)}
 
 
 def main() -> None:

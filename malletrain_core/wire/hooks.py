@@ -2,7 +2,8 @@
 
 One JSON object per datagram, UTF-8, at most :data:`MAX_DATAGRAM_BYTES` bytes::
 
-    {"v": 1, "src": "<hook name>", "kind": "job_end" | "nodes_free" | "node_change",
+    {"v": 1, "src": "<hook name>",
+     "kind": "job_end" | "nodes_free" | "node_change" | "job_queued",
      "t": <unix time>, ...}
 
 * ``job_end`` — a job (or array task) ended, was requeued or preempted: ``job`` (id string,
@@ -11,6 +12,8 @@ One JSON object per datagram, UTF-8, at most :data:`MAX_DATAGRAM_BYTES` bytes::
   ``partition`` (the PBS queue).
 * ``nodes_free`` — ``nodes``: a list of node names found free.
 * ``node_change`` — ``node`` and its new ``state`` (the batch system's word for it).
+* ``job_queued`` — ``job``: an elastic job has just been queued (PBS's postqueuejob hook, which
+  runs once the server holds the job, so the woken poll sees it).
 
 Hooks are standard-library scripts that encode this themselves; :func:`decode` is the single
 place that validates it. Keys not listed here are ignored, so a newer hook can add fields
@@ -37,7 +40,7 @@ VERSION = 1
 MAX_DATAGRAM_BYTES = 4096
 DEFAULT_SOCKET = "/run/malletrain/hook.sock"
 SOCKET_ENV = "MALLETRAIN_HOOK_SOCKET"
-KINDS = ("job_end", "nodes_free", "node_change")
+KINDS = ("job_end", "nodes_free", "node_change", "job_queued")
 MAX_HOSTLIST_NODES = 65536
 _EXIT = re.compile(r"^-?\d+:\d+$")
 
@@ -84,7 +87,17 @@ class NodeChange:
     kind: str = field(default="node_change", init=False)
 
 
-Message = Union[JobEnd, NodesFree, NodeChange]
+@dataclass(frozen=True)
+class JobQueued:
+    """An elastic job was just submitted."""
+
+    src: str
+    t: float
+    job: str
+    kind: str = field(default="job_queued", init=False)
+
+
+Message = Union[JobEnd, NodesFree, NodeChange, JobQueued]
 
 
 def _get(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], required: bool,
@@ -176,6 +189,8 @@ def decode(data: bytes) -> Message:
         if not all(isinstance(n, str) and n.strip() for n in names):
             raise ProtocolError("hook datagram: field 'nodes' must list non-empty node names")
         return NodesFree(src=src, t=t, nodes=tuple(names))
+    if kind == "job_queued":
+        return JobQueued(src=src, t=t, job=str(_name(obj, "job")))
     return NodeChange(src=src, t=t, node=str(_name(obj, "node")),
                       state=str(_name(obj, "state")))
 
@@ -192,6 +207,8 @@ def encode(msg: Message) -> bytes:
                 obj[key] = getattr(msg, key)
     elif isinstance(msg, NodesFree):
         obj["nodes"] = list(msg.nodes)
+    elif isinstance(msg, JobQueued):
+        obj["job"] = msg.job
     else:
         obj["node"] = msg.node
         obj["state"] = msg.state

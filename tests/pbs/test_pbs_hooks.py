@@ -259,3 +259,31 @@ def test_hook_never_swallows_system_exit():
                 n.func, "attr", "") in ("accept", "reject") for n in ast.walk(node)):
             # A try that may end the hook re-raises SystemExit before anything broad.
             assert names[0] == "SystemExit" and isinstance(node.handlers[0].body[0], ast.Raise)
+
+
+# ---- modifyjob: users do not steer their workers; postqueuejob: a new job wakes the daemon ---
+
+def test_modifyjob_refuses_a_user_changing_a_worker_array(run_hook):
+    run = run_hook("modifyjob_user")
+    assert not run.accepted
+    assert run.reject_msg is not None and run.reject_msg.startswith("MalleTrain: ")
+    assert "qdel the job and submit again with -q malletrain" in run.reject_msg
+    assert "\n" not in run.reject_msg and run.datagrams == []
+
+
+@pytest.mark.parametrize("fixture", ["modifyjob_root", "modifyjob_other_queue"])
+def test_modifyjob_lets_pbs_admins_and_other_queues_through(run_hook, fixture):
+    run = run_hook(fixture)
+    assert run.accepted, run.log
+
+
+def test_postqueuejob_announces_a_new_array_of_the_preemptable_queue(run_hook):
+    [msg] = [protocol.decode(d) for d in run_hook("postqueuejob_array").datagrams]
+    assert isinstance(msg, protocol.JobQueued)
+    assert (msg.src, msg.job) == ("pbs-postqueuejob", "12[].head1")
+
+
+@pytest.mark.parametrize("fixture", ["postqueuejob_subjob", "postqueuejob_other_queue"])
+def test_postqueuejob_is_quiet_for_subjobs_and_other_queues(run_hook, fixture):
+    run = run_hook(fixture)
+    assert run.accepted and run.datagrams == []
