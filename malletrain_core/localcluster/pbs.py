@@ -405,8 +405,9 @@ class PbsComplex:
     def install_malletrain(self, freq_s: int = 30, max_nodes: int = 0,
                            socket: str | Path | None = None) -> Result:
         """The administrator's steps of docs/pbs.md on this complex: MalleTrain's queues
-        (``malletrain`` routing to ``mt_preemptable``, enabled but not started), then
-        ``pbs_hooks/install.sh`` through this complex's qmgr. Idempotent."""
+        (``malletrain`` routing to ``mt_preemptable``, enabled but not started), the
+        scheduler's ``preempt_prio`` with ``queue_softlimits``, then ``pbs_hooks/install.sh``
+        through this complex's qmgr. Idempotent."""
         def exists(queue: str) -> bool:
             return self.run(["qstat", "-Q", queue], check=False).returncode == 0
         if not exists("mt_preemptable"):
@@ -418,7 +419,8 @@ class PbsComplex:
         if not exists("malletrain"):
             self.qmgr("create queue malletrain queue_type = route")
         self.qmgr("set queue malletrain route_destinations = mt_preemptable",
-                  "set queue malletrain enabled = true", "set queue malletrain started = true")
+                  "set queue malletrain enabled = true", "set queue malletrain started = true",
+                  'set sched preempt_prio = "express_queue, normal_jobs, queue_softlimits"')
         env = dict(os.environ, QMGR=str(self.bin_dir / "qmgr"))
         argv = ["bash", str(REPO / "pbs_hooks" / "install.sh"), "--socket",
                 str(socket or self.hook_socket), "--freq", str(freq_s), "--max-nodes",
