@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import hashlib
+import hmac
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 from pbs_testlib import FIXTURES, GOLDEN, HOOK
 
+from malletrain_core.jobsecret import derive
 from malletrain_core.wire import hooks as protocol
 
 
@@ -244,7 +248,21 @@ def test_hook_script_is_standard_library_only():
     source = HOOK.read_text()
     imports = {ln.split()[1].split(".")[0] for ln in source.splitlines()
                if ln.startswith(("import ", "from "))}
-    assert imports == {"errno", "json", "socket", "time", "pbs"}
+    assert imports == {"errno", "hashlib", "hmac", "json", "re", "socket", "time", "pbs"}
+
+
+def test_mt_launch_gives_the_secret_the_daemon_derives():
+    """The hook's job_secret (run by the moms) and jobsecret.derive (run by the daemon) must
+    agree: both are lifted out of their sources and compared."""
+    tree = ast.parse(HOOK.read_text())
+    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "job_secret")
+            or (isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_JOB_SECRET_LABEL")]
+    assert len(keep) == 2
+    space: dict = {"hashlib": hashlib, "hmac": hmac, "re": re}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(HOOK), "exec"), space)  # noqa: S102
+    key = bytes(range(40))
+    for job in ("12[].pbsserver", "12[7].pbsserver", "3[].srv.example.org"):
+        assert space["job_secret"](key.hex(), job) == derive(key, job)
 
 
 def test_hook_never_swallows_system_exit():

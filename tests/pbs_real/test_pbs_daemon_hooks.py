@@ -7,8 +7,6 @@ ends its job)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,42 +15,19 @@ from pathlib import Path
 
 import pytest
 from conftest import HOOK_FREQ_S
-from pbs_real_helpers import now, state, subjob, submit, wait_state
+from pbs_real_helpers import now, start_daemon, state, subjob, submit, wait_state
 
-from malletrain_core.localcluster.daemon import free_port
 from malletrain_core.localcluster.pbs import PbsComplex
-from malletrain_core.worker.client import UnixClient
 
 
 @pytest.fixture
 def daemon(pbs: PbsComplex) -> Iterator[Path]:
-    """malletraind with the PBS backend, polling every 600 s, with a state of its own (no job
-    of an earlier test recovered); yields its log path."""
-    root = Path(tempfile.mkdtemp(prefix="malletraind-", dir=pbs.root))
-    config = root / "malletrain.toml"
-    config.write_text(
-        "[daemon]\nbatch_system = \"pbs\"\n"
-        f"state_dir = \"{root / 'state'}\"\nhook_socket = \"{pbs.hook_socket}\"\n"
-        f"api_socket = \"{root / 'api.sock'}\"\napi_host = \"127.0.0.1\"\n"
-        f"api_port = {free_port()}\nadvertise_host = \"127.0.0.1\"\n"
-        "poll_interval_s = 600.0\nmetrics_port = 0\nlog_level = \"info\"\n"
-        f"[pbs]\nbin_dir = \"{pbs.bin_dir}\"\n")
-    log = root / "daemon.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "malletrain_core.daemon", "--config",
-                                 str(config)], env=pbs.env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    """malletraind with the PBS backend, polling every 600 s; yields its log path."""
+    started = start_daemon(pbs, poll_s=600.0)
     try:
-        pbs.wait_for("malletraind started", lambda: "started: pbs backend" in log.read_text(),
-                     20)
-        def polled() -> bool:  # its first poll is done: from now on only datagrams wake it
-            with UnixClient(str(root / "api.sock"), timeout_s=5) as client:
-                return int(client.call("status")["daemon"]["cycles"]) >= 1
-        pbs.wait_for("malletraind's first poll", polled, 20)
-        yield log
+        yield started.log
     finally:
-        proc.terminate()
-        proc.wait(10)
+        started.stop()
         pbs.qmgr(*(f"set hook {h} enabled = true" for h in HINT_HOOKS))
 
 
