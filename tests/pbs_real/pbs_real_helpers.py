@@ -95,7 +95,7 @@ class Daemon:
 
 
 def start_daemon(cx: PbsComplex, poll_s: float = 600.0, in_server_ns: bool = False,
-                 extra_toml: str = "") -> Daemon:
+                 extra_toml: str = "", log_level: str = "info") -> Daemon:
     """malletraind with the PBS backend and a state of its own (no job of an earlier test
     recovered), once its first poll is done. ``in_server_ns``: run it in the server's network
     namespace, its API on the server's address, where launchers on the moms reach it (they
@@ -109,7 +109,7 @@ def start_daemon(cx: PbsComplex, poll_s: float = 600.0, in_server_ns: bool = Fal
         f"state_dir = \"{root / 'state'}\"\nhook_socket = \"{cx.hook_socket}\"\n"
         f"api_socket = \"{root / 'api.sock'}\"\napi_host = \"{host}\"\n"
         f"api_port = {port}\nadvertise_host = \"{host}\"\n"
-        f"poll_interval_s = {poll_s}\nmetrics_port = 0\nlog_level = \"info\"\n"
+        f"poll_interval_s = {poll_s}\nmetrics_port = 0\nlog_level = \"{log_level}\"\n"
         f"[pbs]\nbin_dir = \"{cx.bin_dir}\"\njob_key_file = \"{cx.job_key_file}\"\n"
         + extra_toml)
     log = root / "daemon.log"

@@ -125,9 +125,10 @@ def test_hint_hooks_reach_the_listener(pbs: PbsComplex, test_user: str,
     end = datagrams(listener, lambda m: m["kind"] == "job_end", 30)[-1]
     print(f"jobobit datagram {time.monotonic() - t0:.2f} s after qdel")
     assert end["job"] == worker and end["nodes"] == "n03" and end["user"] == test_user
-    # SIGTERM, not a requeue: the job's shell killed by it (0:15), or exiting with its sleep's
-    # 128 + 15 when the sleep died first (both seen on this server).
-    assert end["exit"] in ("0:15", "143:0") and end["requeued"] is False
+    # Killed, not requeued: qdel sends SIGTERM, then SIGKILL after the queue's kill_delay.
+    # Seen on this server: the shell killed by SIGTERM (0:15), exiting with its sleep's
+    # 128 + 15 (143:0), and, on a loaded machine, the SIGKILL round (0:9).
+    assert end["exit"] in ("0:15", "143:0", "0:9", "137:0") and end["requeued"] is False
     assert end["partition"] == "mt_preemptable"
     drain(listener)
     pbs.qmgr("set node n05 state = offline")
