@@ -17,7 +17,7 @@ from malletrain_core.localcluster.pbs import REPO, PbsComplex
 def admin_check(pbs: PbsComplex, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "malletrain.toml"
     config.write_text(f'[daemon]\nbatch_system = "pbs"\nhook_socket = "{pbs.hook_socket}"\n'
-                      f'[pbs]\nbin_dir = "{pbs.bin_dir}"\n')
+                      f'[pbs]\nbin_dir = "{pbs.bin_dir}"\njob_key_file = "{pbs.job_key_file}"\n')
     return subprocess.run([sys.executable, "-m", "malletrain_core", "admin", "check",
                            "--config", str(config), *extra], capture_output=True, text=True,
                           env=pbs.env, cwd=REPO, timeout=120, check=False)
@@ -34,7 +34,8 @@ def test_the_harness_complex_passes(pbs: PbsComplex, tmp_path: Path) -> None:
     assert json.loads(proc.stdout)["ok"] is True
     for name in ("queue mt_preemptable", "queue malletrain", "hook mt_queuejob",
                  "hook mt_periodic", "hook mt_modifyvnode", "hook mt_jobobit",
-                 "hook mt_postqueuejob", "hook mt_modifyjob", "preempt_order", "preempt_prio"):
+                 "hook mt_postqueuejob", "hook mt_modifyjob", "hook mt_launch", "preempt_order",
+                 "preempt_prio"):
         assert got[name]["status"] == "OK", got[name]
     # PBS's default scheduler: no estimated start times, which is said, not failed.
     assert got["strict_ordering"]["status"] == "WARN"
