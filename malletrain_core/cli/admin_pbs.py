@@ -198,8 +198,10 @@ class PbsChecker:
             server = self._json(["qstat", "-B", "-f", "-F", "json"])
             queues = self._json(["qstat", "-Q", "-f", "-F", "json"]).get("Queue", {})
         except (CommandError, ValueError) as exc:
-            return [_wrong("pbs_server", f"qstat -B failed: {exc}", "start pbs_server, or "
-                           "put the PBS commands on PATH ([pbs] bin_dir in malletrain.toml)")]
+            why = f"qstat failed: {exc}" if isinstance(exc, CommandError) else \
+                "qstat -F json printed no JSON (is this PBS older than 19.1?)"
+            return [_wrong("pbs_server", why, "start pbs_server, or put the PBS commands on "
+                           "PATH ([pbs] bin_dir in malletrain.toml)")]
         out = [_ok("pbs_server", f"{server.get('pbs_server', '?')}, PBS "
                                  f"{server.get('pbs_version', '?')}")]
         queue = self.config.pbs.queue
