@@ -251,6 +251,8 @@ def write_markdown(path: Path, body: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-system", choices=("slurm", "pbs"), default="slurm",
+                   help="pbs: the same phases on a local OpenPBS complex (bench/e2e_pbs.py)")
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--submissions", type=int, default=30, help="prod jobs per phase")
     p.add_argument("--rounds", type=int, default=3, help="preempt/grow rounds of phase 1")
@@ -261,16 +263,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.nodes < 8 or args.submissions < 1 or args.rounds < 1:
         p.error("--nodes must be ≥ 8, --submissions and --rounds ≥ 1")
+    runner, where, sect, write = run, machine, section, write_markdown
+    if args.batch_system == "pbs":
+        import e2e_pbs  # noqa: PLC0415 - it needs the PBS harness, Slurm runs do not
+
+        def runner(_nodes: int, submissions: int, rounds: int) -> dict[str, Any]:
+            return e2e_pbs.run(submissions, rounds)
+        where, sect, write = e2e_pbs.machine, e2e_pbs.section, e2e_pbs.write_markdown
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
     else:
-        result = run(args.nodes, args.submissions, args.rounds)
+        result = runner(args.nodes, args.submissions, args.rounds)
         flags = [a for a in (argv if argv is not None else sys.argv[1:])]
         result["command"] = "python bench/e2e.py " + shlex.join(flags)
-        result["machine"] = machine()
+        result["machine"] = where()
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.markdown:
-        write_markdown(Path(args.markdown), section(result, result["command"].strip()))
+        write(Path(args.markdown), sect(result, result["command"].strip()))
     print(json.dumps(result, indent=None if args.json else 1))
     return 0
 

@@ -85,6 +85,9 @@ class PbsConfig:
     queue: str = "mt_preemptable"
     command_timeout_s: float = 30.0
     bin_dir: str = ""
+    job_key_file: str = ""
+    """Where munge is absent: the site key from which each job's launcher secret is derived
+    (pbs_hooks/install.sh --job-key-file writes it; docs/pbs.md). Empty: launchers use munge."""
 
 
 @dataclass(frozen=True)

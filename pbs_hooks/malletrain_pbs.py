@@ -1,4 +1,5 @@
-"""MalleTrain's PBS hooks: one script, installed as four hooks (see install.sh).
+"""MalleTrain's PBS hooks: one script, installed as six hooks, seven with mt_launch (see
+install.sh).
 
 * ``periodic`` (mt_periodic): the vnodes that are free, run no job and are not reserved soon,
   sent as ``nodes_free`` datagrams.
@@ -6,6 +7,16 @@
   constant time, never waiting.
 * ``queuejob`` (mt_queuejob): routes jobs submitted to the MalleTrain entry queue to the
   preemptable queue, or refuses a request that cannot work, with a message saying how to fix it.
+* ``postqueuejob`` (mt_postqueuejob): an array just queued in the preemptable queue is announced
+  to the daemon (``job_queued``); this event runs once the server holds the job, unlike
+  queuejob, so the woken daemon finds it.
+* ``modifyjob`` and ``movejob`` (mt_modifyjob): keep users from steering their workers. Only PBS
+  itself, root, and the server's managers and operators (the daemon is one) may alter, hold,
+  release or move a job of the preemptable queue; everyone else gets a one-line refusal.
+* ``execjob_launch`` (mt_launch, on the moms; only where munge is absent and install.sh was
+  given ``--job-key-file``): puts the job's secret, HMAC-SHA256(site key, array id), into the
+  environment of the job's processes as ``MALLETRAIN_JOB_SECRET`` (docs/pbs.md, "Launchers
+  without munge"); the key lives only in this hook's root-only config.
 
 The script runs inside PBS's embedded Python, not the project's environment: standard library
 only (Python >= 3.6), and it encodes the daemon's datagram itself (one JSON object per unix
@@ -16,7 +27,10 @@ swallowed here.
 """
 
 import errno
+import hashlib
+import hmac
 import json
+import re
 import socket
 import time
 
@@ -30,7 +44,10 @@ DEFAULTS = {
     "max_nodes": 0,                         # most nodes one job may ask for; 0: no limit
     "resv_margin_s": 3600,                  # a vnode reserved within this is not offered
     "min_nodes_var": "MALLETRAIN_MIN_NODES",  # the job variable holding the lower bound
+    "job_key": "",                          # mt_launch only: the site key (hex)
 }
+JOB_SECRET_VAR = "MALLETRAIN_JOB_SECRET"
+_JOB_SECRET_LABEL = b"malletrain job secret\0"  # as malletrain_core.jobsecret.derive
 _QUIET_ERRNOS = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.EWOULDBLOCK)
 # Exit_status codes with which PBS puts a job back in its queue instead of ending it.
 _REQUEUE_EXITS = (-11, -14, -15, -18, -20)
@@ -323,12 +340,72 @@ def on_queuejob(e: object, cfg: dict) -> None:
         env["MALLETRAIN_MAX_NODES"] = str(max_nodes)
 
 
-HANDLERS = {
-    pbs.PERIODIC: on_periodic,
-    pbs.MODIFYVNODE: on_modifyvnode,
-    pbs.JOBOBIT: on_jobobit,
-    pbs.QUEUEJOB: on_queuejob,
-}
+def on_postqueuejob(e: object, cfg: dict) -> None:
+    job = e.job
+    if queue_name(job.queue) != cfg["queue"] or "[]" not in str(job.id):
+        return  # another queue's job, or a subjob (its array was announced)
+    send(cfg, message("pbs-postqueuejob", "job_queued", job=str(job.id)))
+
+
+# Requestors that are PBS itself (routing, the scheduler, moms): never refused.
+_PBS_ITSELF = ("PBS_Server", "Scheduler", "pbs_mom", "PBS_System", "root")
+
+
+def privileged(requestor: str) -> bool:
+    """PBS itself, root, or a manager or operator of the server (``user@host`` entries,
+    ``*`` for any host)."""
+    user = requestor.split("@", 1)[0]
+    if user in _PBS_ITSELF:
+        return True
+    server = pbs.server()
+    for attr in ("managers", "operators"):
+        for entry in str(getattr(server, attr, None) or "").split(","):
+            if entry.strip() and entry.strip().split("@", 1)[0] == user:
+                return True
+    return False
+
+
+def on_modifyjob(e: object, cfg: dict) -> None:
+    """qalter/qhold/qrls (modifyjob) and qmove (movejob) of MalleTrain's jobs: only the
+    privileged. A user may still qdel the job (that ends it) and read it with qstat."""
+    # modifyjob: e.job carries only the requested changes, e.job_o the job as it is.
+    old = getattr(e, "job_o", None)
+    queues = {queue_name(e.job.queue), queue_name(getattr(old, "queue", None)),
+              queue_name(getattr(e, "src_queue", None))}
+    if cfg["queue"] not in queues or privileged(str(e.requestor or "")):
+        return
+    verb = "moved" if e.type == getattr(pbs, "MOVEJOB", None) else "changed"
+    e.reject(f"MalleTrain: jobs in {cfg['queue']} are {verb} only by MalleTrain, which "
+             f"starts, stops and places its workers; to change the request, qdel the job and "
+             f"submit again with -q {cfg['entry_queue']}")
+
+
+def job_secret(key_hex: str, job_id: str) -> str:
+    """The job's launcher secret: HMAC-SHA256(site key, array id)."""
+    array = re.sub(r"\[\d+\]", "[]", job_id, count=1)
+    return hmac.new(bytes.fromhex(key_hex), _JOB_SECRET_LABEL + array.encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def on_launch(e: object, cfg: dict) -> None:
+    job = e.job
+    if not cfg["job_key"] or queue_name(job.queue) != cfg["queue"]:
+        return
+    e.env[JOB_SECRET_VAR] = job_secret(cfg["job_key"], str(job.id))
+
+
+_EVENT_HANDLERS = (
+    ("PERIODIC", on_periodic),
+    ("MODIFYVNODE", on_modifyvnode),
+    ("JOBOBIT", on_jobobit),
+    ("QUEUEJOB", on_queuejob),
+    ("POSTQUEUEJOB", on_postqueuejob),
+    ("MODIFYJOB", on_modifyjob),
+    ("MOVEJOB", on_modifyjob),
+    ("EXECJOB_LAUNCH", on_launch),
+)
+# Events an older pbs module does not know are left out (their hooks cannot be installed there).
+HANDLERS = {getattr(pbs, name): fn for name, fn in _EVENT_HANDLERS if hasattr(pbs, name)}
 
 
 def main() -> None:

@@ -266,9 +266,9 @@ def test_cli_exit_codes_and_json(site, capsys, monkeypatch):
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False
     assert [c["check"] for c in report["checks"] if c["status"] != "OK"] == ["MaxArraySize"]
-    cfg.write_text('[daemon]\nbatch_system = "pbs"\n')
+    cfg.write_text('[daemon]\nbatch_system = "pbs"\n')  # PBS's checks (tests/pbs_real)
     assert main(["admin", "check", "--config", str(cfg)]) == 1
-    assert "knows Slurm only" in capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("WRONG   pbs_server  qstat -F json printed no")
 
 
 def test_a_site_script_that_requires_the_module(site):

@@ -21,6 +21,7 @@ from malletrain_core.wire.hooks import (
     MAX_DATAGRAM_BYTES,
     HookSocket,
     JobEnd,
+    JobQueued,
     NodeChange,
     NodesFree,
     ProtocolError,
@@ -118,12 +119,13 @@ messages = st.one_of(
               partition=st.none() | texts),
     st.builds(NodesFree, src=texts, t=times, nodes=st.lists(names, max_size=50).map(tuple)),
     st.builds(NodeChange, src=texts, t=times, node=names, state=texts),
+    st.builds(JobQueued, src=texts, t=times, job=texts),
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(messages)
-def test_round_trip(msg: JobEnd | NodesFree | NodeChange) -> None:
+def test_round_trip(msg: JobEnd | NodesFree | NodeChange | JobQueued) -> None:
     back = decode(encode(msg))
     if isinstance(msg, JobEnd):  # a hostlist carries a set: NodeSet's order, no duplicates
         assert isinstance(back, JobEnd)

@@ -28,6 +28,8 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from ..errors import MalleTrainError
+from ..jobsecret import SCHEME as JOB_SECRET
+from ..jobsecret import JobSecretError, JobSecretVerifier
 from ..munge import Munge, MungeError
 from ..security import API_SOCKET_GROUP, restrict_socket
 from ..wire.api import (
@@ -287,9 +289,12 @@ class TcpApiServer(_ServerMixin, socketserver.ThreadingMixIn, socketserver.TCPSe
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], dispatcher: Dispatcher, munge: Munge,
-                 idle_timeout_s: float = 60.0, max_connections: int = 256) -> None:
+                 idle_timeout_s: float = 60.0, max_connections: int = 256,
+                 job_secret: JobSecretVerifier | None = None) -> None:
         self._init_common(dispatcher, idle_timeout_s, max_connections)
         self.munge = munge
+        self.job_secret = job_secret
+        """Where munge is absent (PBS): launchers may prove their job by its secret."""
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Connection)
@@ -312,14 +317,22 @@ class TcpApiServer(_ServerMixin, socketserver.ThreadingMixIn, socketserver.TCPSe
             except ApiError as exc:
                 conn.wfile.write(_error(str(exc)))
                 return None
-        if not isinstance(hello, dict) or hello.get("auth") != "munge" \
-                or not isinstance(hello.get("credential"), str):
+        scheme = hello.get("auth") if isinstance(hello, dict) else None
+        if scheme not in ("munge", JOB_SECRET) or not isinstance(hello.get("credential"), str):
             conn.wfile.write(_error('authenticate first: {"auth": "munge", "credential": '
                                     '"<output of munge>"}'))
             return None
+        if scheme == JOB_SECRET and self.job_secret is None:
+            conn.wfile.write(_error("this daemon takes munge credentials only (no "
+                                    "pbs.job_key_file); run munged on this node"))
+            return None
         try:
-            cred = self.munge.decode(hello["credential"])
-        except MungeError as exc:
+            if scheme == JOB_SECRET:
+                assert self.job_secret is not None
+                cred = self.job_secret.decode(hello["credential"], AUTH_PAYLOAD)
+            else:
+                cred = self.munge.decode(hello["credential"])
+        except (MungeError, JobSecretError) as exc:
             log.warning("api: refused a connection from %s: %s", conn.client_address[0], exc)
             conn.wfile.write(_error(str(exc)))
             return None

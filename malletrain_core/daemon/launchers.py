@@ -29,10 +29,13 @@ class LauncherService:
 
     def __init__(self, coordinator: EpochCoordinator, wrap_key: Callable[[str, int], str],
                  report_addr: str, clock: Callable[[], float],
-                 lock: AbstractContextManager[Any] | None = None, admin_uids: frozenset[int] = frozenset({0})
-                 ) -> None:
+                 lock: AbstractContextManager[Any] | None = None, admin_uids: frozenset[int] = frozenset({0}),
+                 wrap_for_job: Callable[[str, str], str] | None = None) -> None:
         self.coordinator = coordinator
         self.wrap_key = wrap_key
+        self.wrap_for_job = wrap_for_job
+        """Launchers authenticated by job secrets: ``wrap_for_job(key_hex, job)`` wraps the
+        report key with that job's secret instead of a munge credential."""
         self.report_addr = report_addr
         self.clock = clock
         self.lock = lock or threading.Lock()
@@ -88,7 +91,8 @@ class LauncherService:
             time.sleep(HOLD_POLL_S)
         reply: dict[str, Any] = {"order": order.to_dict()}
         if order.kind == "run" and state != "running":
-            reply["key"] = self.wrap_key(key, owner)
+            reply["key"] = self.wrap_key(key, owner) if self.wrap_for_job is None \
+                else self.wrap_for_job(key, job)
             reply["report_addr"] = self.report_addr
         return reply
 

@@ -24,6 +24,7 @@ from ..engine.router import Router
 from ..engine.survival import LifetimePredictor, SurvivalModel
 from ..errors import ConfigError, MalleTrainError
 from ..events import Event, JobRequest
+from ..jobsecret import JobSecretVerifier, read_key_file
 from ..model import Constraints, Objective
 from ..munge import Munge
 from ..wire import hooks as protocol
@@ -235,6 +236,15 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
                     "will wait for orders")
     else:
         munge = Munge(config.munge.socket, ttl_s=config.munge.credential_ttl_s)
+        job_secret = None
+        if d.batch_system == "pbs" and config.pbs.job_key_file:
+
+            def owner_of(job: str) -> int | None:
+                with daemon.lock:
+                    return coordinator.owner(job)
+
+            job_secret = JobSecretVerifier(read_key_file(config.pbs.job_key_file), owner_of,
+                                           ttl_s=config.munge.credential_ttl_s)
 
         def key_for(job: str) -> bytes | None:
             with daemon.lock:
@@ -246,7 +256,8 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
         launchers = LauncherService(
             coordinator, lambda key, uid: munge.encode(key, restrict_uid=uid),
             f"{host}:{reports_in.address[1]}", time.time, lock=daemon.lock,
-            admin_uids=frozenset(admins))
+            admin_uids=frozenset(admins),
+            wrap_for_job=job_secret.wrap if job_secret is not None else None)
 
         def checkin(uid: int, args: dict[str, Any]) -> Any:
             reply = launchers.checkin(uid, args)
@@ -267,7 +278,8 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
             return out
 
         daemon.watch(reports_in, on_reports)
-        tcp = TcpApiServer((d.api_host, d.api_port), service.dispatcher, munge)
+        tcp = TcpApiServer((d.api_host, d.api_port), service.dispatcher, munge,
+                           job_secret=job_secret)
         service.closables.append(tcp)
     for server in service.closables:
         if hasattr(server, "start"):

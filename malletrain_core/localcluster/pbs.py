@@ -133,6 +133,8 @@ class PbsComplex:
         self.addr.update({n: f"{SUBNET}.{10 + i}" for i, n in enumerate(self.node_names, 1)})
         self.bin_dir = self.root / "bin"
         self.conf_path = self.root / "etc" / "pbs.conf"
+        self.job_key_file = self.root / "job.key"
+        """The site key of launchers' job secrets (no munge in the complex; docs/pbs.md)."""
 
     # ------------------------------------------------------------------ paths, commands
     @property
@@ -405,8 +407,10 @@ class PbsComplex:
     def install_malletrain(self, freq_s: int = 30, max_nodes: int = 0,
                            socket: str | Path | None = None) -> Result:
         """The administrator's steps of docs/pbs.md on this complex: MalleTrain's queues
-        (``malletrain`` routing to ``mt_preemptable``, enabled but not started), then
-        ``pbs_hooks/install.sh`` through this complex's qmgr. Idempotent."""
+        (``malletrain`` routing to ``mt_preemptable``, enabled but not started), the
+        scheduler's ``preempt_prio`` with ``queue_softlimits``, then ``pbs_hooks/install.sh``
+        through this complex's qmgr, with a job key (``mt_launch``: launchers authenticate by
+        their job's secret, as no munged runs here). Idempotent."""
         def exists(queue: str) -> bool:
             return self.run(["qstat", "-Q", queue], check=False).returncode == 0
         if not exists("mt_preemptable"):
@@ -418,11 +422,12 @@ class PbsComplex:
         if not exists("malletrain"):
             self.qmgr("create queue malletrain queue_type = route")
         self.qmgr("set queue malletrain route_destinations = mt_preemptable",
-                  "set queue malletrain enabled = true", "set queue malletrain started = true")
+                  "set queue malletrain enabled = true", "set queue malletrain started = true",
+                  'set sched preempt_prio = "express_queue, normal_jobs, queue_softlimits"')
         env = dict(os.environ, QMGR=str(self.bin_dir / "qmgr"))
         argv = ["bash", str(REPO / "pbs_hooks" / "install.sh"), "--socket",
                 str(socket or self.hook_socket), "--freq", str(freq_s), "--max-nodes",
-                str(max_nodes)]
+                str(max_nodes), "--job-key-file", str(self.job_key_file)]
         return CommandRunner(timeout_s=60, env=env).run(argv)
 
     # ------------------------------------------------------------------ waiting, dumping

@@ -2,7 +2,8 @@
 
 One JSON object per datagram, UTF-8, at most :data:`MAX_DATAGRAM_BYTES` bytes::
 
-    {"v": 1, "src": "<hook name>", "kind": "job_end" | "nodes_free" | "node_change",
+    {"v": 1, "src": "<hook name>",
+     "kind": "job_end" | "nodes_free" | "node_change" | "job_queued",
      "t": <unix time>, ...}
 
 * ``job_end`` — a job (or array task) ended, was requeued or preempted: ``job`` (id string,
@@ -13,6 +14,8 @@ One JSON object per datagram, UTF-8, at most :data:`MAX_DATAGRAM_BYTES` bytes::
 * ``node_change`` — ``node`` and its new ``state`` (the batch system's word for it).
 * ``job_submit`` — an elastic job was submitted (its id is not known yet); optionally
   ``user``. Sent by job_submit.lua so that a quiet daemon polls at once.
+* ``job_queued`` — ``job``: an elastic job has just been queued (PBS's postqueuejob hook, which
+  runs once the server holds the job, so the woken poll sees it).
 
 Hooks are standard-library scripts that encode this themselves; :func:`decode` is the single
 place that validates it. Keys not listed here are ignored, so a newer hook can add fields
@@ -39,7 +42,7 @@ VERSION = 1
 MAX_DATAGRAM_BYTES = 4096
 DEFAULT_SOCKET = "/run/malletrain/hook.sock"
 SOCKET_ENV = "MALLETRAIN_HOOK_SOCKET"
-KINDS = ("job_end", "nodes_free", "node_change", "job_submit")
+KINDS = ("job_end", "nodes_free", "node_change", "job_submit", "job_queued")
 MAX_HOSTLIST_NODES = 65536
 _EXIT = re.compile(r"^-?\d+:\d+$")
 
@@ -96,7 +99,17 @@ class JobSubmit:
     kind: str = field(default="job_submit", init=False)
 
 
-Message = Union[JobEnd, NodesFree, NodeChange, JobSubmit]
+@dataclass(frozen=True)
+class JobQueued:
+    """An elastic job was just queued (PBS: its id is known)."""
+
+    src: str
+    t: float
+    job: str
+    kind: str = field(default="job_queued", init=False)
+
+
+Message = Union[JobEnd, NodesFree, NodeChange, JobSubmit, JobQueued]
 
 
 def _get(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], required: bool,
@@ -190,6 +203,8 @@ def decode(data: bytes) -> Message:
         return NodesFree(src=src, t=t, nodes=tuple(names))
     if kind == "job_submit":
         return JobSubmit(src=src, t=t, user=_name(obj, "user", required=False))
+    if kind == "job_queued":
+        return JobQueued(src=src, t=t, job=str(_name(obj, "job")))
     return NodeChange(src=src, t=t, node=str(_name(obj, "node")),
                       state=str(_name(obj, "state")))
 
@@ -209,6 +224,8 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, JobSubmit):
         if msg.user is not None:
             obj["user"] = msg.user
+    elif isinstance(msg, JobQueued):
+        obj["job"] = msg.job
     else:
         obj["node"] = msg.node
         obj["state"] = msg.state

@@ -8,7 +8,9 @@ import socket
 import threading
 from typing import Any
 
-from ..munge import Munge, MungeError
+from ..errors import MalleTrainError
+from ..jobsecret import JobSecretAuth
+from ..munge import Munge
 from ..wire.api import (
     AUTH_PAYLOAD,
     MAX_LINE_BYTES,
@@ -135,9 +137,12 @@ class UnixClient(_Client):
 
 
 class TcpClient(_Client):
-    """Client of the network API, authenticated by a fresh munge credential per connection."""
+    """Client of the network API, authenticated by a fresh munge credential per connection
+    (or a job-secret one: :class:`~malletrain_core.jobsecret.JobSecretAuth` stands in for
+    :class:`Munge`)."""
 
-    def __init__(self, host: str, port: int, munge: Munge, timeout_s: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, munge: Munge | JobSecretAuth,
+                 timeout_s: float = 30.0) -> None:
         super().__init__(timeout_s)
         self.host, self.port, self.munge = host, int(port), munge
         self.uid: int | None = None
@@ -155,11 +160,11 @@ class TcpClient(_Client):
     def _after_connect(self) -> None:
         try:
             credential = self.munge.encode(AUTH_PAYLOAD)
-        except MungeError:
+        except MalleTrainError:  # MungeError, JobSecretError
             self.close()
             raise
-        reply = self._exchange(encode_line({"v": VERSION, "auth": "munge",
-                                                "credential": credential}))
+        reply = self._exchange(encode_line({"v": VERSION, "auth": getattr(
+            self.munge, "scheme", "munge"), "credential": credential}))
         if not reply["ok"]:
             self.close()
             raise ApiError(f"the daemon refused our credential: {reply.get('error')}")

@@ -39,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from .. import config
+from .. import config, jobsecret
 from ..errors import MalleTrainError
 from ..munge import Munge
 from ..wire.api import ApiError, ApiUnavailable, parse_address
@@ -147,7 +147,7 @@ def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Pro
 class Launcher:
     """Check in, follow orders, run epochs; :meth:`run` returns the exit code."""
 
-    def __init__(self, ident: Identity, command: Sequence[str], client: Any, munge: Munge,
+    def __init__(self, ident: Identity, command: Sequence[str], client: Any, munge: Munge | jobsecret.JobSecretAuth,
                  checkpoint_dir: str, control_dir: str, poll_s: float = 2.0,
                  max_backoff_s: float = 30.0, nproc_per_node: int = 1,
                  node_addr: str = "", torchrun: Sequence[str] = TORCHRUN,
@@ -433,7 +433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise MalleTrainError("--inplace runs one process per node; drop --nproc-per-node")
         ident = identity_from_env(env)
         (host, port), cfg_socket = _daemon_address(args.daemon, env)
-        munge = Munge(args.munge_socket or cfg_socket)
+        secret = env.get(jobsecret.ENV_SECRET)
+        munge: Munge | jobsecret.JobSecretAuth = Munge(args.munge_socket or cfg_socket) \
+            if not secret else jobsecret.JobSecretAuth(ident.job, secret)
         submit_dir = env.get("SLURM_SUBMIT_DIR") or env.get("PBS_O_WORKDIR") or "."
         ckpt = args.checkpoint_dir or env.get(training.ENV_CHECKPOINT_DIR) or str(
             Path(submit_dir) / f"malletrain-{ident.job}")

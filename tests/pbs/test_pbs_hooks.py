@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import hashlib
+import hmac
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 from pbs_testlib import FIXTURES, GOLDEN, HOOK
 
+from malletrain_core.jobsecret import derive
 from malletrain_core.wire import hooks as protocol
 
 
@@ -244,7 +248,21 @@ def test_hook_script_is_standard_library_only():
     source = HOOK.read_text()
     imports = {ln.split()[1].split(".")[0] for ln in source.splitlines()
                if ln.startswith(("import ", "from "))}
-    assert imports == {"errno", "json", "socket", "time", "pbs"}
+    assert imports == {"errno", "hashlib", "hmac", "json", "re", "socket", "time", "pbs"}
+
+
+def test_mt_launch_gives_the_secret_the_daemon_derives():
+    """The hook's job_secret (run by the moms) and jobsecret.derive (run by the daemon) must
+    agree: both are lifted out of their sources and compared."""
+    tree = ast.parse(HOOK.read_text())
+    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "job_secret")
+            or (isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_JOB_SECRET_LABEL")]
+    assert len(keep) == 2
+    space: dict = {"hashlib": hashlib, "hmac": hmac, "re": re}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(HOOK), "exec"), space)  # noqa: S102
+    key = bytes(range(40))
+    for job in ("12[].pbsserver", "12[7].pbsserver", "3[].srv.example.org"):
+        assert space["job_secret"](key.hex(), job) == derive(key, job)
 
 
 def test_hook_never_swallows_system_exit():
@@ -259,3 +277,31 @@ def test_hook_never_swallows_system_exit():
                 n.func, "attr", "") in ("accept", "reject") for n in ast.walk(node)):
             # A try that may end the hook re-raises SystemExit before anything broad.
             assert names[0] == "SystemExit" and isinstance(node.handlers[0].body[0], ast.Raise)
+
+
+# ---- modifyjob: users do not steer their workers; postqueuejob: a new job wakes the daemon ---
+
+def test_modifyjob_refuses_a_user_changing_a_worker_array(run_hook):
+    run = run_hook("modifyjob_user")
+    assert not run.accepted
+    assert run.reject_msg is not None and run.reject_msg.startswith("MalleTrain: ")
+    assert "qdel the job and submit again with -q malletrain" in run.reject_msg
+    assert "\n" not in run.reject_msg and run.datagrams == []
+
+
+@pytest.mark.parametrize("fixture", ["modifyjob_root", "modifyjob_other_queue"])
+def test_modifyjob_lets_pbs_admins_and_other_queues_through(run_hook, fixture):
+    run = run_hook(fixture)
+    assert run.accepted, run.log
+
+
+def test_postqueuejob_announces_a_new_array_of_the_preemptable_queue(run_hook):
+    [msg] = [protocol.decode(d) for d in run_hook("postqueuejob_array").datagrams]
+    assert isinstance(msg, protocol.JobQueued)
+    assert (msg.src, msg.job) == ("pbs-postqueuejob", "12[].head1")
+
+
+@pytest.mark.parametrize("fixture", ["postqueuejob_subjob", "postqueuejob_other_queue"])
+def test_postqueuejob_is_quiet_for_subjobs_and_other_queues(run_hook, fixture):
+    run = run_hook(fixture)
+    assert run.accepted and run.datagrams == []

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from malletrain_core.localcluster.pbs import REPO, PbsComplex
+from malletrain_core.localcluster.daemon import free_port
+from malletrain_core.localcluster.pbs import REPO, SERVER_ADDR, PbsComplex
+from malletrain_core.wire.api import ApiUnavailable
+from malletrain_core.worker.client import UnixClient
 
 SLEEP = "sleep 600\n"
 QUIET = ("-o", "/dev/null", "-e", "/dev/null")
@@ -67,3 +73,66 @@ def complex_root() -> Path:
     root = Path(tempfile.mkdtemp(prefix="pbs-test-", dir=base))
     root.chmod(0o755)
     return root
+
+
+@dataclass
+class Daemon:
+    """A malletraind started by :func:`start_daemon`."""
+
+    proc: subprocess.Popen[bytes]
+    root: Path
+    log: Path
+    address: str
+    """``HOST:PORT`` of its TCP API, for ``MALLETRAIN_DAEMON``."""
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def start_daemon(cx: PbsComplex, poll_s: float = 600.0, in_server_ns: bool = False,
+                 extra_toml: str = "", log_level: str = "info") -> Daemon:
+    """malletraind with the PBS backend and a state of its own (no job of an earlier test
+    recovered), once its first poll is done. ``in_server_ns``: run it in the server's network
+    namespace, its API on the server's address, where launchers on the moms reach it (they
+    cannot reach the host's loopback); it authenticates them by their job secret."""
+    root = Path(tempfile.mkdtemp(prefix="malletraind-", dir=cx.root))
+    host = SERVER_ADDR if in_server_ns else "127.0.0.1"
+    port = free_port()
+    config = root / "malletrain.toml"
+    config.write_text(
+        "[daemon]\nbatch_system = \"pbs\"\n"
+        f"state_dir = \"{root / 'state'}\"\nhook_socket = \"{cx.hook_socket}\"\n"
+        f"api_socket = \"{root / 'api.sock'}\"\napi_host = \"{host}\"\n"
+        f"api_port = {port}\nadvertise_host = \"{host}\"\n"
+        f"poll_interval_s = {poll_s}\nmetrics_port = 0\nlog_level = \"{log_level}\"\n"
+        f"[pbs]\nbin_dir = \"{cx.bin_dir}\"\njob_key_file = \"{cx.job_key_file}\"\n"
+        + extra_toml)
+    log = root / "daemon.log"
+    argv = [sys.executable, "-m", "malletrain_core.daemon", "--config", str(config)]
+    if in_server_ns:
+        argv = ["ip", "netns", "exec", cx.server_ns, *argv]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, env=cx.env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    daemon = Daemon(proc, root, log, f"{host}:{port}")
+
+    def polled() -> bool:  # its first poll is done: from now on it acts on hooks or its poll
+        if proc.poll() is not None:
+            raise AssertionError(f"malletraind exited {proc.returncode}:\n{log.read_text()}")
+        try:
+            with UnixClient(str(root / "api.sock"), timeout_s=5) as client:
+                return int(client.call("status")["daemon"]["cycles"]) >= 1
+        except ApiUnavailable:
+            return False  # not listening yet
+
+    try:
+        cx.wait_for("malletraind's first poll", polled, 30)
+    except BaseException:
+        daemon.stop()
+        raise
+    return daemon

@@ -1,0 +1,173 @@
+"""Real elastic torch training under the real PBS server, directed by a real malletraind.
+
+One elastic job (``qsub -q malletrain -J 1-3``) runs examples/train_elastic.py (gloo DDP)
+through ``malletrain-run`` on separate moms, each in its own network namespace; malletraind runs
+in the server's namespace, where the launchers reach it, and authenticates them by their job's
+secret (no munged here). It grows onto idle vnodes (3 moms), a ``prod`` job that needs one of
+their nodes preempts a worker (PBS requeues it), the job goes on with 2 from its last checkpoint
+(the progress lost at most one checkpoint interval), and grows back to 3 when the prod job is
+gone. The assertions read PBS (qstat) and the workers' own output, never the daemon's view.
+
+The job runs as root (``acl_roots``): the torch this machine has lives in a Python only root
+can execute, not in the Debian one the test user could run.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pbs_real_helpers import Daemon, start_daemon, subjob, wait_state
+
+from malletrain_core.localcluster.pbs import REPO, PbsComplex
+from malletrain_core.worker.client import UnixClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
+from training_logs import JobLog, invariant_problems, read_job  # noqa: E402
+
+pytestmark = [pytest.mark.torch]
+
+WORKERS = 3
+CHECKPOINT_EVERY_S = 8.0
+TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "16",
+         "--step-sleep-s", "0.1", "--checkpoint-every-s", str(CHECKPOINT_EVERY_S),
+         "--log-every", "1"]
+
+
+@pytest.fixture
+def e2e_daemon(request: pytest.FixtureRequest, pbs: PbsComplex) -> Iterator[Daemon]:
+    pbs.qmgr("set server acl_roots = root")
+    # A measuring window short enough for a test (the engine holds a job at one size for a
+    # window, also when it only probes the largest scale), as in Slurm's e2e test.
+    daemon = start_daemon(pbs, poll_s=2.0, in_server_ns=True,
+                          extra_toml="[profiler]\nwindow_s = 15.0\n")
+    try:
+        yield daemon
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            with UnixClient(str(daemon.root / "api.sock"), timeout_s=5) as client:
+                for op in ("jobs", "nodes"):
+                    print(f"==== malletraind {op} ====\n{client.call(op)}")
+        daemon.stop()
+        pbs.qmgr("unset server acl_roots")
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print("\n==== malletraind log (its commands left out) ====\n" + "\n".join(
+                [ln for ln in daemon.log.read_text(errors="replace").splitlines()
+                 if "runner: run:" not in ln][-80:]))
+
+
+def script(outdir: Path) -> str:
+    """Each worker appends to task-<array number>_<index>.out (read live, unlike PBS's -o)."""
+    launcher = shlex.join([sys.executable, "-m", "malletrain_core.worker.launcher",
+                           "--poll-s", "1"])
+    out = shlex.quote(str(outdir))
+    return (f"#!/bin/bash\ncd {shlex.quote(str(REPO))}\nexport PYTHONPATH=.\n"
+            'n=${PBS_ARRAY_ID%%[*}\n'
+            f'exec >> {out}/task-"$n"_"$PBS_ARRAY_INDEX".out 2>&1\n'
+            f'exec {launcher} --checkpoint-dir {out}/ckpt-"$n" -- {shlex.join(TRAIN)}\n')
+
+
+def running_nodes(pbs: PbsComplex, array: str) -> dict[str, str]:
+    """Running subjob -> its vnode."""
+    states = pbs.jobs(*(subjob(array, i) for i in range(1, WORKERS + 1)))
+    return {sid: str(v.get("exec_vnode", "")).strip("()").split(":", 1)[0]
+            for sid, v in states.items() if v.get("job_state") == "R"}
+
+
+def wait_consistent(pbs: PbsComplex, array: str, outdir: Path, want: int, timeout_s: float,
+                    after_epoch: int = -1) -> int:
+    """Wait until the newest epoch (after ``after_epoch``) trains with exactly ``want`` ranks,
+    the job's running subjobs; returns that epoch."""
+    number = array.split("[", 1)[0]
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        k = len(running_nodes(pbs, array))
+        latest = read_job(outdir, number).latest()
+        if latest is not None:
+            epoch, world, ranks = latest
+            seen = f"{k} running subjobs, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
+            if epoch > after_epoch and k == want == world and ranks == set(range(want)):
+                return epoch
+        time.sleep(1.0)
+    raise AssertionError(f"{array}: training never matched {want} running subjobs within "
+                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})\n"
+                         + "".join(p.read_text(errors="replace")[-3000:]
+                                   for p in sorted(outdir.glob("task-*.out"))))
+
+
+def lost_steps(log: JobLog, epoch: int, resumed_at: int) -> tuple[int, int]:
+    """(steps trained in ``epoch`` past the checkpoint the next epoch resumed from, the
+    largest step gap between two checkpoints of the run: one interval's worth)."""
+    last = max((s for s, *_ in log.steps.get(epoch, [])), default=resumed_at)
+    ckpts = sorted({s for _, s in log.checkpoints})
+    gap = max((b - a for a, b in zip(ckpts, ckpts[1:], strict=False)), default=0)
+    return last - resumed_at, gap
+
+
+def test_elastic_torch_grows_is_preempted_recovers_and_grows_back(
+        pbs: PbsComplex, e2e_daemon: Daemon) -> None:
+    outdir = Path(tempfile.mkdtemp(prefix="e2e-", dir=pbs.root))
+    t0 = time.monotonic()
+    array = pbs.qsub("-q", "malletrain", "-J", f"1-{WORKERS}", "-l", "select=1:ncpus=2",
+                     "-o", "/dev/null", "-e", "/dev/null", "-v",
+                     f"MALLETRAIN_PROFILE=0,MALLETRAIN_DAEMON={e2e_daemon.address}",
+                     script=script(outdir))
+    number = array.split("[", 1)[0]
+    first = wait_consistent(pbs, array, outdir, WORKERS, 240)
+    nodes = running_nodes(pbs, array)
+    assert len(set(nodes.values())) == WORKERS, nodes  # one mom each
+    print(f"grown onto {sorted(nodes.values())}: {WORKERS} ranks training "
+          f"{time.monotonic() - t0:.1f} s after qsub (epoch {first})")
+    cluster_free = [n for n in pbs.node_names if n not in nodes.values()]
+
+    # A prod job wants every other node and one of the workers': PBS requeues that worker.
+    # Two checkpoints first (one interval's worth of steps is then known), then half an
+    # interval more: the preemption comes mid-interval, with progress to lose.
+    pbs.wait_for("two checkpoints", lambda: len(read_job(outdir, number).checkpoints) >= 2,
+                 90, interval_s=0.2)
+    done = len(read_job(outdir, number).checkpoints)
+    pbs.wait_for("the next checkpoint", lambda: len(read_job(outdir, number).checkpoints)
+                 > done, 2 * CHECKPOINT_EVERY_S + 10, interval_s=0.2)
+    time.sleep(CHECKPOINT_EVERY_S / 2)
+    prod = pbs.qsub("-q", "prod", "-l", f"select={len(cluster_free) + 1}:ncpus=2",
+                    "-l", "place=scatter", "-o", "/dev/null", "-e", "/dev/null")
+    t_prod = time.monotonic()
+    wait_state(pbs, prod, "R", 60)
+    print(f"prod job running {time.monotonic() - t_prod:.1f} s after its qsub")
+    requeued = [sid for sid in nodes if pbs.jobs(sid)[sid].get("job_state") == "Q"]
+    assert len(requeued) == 1, {sid: pbs.jobs(sid)[sid].get("job_state") for sid in nodes}
+    shrunk = wait_consistent(pbs, array, outdir, WORKERS - 1, 180, after_epoch=first)
+    log = read_job(outdir, number)
+    resumed = {s for s, _, _ in log.starts[shrunk]}
+    assert len(resumed) == 1, resumed
+    preempted = max(e for e in log.steps if e < shrunk)
+    lost, interval = lost_steps(log, preempted, resumed.pop())
+    print(f"preempted: trains again with {WORKERS - 1} ranks in epoch {shrunk} "
+          f"{time.monotonic() - t_prod:.1f} s after the prod qsub; steps lost {lost} "
+          f"(one checkpoint interval: {interval} steps)")
+    assert 0 <= lost <= interval, (lost, interval)
+
+    # The prod job ends: the job grows back onto the freed node.
+    at_shrink = log.max_step()
+    pbs.run(["qdel", prod])
+    t_back = time.monotonic()
+    pbs.wait_for("a worker started again", lambda: len(running_nodes(pbs, array)) == WORKERS,
+                 60, interval_s=0.2)
+    print(f"prod job deleted: the requeued worker running again {time.monotonic() - t_back:.1f}"
+          " s later")
+    back = wait_consistent(pbs, array, outdir, WORKERS, 180, after_epoch=shrunk)
+    print(f"grown back to {WORKERS} ranks (epoch {back}) {time.monotonic() - t_back:.1f} s "
+          "after the prod job's qdel")
+    pbs.wait_for("training past the shrink", lambda: read_job(outdir, number).max_step()
+                 > at_shrink, 60)
+    final = read_job(outdir, number)
+    assert not invariant_problems(final), "\n".join(invariant_problems(final))
+    pbs.run(["qdel", array])
