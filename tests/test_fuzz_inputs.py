@@ -463,7 +463,8 @@ def test_drop_counters_stay_bounded(tmp_path: Path) -> None:
 
 
 def test_report_intake_stores_nothing_hostile() -> None:
-    listener = ReportListener("127.0.0.1", 0, key_for={"9": KEY}.get)
+    # Received at t = 10 on the daemon's clock, the time the good report also carries.
+    listener = ReportListener("127.0.0.1", 0, key_for={"9": KEY}.get, clock=lambda: 10.0)
     good = reports.Report(job="9", epoch=1, seq=5, t=10.0, samples=64.0, world=2)
     signed = reports.sign(good, KEY)
     hostile = [signed[:40], signed + b"x" * reports.MAX_BYTES, b"MTR2" + signed[4:],
