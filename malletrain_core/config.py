@@ -48,6 +48,7 @@ class DaemonConfig:
     api_group: str = ""
     hook_group: str = "slurm"
     journal_max_events: int = 50_000
+    finished_job_retention_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class Config:
             raise ConfigError(f"daemon.log_level: {d.log_level!r}; use debug, info, warning "
                               "or error")
         for name, value in (("daemon.poll_interval_s", d.poll_interval_s),
+                            ("daemon.finished_job_retention_s", d.finished_job_retention_s),
                             ("allocator.lookahead_s", self.allocator.lookahead_s),
                             ("profiler.window_s", self.profiler.window_s),
                             ("slurm.command_timeout_s", self.slurm.command_timeout_s),
