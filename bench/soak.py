@@ -559,6 +559,10 @@ def section(r: dict[str, Any], plot_name: str, json_name: str = "soak.json") -> 
     lost = "; ".join(f"{x['job']} ({x['kind']}): {x['why']}" for x in jobs["lost"]) or "none"
     revived = "; ".join(f"{x['job']}: {x['tasks']}" for x in jobs["revived"]) or "none"
     restarts = ", ".join(f"{x['t'] / 60:.0f} min ({x['down_s']} s down)" for x in r["restarts"])
+    loads = sorted(s["load1"] for s in r["samples"] if s.get("load1") is not None)
+    load = (f" The machine's 1-min load over the samples (the cluster, the soak and whatever "
+            f"else ran on the host): median {statistics.median(loads):.1f}, max {loads[-1]:.1f}."
+            if loads else "")
     return "\n".join([
         BEGIN,
         f"Measured {r['date']} on {r['machine']}, with `{r['command']}` (one run; test timings "
@@ -572,7 +576,8 @@ def section(r: dict[str, Any], plot_name: str, json_name: str = "soak.json") -> 
         "`malletrain-run` launcher with examples/standin_torchrun.py and "
         "examples/standin_worker.py, a signed report every 0.5 s) and "
         f"{st['torch_jobs']} real torch jobs (`-N 1-2`, examples/train_elastic.py, gloo, each "
-        "training a random number of steps, then replaced); every "
+        "training a random number of steps, 0.2 s apart, and replaced when it ends: "
+        f"{jobs['submitted']['torch'] - st['torch_jobs']} replaced in this run); every "
         f"{st['elastic_every_s']:g} s one stand-in job is submitted, finished or scancelled "
         f"({jobs['submitted']['standin']} stand-in and {jobs['submitted']['torch']} torch jobs "
         f"submitted, {jobs['finished']} finished); a 1–3-node prod job every "
@@ -581,7 +586,7 @@ def section(r: dict[str, Any], plot_name: str, json_name: str = "soak.json") -> 
         f"flatness is judged on the samples (every {st['sample_s']:g} s) from {lo / 60:.0f} to "
         f"{hi / 60:.0f} min: the stretch without restarts, less its first "
         f"{(lo - r['restarts'][1]['t']) / 60 if len(r['restarts']) > 1 else 0:.1f} min of "
-        f"warm-up. Samples: bench/results/{json_name}; plot (below): "
+        f"warm-up.{load} Samples: bench/results/{json_name}; plot (below): "
         f"[bench/results/{plot_name}](bench/results/{plot_name}).",
         "",
         f"![soak: RSS, file descriptors, threads, child processes, journal, state database, "
