@@ -83,6 +83,7 @@ def test_a_finished_job_is_forgotten_after_its_retention_and_its_late_events_are
     assert engine.knows("a") and engine.stats.forgotten == 0
     engine.handle(Tick(150.5))
     assert not engine.knows("a") and "a" not in engine.jobs
+    assert "a" not in engine._pool.held and "b" in engine._pool.held
     assert engine.stats.forgotten == 1
     assert engine.knows("b") and engine.jobs["b"].phase is not JobPhase.DONE
     assert engine.handle(JobEnded(151.0, "a", EndReason.CANCELLED)) == []
@@ -111,6 +112,7 @@ def test_the_engine_state_stays_bounded_and_a_compacted_restart_equals_a_full_re
     assert len(kept.engine._jobs) > 2 * max(jobs_comp[-500:]), (len(kept.engine._jobs),
                                                                max(jobs_comp[-500:]))
     assert max(jobs_comp[500:]) <= max(jobs_comp[:500]) + 10
+    assert len(compacted.engine._pool.held) <= len(compacted.engine._jobs)  # no empty sets left
     assert jobs_full == jobs_comp
     live = snapshots.canonical(full.engine)
     assert snapshots.canonical(compacted.engine) == live

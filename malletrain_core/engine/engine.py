@@ -127,6 +127,7 @@ class Engine:
                 return
             del self._ended[jid]
             self._jobs.pop(jid, None)
+            self._pool.held.pop(jid, None)  # its (empty) node set
             self._stats.forgotten += 1
 
     def _apply(self, event: ev.Event, out: list[ev.Action]) -> bool:
