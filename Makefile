@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long check lint demo bench bench-quick clean
+.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long check lint demo bench bench-quick soak soak-quick clean
 
 setup:
 	@bash scripts/setup-machine.sh
@@ -60,6 +60,15 @@ bench-quick: setup
 
 bench: setup
 	$(PYTHON) bench/allocator.py --json --markdown BENCHMARKS.md
+
+## One hour on a 32-node local Slurm cluster (not in `make test`): leaks, lost and revived
+## jobs, lost reports, prod start delay; rewrites the soak section of BENCHMARKS.md.
+soak: setup
+	$(PYTHON) bench/soak.py --json --markdown BENCHMARKS.md
+
+## The same for about 5 minutes (results under bench-output/), for trials.
+soak-quick: setup
+	$(PYTHON) bench/soak.py --quick
 
 # build/slurm-matrix/trixie has the checkout's parent folder, /tmp and /home bind-mounted into it while the
 # matrix is set up: unmount before removing anything, and refuse while a mount is left.

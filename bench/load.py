@@ -93,13 +93,14 @@ def send_flood(path: str, rate: float, seconds: float) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------- helpers
-def job_script(daemon: LocalDaemon, sent_dir: Path, ckpt_dir: Path, poll_s: float) -> str:
+def job_script(daemon: LocalDaemon, sent_dir: Path, ckpt_dir: Path, poll_s: float,
+               worker_args: tuple[str, ...] = ()) -> str:
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in daemon.job_env.items())
     torchrun = shlex.join([sys.executable, str(REPO / "examples" / "standin_torchrun.py")])
     launcher = [sys.executable, "-m", "malletrain_core.worker.launcher", "--poll-s", str(poll_s),
                 "--torchrun", torchrun, "--checkpoint-dir"]
     worker = [sys.executable, str(REPO / "examples" / "standin_worker.py"), "--sent-dir",
-              str(sent_dir), "--interval-s", "0.5"]
+              str(sent_dir), "--interval-s", "0.5", *worker_args]
     ckpt = f'{shlex.quote(str(ckpt_dir))}/ckpt-"$SLURM_ARRAY_JOB_ID"'
     return (f"#!/bin/bash\n{exports}cd {shlex.quote(str(REPO))}\n"
             f"exec {shlex.join(launcher)} {ckpt} -- {shlex.join(worker)}\n")
@@ -183,12 +184,14 @@ def stats(xs: list[float]) -> dict[str, float | int | None]:
 
 
 class Churn(threading.Thread):
-    """Submits prod jobs every ``every_s`` and records each one's start delay."""
+    """Submits prod jobs every ``every_s`` and records each one's start delay (from before
+    ``sbatch`` ran, or with ``from_return`` from when it returned)."""
 
     def __init__(self, cluster: LocalCluster, max_nodes: int, every_s: float,
-                 seed: int) -> None:
+                 seed: int, from_return: bool = False) -> None:
         super().__init__(daemon=True)
         self.cluster, self.max_nodes, self.every_s = cluster, max_nodes, every_s
+        self.from_return = from_return
         self.rng = random.Random(seed)
         self.delays: list[tuple[float, float]] = []  # (submitted, delay s)
         self.unstarted = 0
@@ -206,6 +209,7 @@ class Churn(threading.Thread):
                 say(f"prod sbatch failed: {exc}")
                 self.stop_event.wait(self.every_s)
                 continue
+            t_ret = time.monotonic() if self.from_return else t0
             started = None
             while time.monotonic() - t0 < 60 and not self.stop_event.is_set():
                 state = squeue(self.cluster, "-j", job, "-o", "%T")
@@ -216,7 +220,7 @@ class Churn(threading.Thread):
             if started is None:
                 self.unstarted += 1
             else:
-                self.delays.append((t0, started - t0))
+                self.delays.append((t0, started - t_ret))
             self.stop_event.wait(max(0.0, self.every_s - (time.monotonic() - t0)))
 
 

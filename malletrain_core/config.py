@@ -49,6 +49,7 @@ class DaemonConfig:
     api_group: str = ""
     hook_group: str = "slurm"
     journal_max_events: int = 50_000
+    finished_job_retention_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class Config:
                               "or error")
         for name, value in (("daemon.poll_interval_s", d.poll_interval_s),
                             ("daemon.idle_poll_interval_s", d.idle_poll_interval_s),
+                            ("daemon.finished_job_retention_s", d.finished_job_retention_s),
                             ("allocator.lookahead_s", self.allocator.lookahead_s),
                             ("profiler.window_s", self.profiler.window_s),
                             ("slurm.command_timeout_s", self.slurm.command_timeout_s),

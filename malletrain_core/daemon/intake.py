@@ -46,6 +46,9 @@ of varied garbage cannot grow the counters without bound."""
 MAX_QUEUED = 8192
 """Datagrams held in memory between two drains (at most 4 KiB each: 32 MiB at worst)."""
 
+GUARD_PRUNE_EVERY = 1000
+"""Reports between two prunes of the replay guard (the jobs with no running launch leave it)."""
+
 OVERFLOW = "queue overflow"
 """The drop reason of a datagram that arrived while the in-memory queue was full."""
 
@@ -331,6 +334,7 @@ class ReportListener(_Queued):
             raise
         self.key_for = key_for
         self.guard = reports.ReplayGuard()
+        self._until_prune = GUARD_PRUNE_EVERY
         self._counts = _Counts("report")
         self.clock = clock
         self.queue: DatagramQueue[tuple[bytes, float]] = DatagramQueue(
@@ -366,10 +370,15 @@ class ReportListener(_Queued):
         """Every report queued now that verifies, timed at its receipt; the others are dropped
         and counted."""
         out: list[reports.Report] = []
-        for data, received in self.queue.take():
+        taken = self.queue.take()
+        for data, received in taken:
             report = self.accept(data)
             if report is not None:
                 out.append(dataclasses.replace(report, t=received))
+        self._until_prune -= len(taken)
+        if self._until_prune <= 0:  # ended jobs' sequence numbers: not kept for ever
+            self._until_prune = GUARD_PRUNE_EVERY
+            self.guard.retain(lambda job: self.key_for(job) is not None)
         return out
 
 

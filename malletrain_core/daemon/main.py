@@ -75,7 +75,8 @@ def engine_config(config: Config, trainer: TrainerConfig | None = None) -> Engin
         constraints=Constraints(user_max_nodes=dict(a.user_max_nodes), min_share=a.min_share),
         solver=solver, profiling=p.enabled, profile_window_s=p.window_s,
         default_scale_up_s=p.default_scale_up_s, default_scale_down_s=p.default_scale_down_s,
-        default_time_limit_s=config.slurm.default_time_limit_s)
+        default_time_limit_s=config.slurm.default_time_limit_s,
+        done_retention_s=config.daemon.finished_job_retention_s)
 
 
 def make_engine(config: Config) -> Engine | Router:

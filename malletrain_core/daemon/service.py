@@ -154,6 +154,7 @@ class StatusService:
                 "trainers": _trainers(engine),
                 "intake": _intake(self.daemon),
                 "drain": _drain(self.daemon),
+                "journal": _journal(self.daemon),
             }
 
     def jobs(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
@@ -227,6 +228,15 @@ class StatusService:
                 [k, float(p)] for k, p in enumerate(curve.table(top)) if k > 0]
             record["now"] = self._now()
         return record
+
+
+def _journal(daemon: Any) -> dict[str, int]:
+    """Events the state journal holds now, and the compactions since the daemon started."""
+    store = getattr(daemon, "store", None)
+    rows = getattr(store, "rows", None)
+    if not isinstance(rows, int):
+        return {}
+    return {"rows": rows, "compactions": int(getattr(daemon, "compactions", 0))}
 
 
 def _intake(daemon: Any) -> dict[str, dict[str, Any]]:

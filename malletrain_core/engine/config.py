@@ -42,6 +42,10 @@ class EngineConfig:
     default_scale_up_s: float = 20.0
     default_scale_down_s: float = 12.0
     default_time_limit_s: float = 72 * 3600.0
+    done_retention_s: float | None = None
+    """Seconds (of event time) a finished job stays in the engine's state; ``None`` keeps it
+    for good. The daemon sets ``daemon.finished_job_retention_s``, so that a long-running
+    site's memory and snapshots do not grow with every job ever submitted."""
     lifetime: LifetimePredictor | None = field(default=None, compare=False)
     """When set, each idle node is worth its predicted remaining idle time instead of
     ``lookahead_s`` (:mod:`malletrain_core.allocator.lifetime`); side constraints are then
@@ -55,6 +59,11 @@ class EngineConfig:
                     math.isnan(value) or math.isinf(value) or value < 0:
                 raise ConfigError(f"engine: {name} = {value!r}: give a finite number of "
                                   "seconds ≥ 0")
+        keep = self.done_retention_s
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, float))
+                                 or not 0 <= keep < math.inf):
+            raise ConfigError(f"engine: done_retention_s = {keep!r}: give a finite number of "
+                              "seconds ≥ 0, or None to keep finished jobs")
         if self.profile_window_s <= 0:
             raise ConfigError(f"engine: profile_window_s = {self.profile_window_s!r}: give a "
                               "window > 0 seconds (60 s is the default)")
@@ -80,7 +89,8 @@ class JobPhase(str, Enum):
     RUNNING = "running"
     """Admitted with a believed curve; the allocator decides its scale (possibly 0 nodes)."""
     DONE = "done"
-    """Ended (completed, cancelled or failed); kept for inspection."""
+    """Ended (completed, cancelled or failed); kept for inspection (for
+    :attr:`EngineConfig.done_retention_s`, then forgotten)."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,8 @@ class EngineStats:
     """Counters of what the engine did (``preemptions``: jobs that lost nodes to a reclaim;
     ``profile_extensions``: extra measurements of running jobs at larger scales; ``solves``:
     policy calls, which took ``solve_ms`` in all; ``held_node_s``: node-seconds held by jobs,
-    integrated over event time)."""
+    integrated over event time; ``forgotten``: finished jobs dropped from the state after
+    :attr:`EngineConfig.done_retention_s`)."""
 
     replans: int = 0
     grows: int = 0
@@ -125,6 +136,7 @@ class EngineStats:
     solve_ms: float = 0.0
     solves: int = 0
     held_node_s: float = 0.0
+    forgotten: int = 0
 
     def to_dict(self) -> dict[str, float]:
         return dict(vars(self))

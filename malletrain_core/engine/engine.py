@@ -50,6 +50,7 @@ class Engine:
         self._jobs: dict[str, JobRecord] = {}
         self._queue: list[str] = []
         self._admitted: dict[str, None] = {}
+        self._ended: dict[str, float] = {}  # finished job -> engine time it ended, in order
         self._stats = EngineStats()
         self._advisor = Advisor(self.config, self._pool, self._monitor, self._jobs, self._store,
                                 self._stats)
@@ -61,6 +62,10 @@ class Engine:
     def jobs(self) -> Mapping[str, JobView]:
         """Every job the engine has seen, as read-only snapshots."""
         return {jid: job.view(self._monitor, self.config) for jid, job in self._jobs.items()}
+
+    def knows(self, job_id: str) -> bool:
+        """Whether the job is in the engine's state (a finished job is, for its retention)."""
+        return job_id in self._jobs
 
     @property
     def node_map(self) -> Mapping[str, str]:
@@ -107,7 +112,23 @@ class Engine:
             replan |= self._apply(event, actions)
         if replan:
             actions.extend(self._replan(self._now))
+        if self._ended and self.config.done_retention_s is not None:
+            self._forget(self._now - self.config.done_retention_s)
         return actions
+
+    def _forget(self, before: float) -> None:
+        """Drop the finished jobs that ended before ``before`` (event time): nothing
+        refers to a finished job any more (its nodes, queue place, monitor track and profiling
+        run went when it ended); a repeat of its end or reports is ignored as for any unknown
+        job, and the counters keep it."""
+        while self._ended:
+            jid, ended = next(iter(self._ended.items()))
+            if ended >= before:
+                return
+            del self._ended[jid]
+            self._jobs.pop(jid, None)
+            self._pool.held.pop(jid, None)  # its (empty) node set
+            self._stats.forgotten += 1
 
     def _apply(self, event: ev.Event, out: list[ev.Action]) -> bool:
         if isinstance(event, ev.ProgressReport):
@@ -172,6 +193,7 @@ class Engine:
         job.phase = JobPhase.DONE
         self._admitted.pop(job.id, None)
         self._monitor.remove(job.id)
+        self._ended[job.id] = self._now
         out.append(ev.Finish(job.id))
         return True
 

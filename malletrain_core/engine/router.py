@@ -100,7 +100,11 @@ class Router:
         actions: list[Action] = []
         for name, engine in self.engines.items():
             if name in per_engine:
+                forgotten = engine.stats.forgotten
                 actions.extend(engine.handle_many(per_engine[name]))
+                if engine.stats.forgotten != forgotten:  # its finished jobs went: their routes too
+                    self._job_engine = {j: e for j, e in self._job_engine.items()
+                                        if e != name or engine.knows(j)}
         return actions
 
     def engine_of_node(self, node: str) -> str | None:

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import MalleTrainError
@@ -145,3 +146,19 @@ class ReplayGuard:
     def forget(self, job: str) -> None:
         for key in [k for k in self._last if k[0] == job]:
             del self._last[key]
+
+    def retain(self, live: Callable[[str], bool]) -> int:
+        """Forget every job ``live`` says has ended (its reports are refused before this guard
+        sees them); returns the entries dropped. Without it, every (job, epoch) ever reported
+        stays in memory."""
+        verdict: dict[str, bool] = {}
+        for job, _ in self._last:
+            if job not in verdict:
+                verdict[job] = live(job)
+        gone = [k for k in self._last if not verdict[k[0]]]
+        for key in gone:
+            del self._last[key]
+        return len(gone)
+
+    def __len__(self) -> int:
+        return len(self._last)
