@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from malletrain_core.localcluster.daemon import free_port
 from malletrain_core.localcluster.pbs import REPO, SERVER_ADDR, PbsComplex
@@ -16,6 +19,8 @@ from malletrain_core.worker.client import UnixClient
 
 SLEEP = "sleep 600\n"
 QUIET = ("-o", "/dev/null", "-e", "/dev/null")
+WORKER_QUEUE = "mt_preemptable"
+"""Where the ``malletrain`` route queue puts elastic jobs' workers."""
 
 
 def submit(cx: PbsComplex, user: str, *args: str, script: str = SLEEP) -> str:
@@ -84,6 +89,8 @@ class Daemon:
     log: Path
     address: str
     """``HOST:PORT`` of its TCP API, for ``MALLETRAIN_DAEMON``."""
+    argv: list[str]
+    cx: PbsComplex
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -92,6 +99,40 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: nothing saved, its sockets left behind."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def restart(self) -> None:
+        """Start it again on the same configuration and state, once its first poll is done."""
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.cx.env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        wait_polled(self)
+
+    def query(self, op: str) -> dict[str, Any]:
+        with UnixClient(str(self.root / "api.sock"), timeout_s=5) as client:
+            return dict(client.call(op))
+
+
+def wait_polled(daemon: Daemon) -> None:
+    """Wait until the daemon's first poll is done: from then on it acts on hooks or its poll."""
+    def polled() -> bool:
+        if daemon.proc.poll() is not None:
+            raise AssertionError(f"malletraind exited {daemon.proc.returncode}:\n"
+                                 f"{daemon.log.read_text()}")
+        try:
+            return int(daemon.query("status")["daemon"]["cycles"]) >= 1
+        except ApiUnavailable:
+            return False  # not listening yet
+
+    try:
+        daemon.cx.wait_for("malletraind's first poll", polled, 30)
+    except BaseException:
+        daemon.stop()
+        raise
 
 
 def start_daemon(cx: PbsComplex, poll_s: float = 600.0, in_server_ns: bool = False,
@@ -119,20 +160,64 @@ def start_daemon(cx: PbsComplex, poll_s: float = 600.0, in_server_ns: bool = Fal
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, env=cx.env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    daemon = Daemon(proc, root, log, f"{host}:{port}")
-
-    def polled() -> bool:  # its first poll is done: from now on it acts on hooks or its poll
-        if proc.poll() is not None:
-            raise AssertionError(f"malletraind exited {proc.returncode}:\n{log.read_text()}")
-        try:
-            with UnixClient(str(root / "api.sock"), timeout_s=5) as client:
-                return int(client.call("status")["daemon"]["cycles"]) >= 1
-        except ApiUnavailable:
-            return False  # not listening yet
-
-    try:
-        cx.wait_for("malletraind's first poll", polled, 30)
-    except BaseException:
-        daemon.stop()
-        raise
+    daemon = Daemon(proc, root, log, f"{host}:{port}", argv, cx)
+    wait_polled(daemon)
     return daemon
+
+
+def job_number(job_id: str) -> str:
+    """``12[].pbsserver``, ``12[3]``, ``12.pbsserver`` -> ``12``."""
+    return job_id.split("[", 1)[0].split(".", 1)[0]
+
+
+def pbs_view(cx: PbsComplex) -> tuple[dict[str, set[str]], set[str]]:
+    """(elastic job number -> vnodes of its running workers, free vnodes) as qstat and
+    pbsnodes say."""
+    held: dict[str, set[str]] = {}
+    for jid, attrs in cx.jobs().items():
+        if attrs.get("queue") == WORKER_QUEUE and attrs.get("job_state") == "R":
+            node = str(attrs.get("exec_vnode", "")).strip("()").split(":", 1)[0]
+            held.setdefault(job_number(jid), set()).add(node)
+    free = {n for n, a in cx.nodes().items() if a.get("state") == "free" and not a.get("jobs")}
+    return held, free
+
+
+def daemon_view(daemon: Daemon) -> tuple[dict[str, set[str]], set[str]]:
+    """(elastic job number -> nodes it holds, free nodes) as malletraind's API says."""
+    held: dict[str, set[str]] = {}
+    free = set()
+    for rec in daemon.query("nodes")["nodes"]:
+        if rec["state"] == "held":
+            held.setdefault(job_number(str(rec["job"])), set()).add(rec["node"])
+        else:
+            free.add(rec["node"])
+    return held, free
+
+
+def views_differ(cx: PbsComplex, daemon: Daemon) -> str:
+    """Empty when the daemon's nodes equal PBS's, else what differs."""
+    p_held, p_free = pbs_view(cx)
+    d_held, d_free = daemon_view(daemon)
+    problems = [f"job {j}: PBS runs its workers on {sorted(p_held.get(j, ()))}, the daemon "
+                f"holds {sorted(d_held.get(j, ()))}"
+                for j in sorted(set(p_held) | set(d_held))
+                if p_held.get(j, set()) != d_held.get(j, set())]
+    if p_free != d_free:
+        problems.append(f"free nodes: PBS {sorted(p_free)}, daemon {sorted(d_free)}")
+    return "; ".join(problems)
+
+
+def wait_agree(cx: PbsComplex, daemon: Daemon, timeout_s: float = 30.0) -> None:
+    """Wait until the daemon's view equals PBS's on two reads 1.2 s apart."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        last = views_differ(cx, daemon)
+        if not last:
+            time.sleep(1.2)
+            last = views_differ(cx, daemon)
+            if not last:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the daemon's view never matched PBS's within {timeout_s:g} s: "
+                         f"{last}")

@@ -6,7 +6,10 @@ in the server's namespace, where the launchers reach it, and authenticates them 
 secret (no munged here). It grows onto idle vnodes (3 moms), a ``prod`` job that needs one of
 their nodes preempts a worker (PBS requeues it), the job goes on with 2 from its last checkpoint
 (the progress lost at most one checkpoint interval), and grows back to 3 when the prod job is
-gone. The assertions read PBS (qstat) and the workers' own output, never the daemon's view.
+gone. The user's ``qdel`` of a training job leaves nothing behind, and training goes on while
+the daemon is SIGKILLed and restarted 3 s later (a prod job still preempts a worker meanwhile).
+The assertions read PBS (qstat, pbsnodes), the workers' own output and their processes; the
+daemon's view is only compared with PBS's.
 
 The job runs as root (``acl_roots``): the torch this machine has lives in a Python only root
 can execute, not in the Debian one the test user could run.
@@ -22,7 +25,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pbs_real_helpers import Daemon, start_daemon, subjob, wait_state
+from pbs_real_helpers import (
+    Daemon,
+    job_number,
+    pbs_view,
+    start_daemon,
+    state,
+    subjob,
+    submit,
+    views_differ,
+    wait_agree,
+    wait_state,
+)
 
 from malletrain_core.localcluster.pbs import REPO, PbsComplex
 from malletrain_core.worker.client import UnixClient
@@ -33,6 +47,9 @@ from training_logs import JobLog, invariant_problems, read_job  # noqa: E402
 pytestmark = [pytest.mark.torch]
 
 WORKERS = 3
+POLL_S = 2.0
+PROD_START_S = 15.0
+"""A prod job's start by preempting a worker (kill_delay 2 s; 1.4 s median in BENCHMARKS)."""
 CHECKPOINT_EVERY_S = 8.0
 TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "16",
          "--step-sleep-s", "0.1", "--checkpoint-every-s", str(CHECKPOINT_EVERY_S),
@@ -44,7 +61,7 @@ def e2e_daemon(request: pytest.FixtureRequest, pbs: PbsComplex) -> Iterator[Daem
     pbs.qmgr("set server acl_roots = root")
     # A measuring window short enough for a test (the engine holds a job at one size for a
     # window, also when it only probes the largest scale), as in Slurm's e2e test.
-    daemon = start_daemon(pbs, poll_s=2.0, in_server_ns=True,
+    daemon = start_daemon(pbs, poll_s=POLL_S, in_server_ns=True,
                           extra_toml="[profiler]\nwindow_s = 15.0\n")
     try:
         yield daemon
@@ -74,9 +91,17 @@ def script(outdir: Path) -> str:
             f'exec {launcher} --checkpoint-dir {out}/ckpt-"$n" -- {shlex.join(TRAIN)}\n')
 
 
-def running_nodes(pbs: PbsComplex, array: str) -> dict[str, str]:
+def submit_training(pbs: PbsComplex, daemon: Daemon, outdir: Path) -> str:
+    """The elastic training job (1 to WORKERS workers), as root; returns its array id."""
+    return pbs.qsub("-q", "malletrain", "-J", f"1-{WORKERS}", "-l", "select=1:ncpus=2",
+                    "-o", "/dev/null", "-e", "/dev/null", "-v",
+                    f"MALLETRAIN_PROFILE=0,MALLETRAIN_DAEMON={daemon.address}",
+                    script=script(outdir))
+
+
+def running_nodes(pbs: PbsComplex, array: str, size: int = WORKERS) -> dict[str, str]:
     """Running subjob -> its vnode."""
-    states = pbs.jobs(*(subjob(array, i) for i in range(1, WORKERS + 1)))
+    states = pbs.jobs(*(subjob(array, i) for i in range(1, size + 1)))
     return {sid: str(v.get("exec_vnode", "")).strip("()").split(":", 1)[0]
             for sid, v in states.items() if v.get("job_state") == "R"}
 
@@ -116,10 +141,7 @@ def test_elastic_torch_grows_is_preempted_recovers_and_grows_back(
         pbs: PbsComplex, e2e_daemon: Daemon) -> None:
     outdir = Path(tempfile.mkdtemp(prefix="e2e-", dir=pbs.root))
     t0 = time.monotonic()
-    array = pbs.qsub("-q", "malletrain", "-J", f"1-{WORKERS}", "-l", "select=1:ncpus=2",
-                     "-o", "/dev/null", "-e", "/dev/null", "-v",
-                     f"MALLETRAIN_PROFILE=0,MALLETRAIN_DAEMON={e2e_daemon.address}",
-                     script=script(outdir))
+    array = submit_training(pbs, e2e_daemon, outdir)
     number = array.split("[", 1)[0]
     first = wait_consistent(pbs, array, outdir, WORKERS, 240)
     nodes = running_nodes(pbs, array)
@@ -171,3 +193,104 @@ def test_elastic_torch_grows_is_preempted_recovers_and_grows_back(
     final = read_job(outdir, number)
     assert not invariant_problems(final), "\n".join(invariant_problems(final))
     pbs.run(["qdel", array])
+
+
+def worker_processes(pbs: PbsComplex) -> list[str]:
+    """Command lines of launchers and trainers alive on any mom (only this test trains)."""
+    found = []
+    for ns in pbs.mom_ns.values():
+        for pid in pbs.ns_pids(ns):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue  # gone meanwhile
+            if "train_elastic.py" in cmd or "malletrain_core.worker.launcher" in cmd:
+                found.append(f"{pid}: {cmd.strip()}")
+    return found
+
+
+def left_of(pbs: PbsComplex, array: str) -> dict[str, str]:
+    """The array's entries (itself and its subjobs) PBS has not finished: {id: state}."""
+    return {jid: str(v.get("job_state")) for jid, v in pbs.jobs(array).items()
+            if v.get("job_state") not in ("F", "X")}
+
+
+def test_the_users_qdel_of_a_training_job_leaves_nothing_behind(
+        pbs: PbsComplex, e2e_daemon: Daemon) -> None:
+    outdir = Path(tempfile.mkdtemp(prefix="e2e-", dir=pbs.root))
+    array = submit_training(pbs, e2e_daemon, outdir)
+    wait_consistent(pbs, array, outdir, WORKERS, 240)
+    assert len(worker_processes(pbs)) >= 2 * WORKERS  # a launcher and a trainer each
+    wait_agree(pbs, e2e_daemon)
+
+    pbs.run(["qdel", array])  # as root, who owns the job here (see the module's doc)
+    t0 = time.monotonic()
+    pbs.wait_for("the job finished in PBS", lambda: not left_of(pbs, array), 60, interval_s=0.2)
+    t_pbs = time.monotonic() - t0
+    pbs.wait_for("every worker process gone", lambda: not worker_processes(pbs), 30)
+    t_procs = time.monotonic() - t0
+    pbs.wait_for("every node free", lambda: pbs_view(pbs) == ({}, set(pbs.node_names)), 30,
+                 interval_s=0.2)
+    t_free = time.monotonic() - t0
+    wait_agree(pbs, e2e_daemon)
+    print(f"qdel: the job finished in PBS {t_pbs:.1f} s later, its processes gone at "
+          f"{t_procs:.1f} s, every node free at {t_free:.1f} s, the daemon agreeing at "
+          f"{time.monotonic() - t0:.1f} s")
+
+    # Nothing comes back: one poll interval later, and a few seconds after that.
+    for wait in (POLL_S, 3.0):
+        time.sleep(wait)
+        assert not left_of(pbs, array), left_of(pbs, array)
+        assert not worker_processes(pbs), worker_processes(pbs)
+        assert pbs_view(pbs) == ({}, set(pbs.node_names)), pbs_view(pbs)
+        assert not views_differ(pbs, e2e_daemon), views_differ(pbs, e2e_daemon)
+    known = [(j["state"], j["nodes"]) for j in e2e_daemon.query("jobs")["jobs"]
+             if job_number(str(j["job"])) == job_number(array)]
+    assert known == [("done", 0)], f"the daemon's record of the deleted job: {known}"
+
+
+def test_training_goes_on_while_the_daemon_is_killed_and_restarted(
+        pbs: PbsComplex, test_user: str, e2e_daemon: Daemon) -> None:
+    outdir = Path(tempfile.mkdtemp(prefix="e2e-", dir=pbs.root))
+    array = submit_training(pbs, e2e_daemon, outdir)
+    number = job_number(array)
+    epoch = wait_consistent(pbs, array, outdir, WORKERS, 240)
+    # Every other node to a second elastic job (sleeping workers): the prod job below can then
+    # only start by preempting one of MalleTrain's workers, and it is pinned to one of the
+    # sleepers', so that the training job's epoch must survive the outage untouched.
+    others = pbs.moms - WORKERS
+    sleepers = submit(pbs, test_user, "-q", "malletrain", "-J", f"1-{others}", "-l",
+                      "select=1:ncpus=2", "-v", "MALLETRAIN_PROFILE=0")
+    pbs.wait_for("the sleepers on every other node",
+                 lambda: len(pbs_view(pbs)[0].get(job_number(sleepers), ())) == others, 60)
+    wait_agree(pbs, e2e_daemon)
+    on_node = {node: sid for sid, node in running_nodes(pbs, sleepers, others).items()}
+    victim = sorted(on_node)[0]
+
+    e2e_daemon.kill()
+    t_kill = time.monotonic()
+    at_kill = read_job(outdir, number).max_step()
+    prod = pbs.qsub("-q", "prod", "-l", f"select=1:ncpus=2:vnode={victim}",
+                    "-o", "/dev/null", "-e", "/dev/null")
+    waited = wait_state(pbs, prod, "R", PROD_START_S)  # PBS requeues: no hook waits on it
+    print(f"daemon SIGKILLed: the prod job running on {victim} {waited:.1f} s after its qsub")
+    assert state(pbs, on_node[victim]) == "Q", f"{on_node[victim]} not requeued"
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - t_kill)))
+    log = read_job(outdir, number)
+    print(f"outage: {time.monotonic() - t_kill:.1f} s, steps {at_kill} -> {log.max_step()}")
+    assert log.max_step() > at_kill, "training stopped with the daemon"
+    assert log.latest() is not None and log.latest()[0] == epoch, "the epoch changed"
+
+    e2e_daemon.restart()
+    print(f"daemon restarted: polled {time.monotonic() - t_kill:.1f} s after the kill")
+    wait_agree(pbs, e2e_daemon)
+    after = wait_consistent(pbs, array, outdir, WORKERS, 60)
+    at_restart = read_job(outdir, number).max_step()
+    time.sleep(2 * POLL_S)  # two polls of the restarted daemon: still the same epoch
+    assert not views_differ(pbs, e2e_daemon), views_differ(pbs, e2e_daemon)
+    log = read_job(outdir, number)
+    assert after == epoch and log.latest() is not None and log.latest()[0] == epoch, \
+        "the restarted daemon should keep the running epoch"
+    assert log.max_step() > at_restart
+    assert not invariant_problems(log), "\n".join(invariant_problems(log))
+    pbs.run(["qdel", prod])
