@@ -24,9 +24,11 @@ test: setup-full
 test-pbs: setup-pbs
 	$(PYTEST) -q -m pbs_real || [ $$? -eq 5 ]
 
-## Long loops (not in `make test`): 200 cancellations during rescale churn on real Slurm.
+## Long loops (not in `make test`): 200 cancellations during rescale churn on real Slurm, and
+## the two slowest fault scenarios (a hung slurmd, the checkpoint folder full and read-only).
 test-long: setup-full
 	MALLETRAIN_REVIVAL_CANCELS=200 $(PYTEST) -q -s tests/slurm/test_revival.py
+	MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q tests/slurm/test_faults_site.py -k "slurmd_hung or checkpoint_folder"
 
 # Slurm 24.11 (Debian trixie in a chroot) and 25.11 (built from ../shared/vendor/slurm in it),
 # under build/slurm-matrix; a second run only checks the mounts.

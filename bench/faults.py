@@ -31,7 +31,7 @@ TESTS = ("tests/slurm/test_faults.py", "tests/slurm/test_faults_site.py")
 
 def run_tests(results: Path, extra: list[str]) -> tuple[int, float, str]:
     """Run the fault tests with the results file set; returns (exit code, seconds, summary)."""
-    env = dict(os.environ, MALLETRAIN_FAULTS_RESULTS=str(results))
+    env = dict(os.environ, MALLETRAIN_FAULTS_RESULTS=str(results), MALLETRAIN_LONG_FAULTS="1")
     results.unlink(missing_ok=True)  # the test modules append to it
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pytest", *TESTS, "-q", "-p",

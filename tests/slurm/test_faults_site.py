@@ -59,6 +59,12 @@ PROD_START_S = 10.0
 """A prod job must start within this (sbatch returned → RUNNING) after every scenario; the
 local cluster's preemption takes about 1 s (BENCHMARKS, load section)."""
 
+LONG = os.environ.get("MALLETRAIN_LONG_FAULTS", "") not in ("", "0")
+long_scenario = pytest.mark.skipif(not LONG, reason="one of the two slowest fault scenarios "
+                                   "(2-3 min each): `make test-long` runs them")
+"""The slowest scenarios run in ``make test-long`` (``MALLETRAIN_LONG_FAULTS=1``) and in
+``bench/faults.py``, which sets it; ``make test`` runs the others."""
+
 FAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))),
                 Path("/usr/lib/faketime/libfaketime.so.1"))
 """Debian's libfaketime (package ``faketime``, installed by scripts/setup-machine.sh)."""
@@ -223,6 +229,7 @@ def test_control_plane_faults_under_training(
 
 
 # ---------------------------------------------------------------------------- a hung slurmd
+@long_scenario
 def test_slurmd_hung_while_its_task_runs(
         cluster: LocalCluster, daemons: Callable[..., LocalDaemon], outdir: Path) -> None:
     """SIGSTOP the slurmd of a node where a rank trains, for longer than SlurmdTimeout (30 s
@@ -315,6 +322,7 @@ def small_mount(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@long_scenario
 def test_checkpoint_folder_full_then_read_only(
         cluster: LocalCluster, daemons: Callable[..., LocalDaemon], outdir: Path,
         small_mount: Path) -> None:
