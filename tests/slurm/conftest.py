@@ -94,12 +94,11 @@ def pyslurm_helper(cluster: LocalCluster) -> str:
     """The ``slurm.pyslurm`` setting of the cluster's pyslurm helper (the chroot's Python with
     the pyslurm ``scripts/setup-slurm-matrix.sh pyslurm`` built); skips where there is none
     (22.05: no pyslurm exists for it)."""
-    rel = cluster.release
-    built = rel.root / "opt" / f"pyslurm-{rel.name}" / ".mt-built"  # the set-up's stamp
-    if not rel.chrooted or not built.exists():
-        pytest.skip(f"no pyslurm for Slurm {rel.name} here (scripts/setup-slurm-matrix.sh "
-                    "pyslurm builds those of 24.11 and 25.11)")
-    return f"chroot {rel.root} /opt/pyslurm-{rel.name}/bin/python"
+    helper = cluster.release.pyslurm_helper()
+    if helper is None:
+        pytest.skip(f"no pyslurm for Slurm {cluster.release.name} here (scripts/setup-slurm-"
+                    "matrix.sh pyslurm builds those of 24.11 and 25.11)")
+    return helper
 
 
 @pytest.fixture

@@ -133,7 +133,8 @@ def tasks(pyslurm: Any, arrays: Sequence[str]) -> str:
 JOB_DESC: dict[str, dict[str, int]] = {
     "24.11": {"size": 912, "alloc_sid": 36, "begin_time": 80, "job_id_str": 344,
               "priority": 504, "req_nodes": 544, "time_limit": 660},
-    "25.11": {},  # filled in below from the probe of 25.11's slurm.h
+    "25.11": {"size": 944, "alloc_sid": 48, "begin_time": 88, "job_id_str": 352,
+              "priority": 512, "req_nodes": 552, "time_limit": 692},
 }
 """``sizeof(job_desc_msg_t)`` and the ``offsetof`` of the fields the actions set, per release
 series (x86_64; the ABI is fixed within a series). tests/slurm/test_pyslurm_act.py compiles a
