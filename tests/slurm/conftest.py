@@ -95,6 +95,10 @@ def pyslurm_helper(cluster: LocalCluster) -> str:
     the pyslurm ``scripts/setup-slurm-matrix.sh pyslurm`` built); skips where there is none
     (22.05: no pyslurm exists for it)."""
     helper = cluster.release.pyslurm_helper()
+    if helper is None and cluster.release.chrooted and os.environ.get(
+            "MALLETRAIN_REQUIRE_PYSLURM"):
+        pytest.fail(f"no pyslurm for Slurm {cluster.release.name}: run "
+                    "scripts/setup-slurm-matrix.sh pyslurm (make setup-matrix does)")
     if helper is None:
         pytest.skip(f"no pyslurm for Slurm {cluster.release.name} here (scripts/setup-slurm-"
                     "matrix.sh pyslurm builds those of 24.11 and 25.11)")

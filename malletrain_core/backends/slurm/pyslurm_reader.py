@@ -184,7 +184,7 @@ class Actions:
             raise OSError(f"job_desc_msg_t's layout for Slurm {series} is not known")
         self.pyslurm = pyslurm
         self.layout = layout
-        lib = ctypes.CDLL(libslurm_path())
+        lib = ctypes.CDLL(libslurm_path(), use_errno=True)  # libslurm reports in errno
         resp = ctypes.POINTER(ctypes.POINTER(_ArrayResp))
         lib.slurm_init_job_desc_msg.argtypes = [ctypes.c_void_p]
         lib.slurm_update_job2.argtypes = [ctypes.c_void_p, resp]
@@ -192,7 +192,6 @@ class Actions:
         lib.slurm_free_job_array_resp.argtypes = [ctypes.POINTER(_ArrayResp)]
         lib.slurm_strerror.argtypes = [ctypes.c_int]
         lib.slurm_strerror.restype = ctypes.c_char_p
-        lib.slurm_get_errno.restype = ctypes.c_int
         self.lib = lib
 
     def _strerror(self, code: int) -> str:
@@ -201,7 +200,7 @@ class Actions:
     def _answer(self, rc: int, job: str, resp: Any) -> list[str]:
         """stderr lines as scontrol prints them for one job list."""
         if rc != 0:
-            return [f"{self._strerror(self.lib.slurm_get_errno())} for job {job}"]
+            return [f"{self._strerror(ctypes.get_errno())} for job {job}"]
         lines: list[str] = []
         if resp:
             r = resp.contents
