@@ -48,6 +48,8 @@ def task_on(backend: SlurmBackend, node: str) -> str:
 
 
 def test_backend_drives_an_elastic_job(cluster: LocalCluster, backend_path: Any) -> None:
+    cluster.wait_for("every node idle (a previous test's jobs gone)", lambda: set(cluster.run(
+        ["sinfo", "-h", "-N", "-p", "preemptable", "-o", "%T"]).stdout.split()) == {"idle"}, 30)
     backend = backend_path(grow_timeout_s=60)
     first = backend.poll(time.time())
     idle = [n.name for e in first if isinstance(e, NodesIdle) for n in e.nodes]
