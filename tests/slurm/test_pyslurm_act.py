@@ -16,6 +16,7 @@ from slurm_helpers import elastic, running, wait_agree, wait_task
 
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.pyslurm_reader import JOB_DESC, PyslurmSource, series
+from malletrain_core.cli import main
 from malletrain_core.errors import CommandError
 from malletrain_core.localcluster import LocalCluster
 from malletrain_core.localcluster.daemon import LocalDaemon
@@ -125,3 +126,18 @@ def test_the_daemon_acts_through_pyslurm_and_starts_no_slurm_command(
     slurm = sorted({p for p in execs if Path(p).name in CLIENTS})
     assert slurm == [], f"the daemon started Slurm commands: {slurm}"
     assert not spawned.exists(), spawned.read_text()
+
+
+def test_admin_check_prints_the_path_the_daemon_takes(cluster: LocalCluster, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    helper = pyslurm_helper(cluster)
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf_path))
+    config = tmp_path / "malletrain.toml"
+    config.write_text(f'[slurm]\npyslurm = "{helper}"\n')
+    main(["admin", "check", "--json", "--config", str(config)])
+    by_name = {c["check"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    rel = re.escape(cluster.release.name)
+    assert by_name["Slurm path"]["status"] == "OK"
+    assert re.fullmatch(rf"pyslurm {rel}\.\d+ in helper '.+', Slurm {rel}\.\d+: reads and "
+                        "actions", by_name["Slurm path"]["detail"]), by_name["Slurm path"]
