@@ -95,6 +95,12 @@ def measured(cluster: LocalCluster, fn: Any, *args: Any) -> tuple[float, Counter
     fn(*args)
     ms = (time.perf_counter() - t0) * 1000
     after = rpc_counts(cluster)
+    for _ in range(5):  # slurmctld counts an RPC after it answered it: wait for the count
+        time.sleep(0.05)
+        again = rpc_counts(cluster)
+        if again == after:
+            break
+        after = again
     after.subtract(before)
     return ms, +after
 
@@ -112,7 +118,7 @@ def one_path(cluster: LocalCluster, name: str, source: PyslurmSource | None, pol
         ms, got = measured(cluster, backend.poll, time.time())
         lat.append(ms)
         rpcs.update(got)
-    out: dict[str, Any] = {"path": name, "poll_ms": statistics.median(lat),
+    out: dict[str, Any] = {"path": name, "polls": polls, "poll_ms": statistics.median(lat),
                            "poll_ms_max": max(lat), "poll_rpcs": sum(rpcs.values()) / polls,
                            "poll_rpc_types": dict(rpcs)}
     act = Path_(cluster, source)
@@ -187,8 +193,12 @@ def section(results: list[dict[str, Any]], command: str, machine: str) -> str:
              f"Measured {date} on {machine}, with `{command}` (both paths in one run per "
              f"release, on a {r0['nodes']}-node local cluster with one elastic array of "
              f"{r0['nodes']} tasks and {r0['queue']} held prod jobs queued; test timings). "
-             "Latency: median of the calls, from the call to its return; RPCs: slurmctld's "
-             "client requests counted by `sdiag` around each call (sdiag's own left out). "
+             "Latency: median of the calls, from the call to its return (poll: "
+             f"{r0['paths'][0]['polls']} polls; grow, hold and shrink: "
+             f"{r0['paths'][0]['actions']['hold']['n']} each; cancel: one call, so noisy); "
+             "RPCs: slurmctld's client requests counted by `sdiag` around each call (sdiag's "
+             "own left out; a grow through the commands is `scontrol update`, which asks for "
+             "the federation and the job before it updates, and `scontrol release`). "
              "The pyslurm path is a helper process in the release's chroot, one JSON line "
              "each way per call.", "",
              "| Slurm | path | poll | RPCs per poll | grow (update + release) | RPCs | hold | "
