@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,8 @@ def test_the_daemon_acts_through_pyslurm_and_starts_no_slurm_command(
     one when its training ends; no exec of the daemon or of any descendant names a Slurm
     command (and the commands' folder, shims that log a call, is never used)."""
     helper = pyslurm_helper(cluster)
+    if shutil.which("strace") is None:
+        pytest.fail("strace is not installed: scripts/setup-slurm-matrix.sh pyslurm installs it")
     trace, spawned, bin_dir = tmp_path / "exec.trace", tmp_path / "spawned.txt", tmp_path / "bin"
     bin_dir.mkdir()
     for name in CLIENTS:
