@@ -10,6 +10,8 @@ chooses the path.
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -18,7 +20,7 @@ from world_slurm import PARTITION, SlurmSim
 
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.backend import SlurmBackend
-from malletrain_core.backends.slurm.pyslurm_reader import choose, split_job_list
+from malletrain_core.backends.slurm.pyslurm_reader import choose, series, split_job_list
 from malletrain_core.errors import CommandError
 from malletrain_core.events import Grow
 from malletrain_core.runner import CommandRunner
@@ -115,3 +117,32 @@ def test_the_path_is_the_commands_when_asked_or_when_pyslurm_is_missing() -> Non
     src, line = choose("/nonexistent/python3")
     assert src is None
     assert line.startswith("commands (no pyslurm in helper '/nonexistent/python3': ")
+
+
+def helper_saying(answer: str) -> str:
+    """A stand-in helper process: prints ``answer`` as its first line, then ends."""
+    return shlex.join([sys.executable, "-c", f"print({answer!r})"])
+
+
+def test_a_pyslurm_of_another_release_means_the_commands() -> None:
+    src, line = choose(helper_saying('{"pyslurm": "25.11.2", "slurm": "24.11.5"}'))
+    assert src is None
+    assert line.endswith("does not match Slurm 24.11.5: MAJOR.MINOR must be equal)")
+    src, line = choose(helper_saying('{"error": "ImportError: no module named pyslurm"}'))
+    assert src is None and line.endswith("ImportError: no module named pyslurm)")
+
+
+def test_a_matching_pyslurm_is_taken_and_says_what_goes_through_it() -> None:
+    src, line = choose(helper_saying('{"pyslurm": "24.11.0", "slurm": "24.11.5"}'))
+    assert src is not None and src.acts
+    assert line.endswith(", Slurm 24.11.5: reads and actions")
+    src.close()
+    src, line = choose(helper_saying('{"pyslurm": "26.5.0", "slurm": "26.05.1", '
+                                     '"no_actions": "layout unknown"}'))
+    assert src is not None and not src.acts
+    assert line.endswith("reads (actions through the commands: layout unknown)")
+    src.close()
+
+
+def test_release_series_are_compared_as_numbers() -> None:
+    assert (series("24.11.5"), series("23.2.1"), series("26.05.1")) == ("24.11", "23.02", "26.05")

@@ -292,8 +292,12 @@ def hello(pyslurm: Any) -> dict[str, str]:
 
 
 def series(version: str) -> str:
-    """``24.11.5`` → ``24.11``."""
-    return ".".join(version.split(".")[:2])
+    """``24.11.5`` → ``24.11``; pyslurm's ``23.2.1`` → ``23.02`` (as Slurm writes it)."""
+    major, minor = (version.split(".") + ["0"])[:2]
+    try:
+        return f"{int(major):02d}.{int(minor):02d}"
+    except ValueError:
+        return version
 
 
 def make_actions(pyslurm: Any) -> tuple[Actions | None, str]:
