@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -184,6 +185,7 @@ def run_release(release: str, nodes: int, queue: int, polls: int, cycles: int) -
         return result
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def section(results: list[dict[str, Any]], command: str, machine: str) -> str:
