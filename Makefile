@@ -31,18 +31,21 @@ test-long: setup-full
 	MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q tests/slurm/test_faults_site.py -k "slurmd_hung or checkpoint_folder"
 
 # Slurm 24.11 (Debian trixie in a chroot) and 25.11 (built from ../shared/vendor/slurm in it),
-# under build/slurm-matrix; a second run only checks the mounts.
+# and a pyslurm for each, under build/slurm-matrix; a second run only checks the mounts.
 setup-matrix:
 	@bash scripts/setup-slurm-matrix.sh all
+	@bash scripts/setup-slurm-matrix.sh pyslurm
 
 ## The real-Slurm contract tier on every newer release: job_submit.lua, the epilog hook, holes
 ## on PLANNED nodes, holds surviving preemption, users locked out, admin check, the daemon, the
-## e2e torch test and the fault scenarios. `make test` keeps the whole suite on the host's 22.05.
+## e2e torch test and the fault scenarios, and the backend's pyslurm path (reads and actions; a
+## missing pyslurm fails here instead of skipping). `make test` keeps the whole suite on 22.05.
 MATRIX_RELEASES ?= 24.11 25.11
 MATRIX_TESTS ?= tests/slurm --ignore=tests/slurm/test_accounting.py
 test-matrix: setup setup-matrix
 	@failed=""; for r in $(MATRIX_RELEASES); do echo "== Slurm $$r"; start=$$(date +%s); \
-	  $(PYTEST) -q -m slurm --slurm-release=$$r $(MATRIX_TESTS) || failed="$$failed $$r"; \
+	  MALLETRAIN_REQUIRE_PYSLURM=1 $(PYTEST) -q -m slurm --slurm-release=$$r $(MATRIX_TESTS) \
+	    || failed="$$failed $$r"; \
 	  echo "== Slurm $$r: $$(( $$(date +%s) - start )) s"; done; \
 	  if [ -n "$$failed" ]; then echo "test-matrix failed on:$$failed"; exit 1; fi
 

@@ -151,7 +151,9 @@ case "${1:-all}" in
   24.11) timed debootstrap make_chroot; timed packages packages; do_mount ;;
   25.11) timed debootstrap make_chroot; timed packages packages; timed build-25.11 build_25_11 ;;
   all) timed debootstrap make_chroot; timed packages packages; timed build-25.11 build_25_11; do_mount ;;
-  pyslurm) timed pyslurm-24.11 build_pyslurm 24.11; timed pyslurm-25.11 build_pyslurm 25.11 ;;
+  pyslurm) timed pyslurm-24.11 build_pyslurm 24.11; timed pyslurm-25.11 build_pyslurm 25.11
+    # the pyslurm tests trace the daemon's execs (no Slurm command may be started)
+    command -v strace >/dev/null || { apt-get update -qq && apt-get install -y -qq strace >/dev/null; } ;;
   mount) do_mount ;;
   umount) do_umount ;;
   *) echo "usage: $0 [all|chroot|24.11|25.11|pyslurm|mount|umount]" >&2; exit 2 ;;

@@ -110,7 +110,8 @@ def test_parsers():
 def test_a_good_site_passes_every_check(site):
     by_name, checks = site.checks()
     assert [c.status for c in checks] == ["OK"] * len(checks), format_checks(checks)
-    assert list(by_name) == ["slurmctld", "Slurm release", "slurm.conf", "JobSubmitPlugins", "job_submit.lua",
+    assert list(by_name) == ["slurmctld", "Slurm release", "Slurm path", "slurm.conf",
+                             "JobSubmitPlugins", "job_submit.lua",
                              "EpilogSlurmctld", "PrologSlurmctld", "PreemptType",
                              "PreemptMode", "partition", "higher tier", "MaxArraySize",
                              "MaxJobCount"]
@@ -134,7 +135,8 @@ def test_what_is_missing_or_wrong(site):
     by_name, checks = site.checks(broken)
     status = {name: c.status for name, c in by_name.items()}
     assert status == {
-        "slurmctld": "OK", "Slurm release": "OK", "slurm.conf": "OK",
+        "slurmctld": "OK", "Slurm release": "OK", "Slurm path": "OK",
+        "slurm.conf": "OK",
         "JobSubmitPlugins": "MISSING",
         "job_submit.lua": "OK", "EpilogSlurmctld": "OK", "PrologSlurmctld": "WRONG",
         "PreemptType": "OK", "PreemptMode": "WRONG", "partition": "OK", "higher tier": "OK",
@@ -259,7 +261,7 @@ def test_cli_exit_codes_and_json(site, capsys, monkeypatch):
     cfg.write_text("")
     assert main(["admin", "check", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
-    assert len(out.splitlines()) == 13 and all(line.startswith("OK ") for line in out.splitlines())
+    assert len(out.splitlines()) == 14 and all(line.startswith("OK ") for line in out.splitlines())
     config_text = site.config.replace("MaxArraySize            = 1001",
                                       "MaxArraySize            = 64")
     assert main(["admin", "check", "--json", "--config", str(cfg)]) == 1
@@ -285,3 +287,15 @@ def test_a_site_script_that_requires_the_module(site):
     (site.etc / "malletrain.lua").unlink()
     by_name, _ = site.checks()
     assert by_name["job_submit.lua"].status == "WRONG"
+
+
+def test_the_slurm_path_is_the_daemons_choice(site):
+    """admin check prints how malletraind would talk to slurmctld, and says what to do when a
+    pyslurm helper it is told to use does not answer."""
+    from malletrain_core.config import SlurmConfig
+    by_name, _ = site.checks()
+    assert by_name["Slurm path"].detail == 'commands (slurm.pyslurm = "off")'
+    by_name, _ = site.checks(slurm=SlurmConfig(pyslurm="/nonexistent/python3"))
+    path = by_name["Slurm path"]
+    assert path.status == "WRONG" and "build a pyslurm" in path.fix
+    assert path.detail.startswith("commands (no pyslurm in helper '/nonexistent/python3': ")

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..backends.slurm.pyslurm_reader import choose
 from ..backends.slurm.release import TESTED, SlurmRelease
 from ..config import Config, load
 from ..errors import CommandError
@@ -295,6 +296,7 @@ class SlurmChecker:
         conf_path = Path(conf.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
         out = [_ok("slurmctld", f"Slurm {conf.get('SLURM_VERSION', '?')}, {conf_path}"),
                check_release(conf.get("SLURM_VERSION", ""))]
+        out.append(self._path())
         try:
             file_conf = parse_slurm_conf(conf_path.read_text(errors="replace"))
         except OSError as exc:
@@ -352,6 +354,18 @@ class SlurmChecker:
         out.extend(self._preemption(conf, lua))
         out.extend(self._headroom(conf, lua))
         return out
+
+    def _path(self) -> Check:
+        """How malletraind would talk to slurmctld: pyslurm or the commands (the daemon's own
+        choice, :func:`~malletrain_core.backends.slurm.pyslurm_reader.choose`)."""
+        setting = self.config.slurm.pyslurm.strip()
+        src, line = choose(setting, self.runner.env)
+        if src is not None:
+            src.close()
+        if src is None and setting not in ("", "off", "auto"):
+            return _wrong("Slurm path", line, "build a pyslurm of the cluster's MAJOR.MINOR "
+                          "for that Python, or set slurm.pyslurm = \"auto\" or \"off\"")
+        return _ok("Slurm path", line)
 
     def _preemption(self, conf: Mapping[str, str], lua: Mapping[str, str]) -> list[Check]:
         partition = lua.get("PARTITION") or self.config.slurm.partition

@@ -8,6 +8,7 @@ daemon process and to write the batch scripts of elastic training jobs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +62,11 @@ class LocalDaemon:
 
     def __init__(self, cluster: LocalCluster, root: str | Path | None = None,
                  settings: dict[str, dict[str, Any]] | None = None,
-                 trainers: list[dict[str, Any]] | None = None) -> None:
+                 trainers: list[dict[str, Any]] | None = None,
+                 launcher: Sequence[str] = ()) -> None:
         self.cluster = cluster
+        self.launcher = list(launcher)
+        """A command the daemon runs under (e.g. ``strace -f -o FILE``): its first child."""
         self.root = Path(root) if root is not None else cluster.root / "malletraind"
         self.port = free_port()
         self.api_socket = self.root / "api.sock"
@@ -113,7 +118,7 @@ class LocalDaemon:
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "malletrain_core.daemon", "--config",
+                [*self.launcher, sys.executable, "-m", "malletrain_core.daemon", "--config",
                  str(self.config_path)], env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
         while time.monotonic() - t0 < timeout_s:
@@ -133,13 +138,22 @@ class LocalDaemon:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
+            os.kill(self._daemon_pid(), sig)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self.proc = None
+
+    def _daemon_pid(self) -> int:
+        assert self.proc is not None
+        pid = self.proc.pid
+        if self.launcher:  # the launcher's child; the launcher ends with it
+            children = Path(f"/proc/{pid}/task/{pid}/children")
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                return int(children.read_text().split()[0])
+        return pid
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)

@@ -118,6 +118,15 @@ class Release:
                 tmp.replace(path)
         return bin_dir
 
+    def pyslurm_helper(self) -> str | None:
+        """The ``slurm.pyslurm`` setting that runs this release's pyslurm (the chroot's Python
+        with the pyslurm ``scripts/setup-slurm-matrix.sh pyslurm`` built), or None: a pyslurm
+        built in the chroot does not load in a host process (its glibc is newer)."""
+        if not self.chrooted or not (CHROOT / "opt" / f"pyslurm-{self.name}" /
+                                     ".mt-built").exists():
+            return None
+        return f"chroot {CHROOT} /opt/pyslurm-{self.name}/bin/python"
+
     def env(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` with this release's commands first on PATH."""
         path = env.get("PATH", os.defpath)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from slurm_helpers import after_test, cluster_root, start_cluster
 
+from malletrain_core.backends.slurm.backend import SlurmBackend
+from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource, choose
 from malletrain_core.localcluster import LocalCluster
+from malletrain_core.runner import CommandRunner
 from malletrain_core.wire.hooks import HookSocket
 
 HERE = Path(__file__).resolve().parent
@@ -85,3 +88,62 @@ def hook_listener(slurm_cluster: LocalCluster) -> Iterator[HookSocket]:
     """The daemon's side of the hook socket that the cluster's EpilogSlurmctld sends to."""
     with HookSocket(slurm_cluster.hook_socket) as listener:
         yield listener
+
+
+def pyslurm_helper(cluster: LocalCluster) -> str:
+    """The ``slurm.pyslurm`` setting of the cluster's pyslurm helper (the chroot's Python with
+    the pyslurm ``scripts/setup-slurm-matrix.sh pyslurm`` built); skips where there is none
+    (22.05: no pyslurm exists for it)."""
+    helper = cluster.release.pyslurm_helper()
+    if helper is None and cluster.release.chrooted and os.environ.get(
+            "MALLETRAIN_REQUIRE_PYSLURM"):
+        pytest.fail(f"no pyslurm for Slurm {cluster.release.name}: run "
+                    "scripts/setup-slurm-matrix.sh pyslurm (make setup-matrix does)")
+    if helper is None:
+        pytest.skip(f"no pyslurm for Slurm {cluster.release.name} here (scripts/setup-slurm-"
+                    "matrix.sh pyslurm builds those of 24.11 and 25.11)")
+    return helper
+
+
+@pytest.fixture
+def pyslurm_source(cluster: LocalCluster) -> Iterator[PyslurmSource]:
+    """The backend's pyslurm path on this cluster, chosen as the daemon chooses it; it must
+    take pyslurm for reads and actions."""
+    src, line = choose(pyslurm_helper(cluster), cluster.env)
+    assert src is not None and src.acts, line
+    yield src
+    src.close()
+
+
+class Recording(CommandRunner):
+    """A runner that records every command it starts."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(env=env)
+        self.calls: list[list[str]] = []
+
+    def _spawn(self, argv, timeout_s, input):  # type: ignore[no-untyped-def]
+        self.calls.append(list(argv))
+        return super()._spawn(argv, timeout_s, input)
+
+
+@pytest.fixture(params=["commands", "pyslurm"])
+def backend_path(request: pytest.FixtureRequest,
+                 cluster: LocalCluster) -> Iterator[Callable[..., SlurmBackend]]:
+    """A SlurmBackend factory for each path: the commands, and pyslurm (reads and actions),
+    whose backends must not start a single command process."""
+    runner = Recording(cluster.env)
+    src = None
+    if request.param == "pyslurm":
+        src, line = choose(pyslurm_helper(cluster), cluster.env)
+        assert src is not None and src.acts, line
+
+    def make(**kwargs: object) -> SlurmBackend:
+        return SlurmBackend(runner, source=src, **kwargs)  # type: ignore[arg-type]
+
+    yield make
+    if src is not None:
+        src.close()
+        assert runner.calls == [], f"the pyslurm path ran commands: {runner.calls}"
+    else:
+        assert runner.calls, "the commands path ran no command"

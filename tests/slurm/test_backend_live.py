@@ -1,12 +1,15 @@
 """SlurmBackend on the real local cluster: submit, grow, shrink, preemption, finish.
 
-Every step is checked against Slurm's own view (squeue), not only against the events.
+Every step is checked against Slurm's own view (squeue), not only against the events. Each
+test runs on both paths of the backend (``backend_path``): the commands, and pyslurm's reads and
+actions (24.11 and 25.11), where the backend must start no command process.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from slurm_helpers import SCRIPT, elastic, task_state, wait_task
 
@@ -44,8 +47,10 @@ def task_on(backend: SlurmBackend, node: str) -> str:
     return key
 
 
-def test_backend_drives_an_elastic_job(cluster: LocalCluster) -> None:
-    backend = SlurmBackend(cluster.runner(), grow_timeout_s=60)
+def test_backend_drives_an_elastic_job(cluster: LocalCluster, backend_path: Any) -> None:
+    cluster.wait_for("every node idle (a previous test's jobs gone)", lambda: set(cluster.run(
+        ["sinfo", "-h", "-N", "-p", "preemptable", "-o", "%T"]).stdout.split()) == {"idle"}, 30)
+    backend = backend_path(grow_timeout_s=60)
     first = backend.poll(time.time())
     idle = [n.name for e in first if isinstance(e, NodesIdle) for n in e.nodes]
     assert idle == cluster.node_names, (
@@ -90,8 +95,8 @@ def test_backend_drives_an_elastic_job(cluster: LocalCluster) -> None:
     print(f"grow onto 2 idle nodes: {grow_s:.2f} s from the order to both RUNNING")
 
 
-def test_backend_gives_a_failed_grow_back(cluster: LocalCluster) -> None:
-    backend = SlurmBackend(cluster.runner(), grow_timeout_s=60)
+def test_backend_gives_a_failed_grow_back(cluster: LocalCluster, backend_path: Any) -> None:
+    backend = backend_path(grow_timeout_s=60)
     job = elastic(cluster, "1-2")
     poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
     ev = backend.execute([Grow(job, ("nosuchnode",), 600.0),
@@ -104,8 +109,9 @@ def test_backend_gives_a_failed_grow_back(cluster: LocalCluster) -> None:
     assert sorted(running.split()) == ["n04", "n05"]
 
 
-def test_backend_reads_hole_ends_from_the_backfill_plan(cluster: LocalCluster) -> None:
-    backend = SlurmBackend(cluster.runner(), grow_timeout_s=60)
+def test_backend_reads_hole_ends_from_the_backfill_plan(cluster: LocalCluster,
+                                                        backend_path: Any) -> None:
+    backend = backend_path(grow_timeout_s=60)
     backend.poll(time.time())
     t0 = time.time()
     first = cluster.sbatch("-p", "prod", "-w", "n01", "-t", "5", "-o", "/dev/null",

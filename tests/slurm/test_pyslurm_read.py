@@ -1,46 +1,27 @@
 """The poll's reads through pyslurm agree with the commands' on a real cluster, and a poll
 through pyslurm spawns no sinfo/squeue/scontrol (releases with a pyslurm: 24.11, 25.11; built by
-``scripts/setup-slurm-matrix.sh pyslurm``; skipped on 22.05, for which no pyslurm exists)."""
+``scripts/setup-slurm-matrix.sh pyslurm``; skipped on 22.05, for which no pyslurm exists). The
+actions, and the daemon traced for any Slurm command: test_pyslurm_act.py."""
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from slurm_helpers import elastic, grow, running, wait_agree, wait_task
+from conftest import Recording
+from slurm_helpers import elastic, grow, wait_task
 
 from malletrain_core.backends.slurm import SlurmBackend
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource
 from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
 from malletrain_core.runner import CommandRunner
 
 
 @pytest.fixture
-def source(cluster: LocalCluster) -> Iterator[PyslurmSource]:
-    rel = cluster.release
-    built = rel.root / "opt" / f"pyslurm-{rel.name}" / ".mt-built"  # the set-up's stamp
-    if not rel.chrooted or not built.exists():
-        pytest.skip(f"no pyslurm for Slurm {rel.name} here (scripts/setup-slurm-matrix.sh "
-                    "pyslurm builds those of 24.11 and 25.11)")
-    src = PyslurmSource(["chroot", str(rel.root), f"/opt/pyslurm-{rel.name}/bin/python"],
-                        env=cluster.env)
-    yield src
-    src.close()
-
-
-class Recording(CommandRunner):
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__(env=env)
-        self.calls: list[list[str]] = []
-
-    def _spawn(self, argv, timeout_s, input):  # type: ignore[no-untyped-def]
-        self.calls.append(list(argv))
-        return super()._spawn(argv, timeout_s, input)
+def source(pyslurm_source: PyslurmSource) -> PyslurmSource:
+    return pyslurm_source
 
 
 def commands_view(cluster: LocalCluster) -> dict[str, str]:
@@ -132,29 +113,3 @@ def test_a_poll_through_pyslurm_spawns_no_slurm_command(cluster: LocalCluster,
     print(f"\nSlurm {cluster.release.name}, one poll: pyslurm {py_ms:.1f} ms, {py_rpcs:g} RPCs; "
           f"commands {cmd_ms:.1f} ms, {cmd_rpcs:g} RPCs")
     assert py_rpcs < cmd_rpcs
-
-
-def test_the_daemon_polls_through_pyslurm_and_spawns_no_squeue_or_sinfo(
-        cluster: LocalCluster, source: PyslurmSource, tmp_path: Path) -> None:
-    """malletraind with slurm.pyslurm = the chroot's helper: it grows an elastic job onto the
-    idle nodes as it does through the commands, and never runs squeue or sinfo."""
-    spawned = tmp_path / "spawned.txt"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("squeue", "sinfo"):
-        real = cluster.release.bin_dir / name if cluster.release.bin_dir else Path(name)
-        (bin_dir / name).write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{spawned}'\n"
-                                    f"exec '{real}' \"$@\"\n")
-        (bin_dir / name).chmod(0o755)
-    helper = " ".join(source.argv or [])
-    daemon = LocalDaemon(cluster, root=tmp_path / "malletraind",
-                         settings={"slurm": {"bin_dir": str(bin_dir), "pyslurm": helper},
-                                   "profiler": {"window_s": 2.0}})
-    daemon.start()
-    try:
-        job = elastic(cluster, "1-2")
-        cluster.wait_for("both tasks granted", lambda: running(cluster, job) == 2, 60)
-        wait_agree(cluster, daemon)
-        assert not spawned.exists(), spawned.read_text()
-    finally:
-        daemon.stop()

@@ -17,6 +17,9 @@ makes it and tags it in admin_comment). The engine's id of a job is the array's 
   one ``scancel`` of all the arrays. Checkpoint is the epoch coordinator's business, not
   Slurm's: it is ignored here.
 
+With a pyslurm source (``slurm.pyslurm``, chosen in :func:`.pyslurm_reader.choose`) the same
+reads and actions are RPCs made through pyslurm instead of command processes.
+
 Events, in this order within one poll: JobSubmitted (a new tagged array), NodesReclaimed
 (a node the engine could use was taken back: a worker preempted or requeued by Slurm, or an
 idle node given to another job, drained or gone), WorkerStopped (a worker ended for any other
@@ -114,8 +117,10 @@ class SlurmBackend(TaskBackend):
         super().__init__()
         self.runner = runner
         self.source = source
-        """None: the poll reads through sinfo/squeue; else a
-        :class:`~.pyslurm_reader.PyslurmSource` (the same texts through pyslurm)."""
+        """None: the commands; else a :class:`~.pyslurm_reader.PyslurmSource`: the poll's
+        reads through pyslurm and, where ``source.acts``, the actions too (the same texts,
+        RPCs and errors as the commands')."""
+        self._acts = source if getattr(source, "acts", False) else None
         self.partition = partition
         self.default_time_limit_s = float(default_time_limit_s)
         self.grow_timeout_s = float(grow_timeout_s)
@@ -146,7 +151,10 @@ class SlurmBackend(TaskBackend):
         if not keys:
             return set()
         try:
-            self.runner.run(["scontrol", *verb.split(), sp.fold_tasks(keys)])
+            if self._acts is not None:
+                self._acts.scontrol(verb, sp.fold_tasks(keys))
+            else:
+                self.runner.run(["scontrol", *verb.split(), sp.fold_tasks(keys)])
             return set()
         except (CommandNotFound, CommandTimeout):
             raise
@@ -346,12 +354,13 @@ class SlurmBackend(TaskBackend):
         after the requeue cancels them itself)."""
         arrays = sorted({self._job_of(k) for k in recycled}, key=lambda s: (len(s), s))
         try:
-            out = self.runner.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(arrays),
-                                   "-O", sp.SQUEUE_FORMAT], check=False)
+            text = self.source.tasks(arrays) if self.source is not None else self.runner.run(
+                ["squeue", "-h", "-r", "-t", "all", "-j", ",".join(arrays), "-O",
+                 sp.SQUEUE_FORMAT], check=False).stdout
         except CommandError as exc:
             log.warning("reading back recycled tasks: %s (the next poll looks again)", exc)
             return
-        rows = sp.parse_squeue(out.stdout)
+        rows = sp.parse_squeue(text)
         cancelled_now = set()
         for row in rows:
             before = self._rows.get(row.key)  # the poll this cycle made
@@ -362,7 +371,7 @@ class SlurmBackend(TaskBackend):
             log.warning("job(s) %s cancelled while tasks %s were recycled: cancelled those "
                         "too", ",".join(sorted(cancelled_now)), sp.fold_tasks(revived))
             try:
-                self.runner.run(["scancel", *revived])
+                self._scancel(revived)
             except CommandError as exc:
                 log.warning("scancel %s: %s", " ".join(revived), exc)
 
@@ -432,9 +441,12 @@ class SlurmBackend(TaskBackend):
                     continue
                 key = free[i]
                 try:
-                    self.runner.run(["scontrol", "update", f"JobId={key}",
-                                     f"ReqNodeList={node}", "StartTime=now",
-                                     f"TimeLimit={minutes}"])
+                    if self._acts is not None:
+                        self._acts.grow(key, node, minutes)
+                    else:
+                        self.runner.run(["scontrol", "update", f"JobId={key}",
+                                         f"ReqNodeList={node}", "StartTime=now",
+                                         f"TimeLimit={minutes}"])
                 except CommandNotFound:
                     raise
                 except CommandError as exc:  # a timed-out update leaves the task held
@@ -469,7 +481,7 @@ class SlurmBackend(TaskBackend):
         if not ids:
             return
         try:
-            self.runner.run(["scancel", *ids])
+            self._scancel(ids)
         except CommandNotFound:
             raise
         except CommandError as exc:
@@ -477,3 +489,9 @@ class SlurmBackend(TaskBackend):
                 log.warning("scancel %s: %s (tried again at the next poll)", " ".join(ids), exc)
                 return
         self._to_cancel.clear()
+
+    def _scancel(self, ids: Sequence[str]) -> None:
+        if self._acts is not None:
+            self._acts.cancel(ids)
+        else:
+            self.runner.run(["scancel", *ids])

@@ -1,9 +1,21 @@
-"""The poll's three reads through pyslurm instead of ``sinfo``/``squeue`` processes.
+"""The Slurm backend's reads and actions through pyslurm instead of Slurm command processes.
 
-:func:`snapshot` asks slurmctld through pyslurm (``Nodes.load()``, ``Jobs.load()``: two RPCs)
-and writes what it got in the exact text formats the poll's commands print
+Reads: :func:`snapshot` asks slurmctld through pyslurm (``Nodes.load()``, ``Jobs.load()``: two
+RPCs) and writes what it got in the exact text formats the poll's commands print
 (``slurm_parse.SINFO_FORMAT``, ``SQUEUE_FORMAT``, ``PLAN_FORMAT``), so the same parsers, and
 the same golden files, serve both paths.
+
+Actions: the backend's ``scontrol hold|release|requeuehold [Incomplete] A_[i,j]``, its grow's
+``scontrol update JobId=A_i ReqNodeList=N StartTime=now TimeLimit=M`` and ``scancel A`` are
+the same RPCs made in this process (:class:`Actions`), one per job list as scontrol makes them.
+pyslurm's own ``Job(id).hold()/release()/modify()/requeue()`` take an integer job id, and an
+integer names a whole array when it is the array's id or the record of its still-pending
+tasks (slurmctld's ``update_job_str``): one task of an array can only be named ``A_i``. So the
+per-task actions call the libslurm that pyslurm loaded (``slurm_update_job2``,
+``slurm_requeue2``: string job ids) through ctypes, with ``job_desc_msg_t``'s layout per
+release from :data:`JOB_DESC` (checked against each release's slurm.h by the matrix tests);
+``scancel`` of whole arrays is pyslurm's ``Job(A).cancel()``. Failures come back as the text
+scontrol prints on stderr, so the backend's error handling is the commands'.
 
 pyslurm's MAJOR.MINOR must equal the cluster's. Where the daemon's own Python imports a
 matching pyslurm, :class:`PyslurmSource` calls :func:`snapshot` in-process. The local
@@ -14,10 +26,12 @@ pyslurm_reader.py``: standard library and pyslurm only), one JSON line per poll.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,13 +78,8 @@ def _time(value: Any) -> str:
     return str(int(value)) if value else "N/A"
 
 
-def snapshot(pyslurm: Any, partition: str) -> dict[str, str]:
-    """The texts of ``sinfo -h -N -p P -o SINFO_FORMAT``, ``squeue -h -r -t all -p P -O
-    SQUEUE_FORMAT`` and ``squeue -h -t PD --start -o PLAN_FORMAT`` (times as Unix seconds)."""
-    nodes = pyslurm.Nodes.load()
-    jobs = pyslurm.Jobs.load()
-    sinfo = [f"{n.name}|{node_code(n.state)}" for n in sorted(
-        nodes.values(), key=lambda n: n.name) if partition in (n.partitions or [])]
+def _squeue_rows(jobs: Any, keep: Any) -> tuple[list[str], list[str]]:
+    """(squeue rows of the jobs ``keep(job)`` accepts, plan rows of every pending job)."""
     squeue: list[str] = []
     plan: list[str] = []
     for job in jobs.values():
@@ -88,7 +97,7 @@ def snapshot(pyslurm: Any, partition: str) -> dict[str, str]:
                 f"{aid}_{task}" if task is not None else f"{aid}_[{waiting}]")
             plan.append(f"{key}|{aid or job.id}|{_time(job.start_time)}|"
                         f"{job.scheduled_nodes or NULL}|{job.partition}")
-        if job.partition != partition:
+        if not keep(job):
             continue
         for index in indices:
             cols = [job.id, aid if aid is not None else job.id,
@@ -97,14 +106,212 @@ def snapshot(pyslurm: Any, partition: str) -> dict[str, str]:
                     job.priority if job.priority is not None else 0, job.user_name or "",
                     job.state_reason or "None", job.admin_comment or NULL]
             squeue.append("|".join(str(c) for c in cols))
+    return squeue, plan
+
+
+def snapshot(pyslurm: Any, partition: str) -> dict[str, str]:
+    """The texts of ``sinfo -h -N -p P -o SINFO_FORMAT``, ``squeue -h -r -t all -p P -O
+    SQUEUE_FORMAT`` and ``squeue -h -t PD --start -o PLAN_FORMAT`` (times as Unix seconds)."""
+    nodes = pyslurm.Nodes.load()
+    jobs = pyslurm.Jobs.load()
+    sinfo = [f"{n.name}|{node_code(n.state)}" for n in sorted(
+        nodes.values(), key=lambda n: n.name) if partition in (n.partitions or [])]
+    squeue, plan = _squeue_rows(jobs, lambda job: job.partition == partition)
     return {"sinfo": "\n".join(sinfo) + "\n", "squeue": "\n".join(squeue) + "\n",
             "plan": "\n".join(plan) + "\n"}
 
 
+def tasks(pyslurm: Any, arrays: Sequence[str]) -> str:
+    """The text of ``squeue -h -r -t all -j A,B -O SQUEUE_FORMAT`` (one RPC)."""
+    wanted = {int(a) for a in arrays}
+    squeue, _ = _squeue_rows(pyslurm.Jobs.load(), lambda job: (
+        job.array_id if job.array_id is not None else job.id) in wanted)
+    return "\n".join(squeue) + ("\n" if squeue else "")
+
+
+# ---------------------------------------------------------------------------- actions
+JOB_DESC: dict[str, dict[str, int]] = {
+    "24.11": {"size": 912, "alloc_sid": 36, "begin_time": 80, "job_id_str": 344,
+              "priority": 504, "req_nodes": 544, "time_limit": 660},
+    "25.11": {"size": 944, "alloc_sid": 48, "begin_time": 88, "job_id_str": 352,
+              "priority": 512, "req_nodes": 552, "time_limit": 692},
+}
+"""``sizeof(job_desc_msg_t)`` and the ``offsetof`` of the fields the actions set, per release
+series (x86_64; the ABI is fixed within a series). tests/slurm/test_pyslurm_act.py compiles a
+probe against each release's slurm.h and compares. A series not listed: actions through the
+commands."""
+INFINITE = 0xFFFFFFFF
+JOB_RUNNING = 1  # requeue only a task still running: scontrol's "Incomplete"
+JOB_REQUEUE_HOLD = 1 << 11
+
+
+class _ArrayResp(ctypes.Structure):
+    _fields_ = [("count", ctypes.c_uint32), ("ids", ctypes.POINTER(ctypes.c_char_p)),
+                ("codes", ctypes.POINTER(ctypes.c_uint32)),
+                ("messages", ctypes.POINTER(ctypes.c_char_p))]
+
+
+def split_job_list(text: str) -> list[str]:
+    """``9_[0,2],10_1`` → ``['9_[0,2]', '10_1']`` (commas inside brackets kept): one RPC each,
+    as scontrol sends them."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [p for p in [*out, cur] if p]
+
+
+def libslurm_path() -> str:
+    """The libslurm this process loaded (with pyslurm)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "/libslurm" in path and ".so" in path:
+                return path
+    raise OSError("no libslurm loaded in this process (import pyslurm first)")
+
+
+class Actions:
+    """The backend's actions as the RPCs scontrol and scancel make (see the module doc)."""
+
+    def __init__(self, pyslurm: Any, series: str) -> None:
+        layout = JOB_DESC.get(series)
+        if not layout:
+            raise OSError(f"job_desc_msg_t's layout for Slurm {series} is not known")
+        self.pyslurm = pyslurm
+        self.layout = layout
+        lib = ctypes.CDLL(libslurm_path(), use_errno=True)  # libslurm reports in errno
+        resp = ctypes.POINTER(ctypes.POINTER(_ArrayResp))
+        lib.slurm_init_job_desc_msg.argtypes = [ctypes.c_void_p]
+        lib.slurm_update_job2.argtypes = [ctypes.c_void_p, resp]
+        lib.slurm_requeue2.argtypes = [ctypes.c_char_p, ctypes.c_uint32, resp]
+        lib.slurm_free_job_array_resp.argtypes = [ctypes.POINTER(_ArrayResp)]
+        lib.slurm_strerror.argtypes = [ctypes.c_int]
+        lib.slurm_strerror.restype = ctypes.c_char_p
+        self.lib = lib
+
+    def _strerror(self, code: int) -> str:
+        return (self.lib.slurm_strerror(code) or b"").decode(errors="replace")
+
+    def _answer(self, rc: int, job: str, resp: Any) -> list[str]:
+        """stderr lines as scontrol prints them for one job list."""
+        if rc != 0:
+            return [f"{self._strerror(ctypes.get_errno())} for job {job}"]
+        lines: list[str] = []
+        if resp:
+            r = resp.contents
+            for i in range(r.count):
+                if r.codes[i]:
+                    msg = r.messages[i] or self._strerror(r.codes[i]).encode()
+                    lines.append(f"{(r.ids[i] or b'').decode()}: {msg.decode(errors='replace')}")
+            self.lib.slurm_free_job_array_resp(resp)
+        return lines
+
+    def update(self, jobs: str, **fields: Any) -> list[str]:
+        """``slurm_update_job2`` per job list; ``fields``: req_nodes, begin_time, time_limit,
+        priority, alloc_sid."""
+        errors: list[str] = []
+        for job in split_job_list(jobs):
+            desc = ctypes.create_string_buffer(self.layout["size"] + 64)
+            self.lib.slurm_init_job_desc_msg(desc)
+            keep = [ctypes.create_string_buffer(job.encode())]
+            ctypes.c_void_p.from_buffer(desc, self.layout["job_id_str"]).value = \
+                ctypes.addressof(keep[0])
+            for name, value in fields.items():
+                off = self.layout[name]
+                if name == "req_nodes":
+                    keep.append(ctypes.create_string_buffer(str(value).encode()))
+                    ctypes.c_void_p.from_buffer(desc, off).value = ctypes.addressof(keep[-1])
+                elif name == "begin_time":
+                    ctypes.c_int64.from_buffer(desc, off).value = int(value)
+                else:
+                    ctypes.c_uint32.from_buffer(desc, off).value = int(value)
+            resp = ctypes.POINTER(_ArrayResp)()
+            rc = self.lib.slurm_update_job2(desc, ctypes.byref(resp))
+            errors += self._answer(rc, job, resp)
+        return errors
+
+    def scontrol(self, verb: str, jobs: str) -> list[str]:
+        """``scontrol hold|release|requeuehold [Incomplete] JOBS`` (hold: an admin hold)."""
+        words = verb.split()
+        if words[0] == "hold":
+            return self.update(jobs, priority=0, alloc_sid=0)
+        if words[0] == "release":
+            return self.update(jobs, priority=INFINITE)
+        if words[0] != "requeuehold" or words[1:] not in ([], ["Incomplete"]):
+            raise ValueError(f"scontrol {verb}: not an action of the backend")
+        flags = JOB_REQUEUE_HOLD | (JOB_RUNNING if words[1:] else 0)
+        errors: list[str] = []
+        for job in split_job_list(jobs):
+            resp = ctypes.POINTER(_ArrayResp)()
+            rc = self.lib.slurm_requeue2(job.encode(), flags, ctypes.byref(resp))
+            errors += self._answer(rc, job, resp)
+        return errors
+
+    def grow(self, key: str, node: str, minutes: int) -> list[str]:
+        """``scontrol update JobId=KEY ReqNodeList=NODE StartTime=now TimeLimit=MINUTES``."""
+        return self.update(key, req_nodes=node, begin_time=time.time(), time_limit=minutes)
+
+    def cancel(self, arrays: Sequence[str]) -> list[str]:
+        """``scancel A B``: pyslurm's ``Job(A).cancel()`` (a whole array by its id)."""
+        errors: list[str] = []
+        for aid in arrays:
+            try:
+                self.pyslurm.Job(int(aid)).cancel()
+            except Exception as exc:  # pyslurm.RPCError: that array's message, as scancel's
+                errors.append(f"scancel: error: Kill job error on job id {aid}: {exc}")
+        return errors
+
+
+def handle(pyslurm: Any, actions: Actions | None, request: dict[str, Any]) -> dict[str, Any]:
+    """One request of the backend (a read or an action) → its answer."""
+    op = request.get("op", "snapshot")
+    if op == "snapshot":
+        return snapshot(pyslurm, request["partition"])
+    if op == "tasks":
+        return {"squeue": tasks(pyslurm, request["arrays"])}
+    if actions is None:
+        raise OSError("no actions through pyslurm here")
+    if op == "scontrol":
+        return {"errors": actions.scontrol(request["verb"], request["jobs"])}
+    if op == "grow":
+        return {"errors": actions.grow(request["key"], request["node"], request["minutes"])}
+    if op == "cancel":
+        return {"errors": actions.cancel(request["arrays"])}
+    raise ValueError(f"unknown request {op!r}")
+
+
+def hello(pyslurm: Any) -> dict[str, str]:
+    """pyslurm's version and the controller's (one RPC, no process)."""
+    return {"pyslurm": pyslurm.__version__,
+            "slurm": str(pyslurm.slurmctld.Config.load().version)}
+
+
+def series(version: str) -> str:
+    """``24.11.5`` → ``24.11``; pyslurm's ``23.2.1`` → ``23.02`` (as Slurm writes it)."""
+    major, minor = (version.split(".") + ["0"])[:2]
+    try:
+        return f"{int(major):02d}.{int(minor):02d}"
+    except ValueError:
+        return version
+
+
+def make_actions(pyslurm: Any) -> tuple[Actions | None, str]:
+    """(the actions, "") or (None, why they go through the commands)."""
+    try:
+        return Actions(pyslurm, series(pyslurm.__version__)), ""
+    except (OSError, AttributeError) as exc:
+        return None, str(exc)
+
+
 class PyslurmSource:
-    """The poll's reads through pyslurm: in-process (``argv`` None) or through a helper
-    process that runs this file under a Python that imports a matching pyslurm (``argv``:
-    e.g. ``["chroot", ROOT, "/opt/pyslurm-24.11/bin/python"]``)."""
+    """The backend's reads and actions through pyslurm: in-process (``argv`` None) or through a
+    helper process that runs this file under a Python that imports a matching pyslurm
+    (``argv``: e.g. ``["chroot", ROOT, "/opt/pyslurm-24.11/bin/python"]``)."""
 
     def __init__(self, argv: Sequence[str] | None = None,
                  env: dict[str, str] | None = None) -> None:
@@ -112,15 +319,51 @@ class PyslurmSource:
         self.env = env
         self._proc: Any = None  # the helper: a subprocess.Popen from CommandRunner.start
         self._lock = threading.Lock()
+        self._pyslurm: Any = None
+        self._actions: Actions | None = None
         self.version = ""
+        self.slurm = ""
+        """The controller's Slurm version, as slurmctld reported it."""
+        self.no_actions = ""
+        """Why the actions go through the commands ("" when they go through pyslurm)."""
+
+    @property
+    def acts(self) -> bool:
+        return not self.no_actions
+
+    def hello(self) -> None:
+        """Load pyslurm (start the helper) and ask the controller's version: raises a
+        CommandError when either fails."""
+        if self.argv is None:
+            with self._lock:
+                self._in_process()
+        else:
+            with self._lock:
+                self._helper()
+
+    def _in_process(self) -> Any:
+        if self._pyslurm is None:
+            try:
+                import pyslurm
+                info = hello(pyslurm)
+            except Exception as exc:  # ImportError, pyslurm's RPCError
+                raise self._error(f"{type(exc).__name__}: {exc}") from exc
+            self._actions, self.no_actions = make_actions(pyslurm)
+            self.version, self.slurm, self._pyslurm = info["pyslurm"], info["slurm"], pyslurm
+        return self._pyslurm
 
     def _helper(self) -> Any:
         if self._proc is None or self._proc.poll() is not None:
             assert self.argv is not None
-            from ..runner import CommandRunner
+            from ...runner import CommandRunner
             self._proc = CommandRunner(env=self.env).start(
                 [*self.argv, "-I", os.path.abspath(__file__)])
-            self.version = json.loads(self._read(self._proc))["pyslurm"]
+            info = json.loads(self._read(self._proc))
+            if "error" in info:
+                self.close()
+                raise self._error(info["error"])
+            self.version, self.slurm = info["pyslurm"], info["slurm"]
+            self.no_actions = info.get("no_actions", "")
         return self._proc
 
     def _read(self, proc: Any) -> str:
@@ -135,28 +378,56 @@ class PyslurmSource:
         return line
 
     def _error(self, reason: str) -> Exception:
-        """A CommandError, as a failed squeue would be: the daemon retries at the next poll."""
-        from ..errors import CommandError
+        """A CommandError, as a failed command would be: the daemon retries at the next poll."""
+        from ...errors import CommandError
         return CommandError([*(self.argv or ["pyslurm"]), "pyslurm_reader"], None, "", "",
-                            f"pyslurm read: {reason}")
+                            f"pyslurm: {reason}")
 
-    def snapshot(self, partition: str) -> dict[str, str]:
-        if self.argv is None:
-            import pyslurm
-            self.version = pyslurm.__version__
-            try:
-                return snapshot(pyslurm, partition)
-            except Exception as exc:  # pyslurm's RPCError and what else a read may raise
-                raise self._error(f"{type(exc).__name__}: {exc}") from exc
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One request (see :func:`handle`) answered in this process or by the helper."""
         with self._lock:
+            if self.argv is None:
+                pyslurm = self._in_process()
+                try:
+                    return handle(pyslurm, self._actions, request)
+                except Exception as exc:  # pyslurm's RPCError and what else a call may raise
+                    raise self._error(f"{type(exc).__name__}: {exc}") from exc
             proc = self._helper()
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps({"partition": partition}) + "\n")
+            proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
             answer = json.loads(self._read(proc))
         if "error" in answer:
             raise self._error(answer["error"])
         return dict(answer)
+
+    def snapshot(self, partition: str) -> dict[str, str]:
+        return self.call({"op": "snapshot", "partition": partition})
+
+    def tasks(self, arrays: Sequence[str]) -> str:
+        """``squeue -h -r -t all -j ARRAYS -O SQUEUE_FORMAT``."""
+        return str(self.call({"op": "tasks", "arrays": list(arrays)})["squeue"])
+
+    def _act(self, argv: list[str], request: dict[str, Any]) -> None:
+        """An action; its failures raise the CommandError the command would have raised."""
+        errors = self.call(request)["errors"]
+        if errors:
+            from ...errors import CommandError
+            raise CommandError(argv, 1, "", "\n".join(errors) + "\n")
+
+    def scontrol(self, verb: str, jobs: str) -> None:
+        """``scontrol VERB JOBS`` (hold, release, requeuehold [Incomplete])."""
+        self._act(["scontrol", *verb.split(), jobs], {"op": "scontrol", "verb": verb,
+                                                      "jobs": jobs})
+
+    def grow(self, key: str, node: str, minutes: int) -> None:
+        """``scontrol update JobId=KEY ReqNodeList=NODE StartTime=now TimeLimit=MINUTES``."""
+        self._act(["scontrol", "update", f"JobId={key}", f"ReqNodeList={node}"],
+                  {"op": "grow", "key": key, "node": node, "minutes": int(minutes)})
+
+    def cancel(self, arrays: Sequence[str]) -> None:
+        """``scancel ARRAYS``."""
+        self._act(["scancel", *arrays], {"op": "cancel", "arrays": list(arrays)})
 
     def close(self) -> None:
         if self._proc is not None:
@@ -170,52 +441,61 @@ class PyslurmSource:
             self._proc = None
 
 
-def source_for(setting: str, runner: Any = None) -> PyslurmSource | None:
-    """The daemon's ``slurm.pyslurm`` setting → a source, or None for the commands.
+def choose(setting: str, env: dict[str, str] | None = None) -> tuple[PyslurmSource | None, str]:
+    """The one place that decides how the Slurm backend talks to slurmctld, from the
+    ``slurm.pyslurm`` setting: (a source, or None for the commands; one line saying which and
+    why). ``malletraind`` logs the line; ``malletrain admin check`` prints it.
 
-    ``off``: None. ``auto``: in-process when ``import pyslurm`` works and its MAJOR.MINOR is
-    the release of the Slurm commands ``runner`` runs (else None, logged once). Anything else
-    is the command of a helper Python (split like a shell line, no shell).
+    ``off``: the commands. ``auto``: pyslurm in this Python when it imports and its
+    MAJOR.MINOR is the controller's (asked through pyslurm: no process is started). Anything
+    else is the command of a helper Python (split like a shell line, no shell), held to the
+    same rule.
     """
-    import logging
     import shlex
 
-    log = logging.getLogger(__name__)
     setting = setting.strip()
     if setting in ("", "off"):
-        return None
-    if setting != "auto":
-        return PyslurmSource(shlex.split(setting), env=getattr(runner, "env", None))
+        return None, "commands (slurm.pyslurm = \"off\")"
+    where = "this Python" if setting == "auto" else f"helper {setting!r}"
+    src = PyslurmSource(None if setting == "auto" else shlex.split(setting), env=env)
     try:
-        import pyslurm
-    except ImportError as exc:
-        log.info("pyslurm not importable (%s): the poll reads through squeue/sinfo", exc)
-        return None
-    from ...errors import CommandError
-    from .release import SlurmRelease, detect
-    try:
-        cluster = detect(runner)
-    except CommandError as exc:
-        log.warning("cannot tell the Slurm release (%s): the poll reads through squeue/sinfo",
-                    exc)
-        return None
-    mine = SlurmRelease.parse(pyslurm.__version__)
-    if mine.series != cluster.series:
-        log.warning("pyslurm %s does not match Slurm %s: the poll reads through squeue/sinfo",
-                    pyslurm.__version__, cluster)
-        return None
-    log.info("the poll reads through pyslurm %s (Slurm %s)", pyslurm.__version__, cluster)
-    return PyslurmSource()
+        src.hello()
+    except Exception as exc:  # CommandError: pyslurm does not import, or slurmctld is down
+        src.close()
+        return None, f"commands (no pyslurm in {where}: {exc})"
+    if series(src.version) != series(src.slurm):
+        src.close()
+        return None, (f"commands (pyslurm {src.version} in {where} does not match Slurm "
+                      f"{src.slurm}: MAJOR.MINOR must be equal)")
+    acts = ("reads and actions" if src.acts else
+            f"reads (actions through the commands: {src.no_actions})")
+    return src, f"pyslurm {src.version} in {where}, Slurm {src.slurm}: {acts}"
+
+
+def source_for(setting: str, runner: Any = None) -> PyslurmSource | None:
+    """:func:`choose` for the daemon: the line is logged once."""
+    import logging
+
+    src, line = choose(setting, getattr(runner, "env", None))
+    logging.getLogger(__name__).log(logging.INFO if src is not None or setting.strip() in (
+        "", "off") else logging.WARNING, "Slurm backend: %s", line)
+    return src
 
 
 def main() -> int:
     """Helper mode: one JSON request per stdin line, one JSON answer per stdout line."""
-    import pyslurm
-    print(json.dumps({"pyslurm": pyslurm.__version__}), flush=True)
+    try:
+        import pyslurm
+        info: dict[str, Any] = hello(pyslurm)
+    except Exception as exc:  # ImportError, a version mismatch, slurmctld down
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 1
+    actions, info["no_actions"] = make_actions(pyslurm)
+    print(json.dumps(info), flush=True)
     for line in sys.stdin:
         try:
-            answer = snapshot(pyslurm, json.loads(line)["partition"])
-        except Exception as exc:  # one failed read must not end the helper
+            answer = handle(pyslurm, actions, json.loads(line))
+        except Exception as exc:  # one failed call must not end the helper
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(answer), flush=True)
     return 0
