@@ -49,6 +49,9 @@ def running(pbs: PbsComplex, array: str, size: int) -> int:
 def test_the_periodic_hook_alone_wakes_a_daemon_that_polls_every_600_s(
         pbs: PbsComplex, test_user: str, daemon: Path) -> None:
     only_hook(pbs, None)
+    # A periodic run already under way when the hook was disabled still sends its datagram,
+    # which wakes the daemon: let it land before the job exists (it failed once without).
+    time.sleep(HOOK_FREQ_S + 1)
     array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-2", "-l", "select=1:ncpus=2",
                    "-v", "MALLETRAIN_PROFILE=0")
     time.sleep(2 * HOOK_FREQ_S + 2)
