@@ -108,13 +108,16 @@ def cluster_root(name: str) -> Iterator[Path]:
 
 
 def cancel_all(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
-    """Cancel every job and wait until every node is idle again."""
+    """Cancel every job and wait until every node is idle again and the queue is empty (a
+    job still completing would be seen by the next test)."""
     if not cluster.is_running():
         return
     ids = cluster.run(["squeue", "-h", "-o", "%F"]).stdout.split()
     if ids:
         cluster.run(["scancel", *sorted(set(ids))], check=False)
     cluster.wait_idle(timeout_s)
+    cluster.wait_for("an empty queue", lambda: not cluster.run(
+        ["squeue", "-h", "-o", "%i"], check=False).stdout.strip(), timeout_s, interval_s=0.2)
 
 
 def after_test(request: pytest.FixtureRequest, cluster: LocalCluster,

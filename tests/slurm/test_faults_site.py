@@ -226,6 +226,11 @@ def test_control_plane_faults_under_training(
     epoch = survived("slurmctld hung (SIGSTOP) 15 s under training", epoch, slurmctld_hung)
     survived("the daemon's host rebooted (SIGKILL, sockets gone, state kept, 10 s down)",
              epoch, host_rebooted)
+    # The control plane healed: every job ends when cancelled (after munged was down, jobs
+    # were once seen completing for tens of seconds; the next test must not meet them).
+    cluster.run(["scancel", job, *cluster.run(["squeue", "-h", "-o", "%F"]).stdout.split()])
+    cluster.wait_for("every job gone after the control-plane faults", lambda: not cluster.run(
+        ["squeue", "-h", "-o", "%i"], check=False).stdout.strip(), 120, interval_s=0.5)
 
 
 # ---------------------------------------------------------------------------- a hung slurmd
