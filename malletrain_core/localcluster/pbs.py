@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ..errors import CommandError, ConfigError, MalleTrainError
 from ..runner import CommandRunner, Result
-from .procs import ClusterError, PhaseClock, kill, start_or_clean_up
+from .procs import ClusterError, PhaseClock, comm, kill, start_or_clean_up
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-openpbs.sh"
@@ -289,6 +289,7 @@ class PbsComplex:
                                                 "prefix": self.prefix}, indent=1) + "\n")
         self._init_d(self.server_ns, self.conf_path, "start")
         phase("server")
+        pids: dict[str, int] = {}
         for node in self.node_names:
             self._init_d(self.mom_ns[node], self.mom_conf(node), "start")
             config = self.home(node) / "mom_priv" / "config"
@@ -297,7 +298,17 @@ class PbsComplex:
                 if not self.site_defaults:
                     fh.write(f"$min_check_poll {self.timings.min_check_poll_s}\n"
                              f"$max_check_poll {self.timings.max_check_poll_s}\n")
-            kill(self._lock_pid(self.home(node) / "mom_priv" / "mom.lock"), signal.SIGHUP)
+            pids[node] = self._lock_pid(self.home(node) / "mom_priv" / "mom.lock")
+            kill(pids[node], signal.SIGHUP)
+        # A mom that gets the SIGHUP before it has set its handler dies of it, silently (seen
+        # once under load: its node stayed state-unknown). Its config is written now, so a
+        # second start needs no SIGHUP.
+        time.sleep(1.0)
+        for node, pid in pids.items():
+            if comm(Path(f"/proc/{pid}")) != "pbs_mom":
+                print(f"local PBS: pbs_mom of {node} died at start-up; starting it again",
+                      file=sys.stderr)
+                self._init_d(self.mom_ns[node], self.mom_conf(node), "start")
         phase("moms")
         self._configure()
         phase("configure")
