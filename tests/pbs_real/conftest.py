@@ -27,12 +27,21 @@ TEST_USER = "mtuser1"
 MOMS = 8
 HOOK_FREQ_S = 3
 
+# Real PBS daemons, a real malletraind and real torch share this host's two cores with the
+# rest of the suite: the files whose waits depend on scheduling under load get one rerun each,
+# as the real-Slurm ones do (each rerun is listed in the summary, -ra). Measured: the training
+# e2e file failed 2 of its 3 tests once in a full tier run and passed alone right after.
+RERUN_ONCE = {"test_pbs_training_e2e.py", "test_pbs_daemon_hooks.py"}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rerun = config.pluginmanager.hasplugin("rerunfailures")
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.pbs_real)
             item.add_marker(pytest.mark.slow)  # not in `make check`'s quick loop
+            if rerun and Path(str(item.fspath)).name in RERUN_ONCE:
+                item.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=5))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -59,6 +68,8 @@ def build_or_skip() -> None:
                     f"{proc.stderr}", pytrace=False)
     if proc.stdout.strip():
         print(f"{proc.stdout.strip()}\n(OpenPBS build: {time.monotonic() - t0:.0f} s)")
+
+
 
 
 @pytest.fixture(scope="session")
