@@ -210,6 +210,19 @@ def machine() -> str:
     return host(slurm)
 
 
+def timing_rows(r: dict[str, Any]) -> list[str]:
+    """The grow, shrink and hook → action rows of an e2e table (Slurm's and PBS's alike)."""
+    return [
+        f"| node idle → training at the larger world size (grow) | {r['grow_s']:.1f} s | "
+        f"{', '.join(f'{x:.1f}' for x in r['grow_s_all'])} s |",
+        f"| preemption → training resumed at the smaller size (shrink) | {r['shrink_s']:.1f} s"
+        f" | {', '.join(f'{x:.1f}' for x in r['shrink_s_all'])} s |",
+        f"| hook datagram → batch-system command (daemon's own count, n = "
+        f"{r['hook_to_action_count']}) | {r['hook_to_action_ms']:.0f} ms | "
+        f"{r['hook_to_action_ms_p95']:.0f} ms |",
+    ]
+
+
 def section(r: dict[str, Any], command: str) -> str:
     p = r["prod_start_s"]
     date = r.get("date") or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -220,13 +233,7 @@ def section(r: dict[str, Any], command: str) -> str:
         "",
         "| what | median | p95 / all |",
         "|---|---|---|",
-        f"| node idle → training at the larger world size (grow) | {r['grow_s']:.1f} s | "
-        f"{', '.join(f'{x:.1f}' for x in r['grow_s_all'])} s |",
-        f"| preemption → training resumed at the smaller size (shrink) | {r['shrink_s']:.1f} s"
-        f" | {', '.join(f'{x:.1f}' for x in r['shrink_s_all'])} s |",
-        f"| hook datagram → batch-system command (daemon's own count, n = "
-        f"{r['hook_to_action_count']}) | {r['hook_to_action_ms']:.0f} ms | "
-        f"{r['hook_to_action_ms_p95']:.0f} ms |",
+        *timing_rows(r),
         f"| prod job start, workers on its node (n = {r['submissions']}) | "
         f"{p['with_malletrain']:.2f} s | {p['with_malletrain_p95']:.2f} s |",
         f"| prod job start, idle node, no MalleTrain (n = {r['submissions']}) | "

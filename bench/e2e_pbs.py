@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "pbs_real"))
 
-from e2e import EpochWatcher, p95, say, wait  # noqa: E402
+from e2e import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
 from pbs_real_helpers import complex_root, start_daemon, subjob  # noqa: E402
 from sections import host, replace_section  # noqa: E402
 
@@ -186,13 +186,7 @@ def section(r: dict[str, Any], command: str) -> str:
         "",
         "| what | median | p95 / all |",
         "|---|---|---|",
-        f"| node idle → training at the larger world size (grow) | {r['grow_s']:.1f} s | "
-        f"{', '.join(f'{x:.1f}' for x in r['grow_s_all'])} s |",
-        f"| preemption → training resumed at the smaller size (shrink) | {r['shrink_s']:.1f} s"
-        f" | {', '.join(f'{x:.1f}' for x in r['shrink_s_all'])} s |",
-        f"| hook datagram → batch-system command (daemon's own count, n = "
-        f"{r['hook_to_action_count']}) | {r['hook_to_action_ms']:.0f} ms | "
-        f"{r['hook_to_action_ms_p95']:.0f} ms |",
+        *timing_rows(r),
         f"| prod job start, MalleTrain's workers on its node (n = {r['submissions']}) | "
         f"{p['with_malletrain']:.2f} s | {p['with_malletrain_p95']:.2f} s |",
         f"| prod job start, plain preemptable jobs on the same nodes (n = {r['submissions']})"
