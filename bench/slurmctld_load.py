@@ -22,6 +22,15 @@ sent by the daemon's commands (``NODE_TYPES``); the daemon's share is root's cou
 minus theirs and minus the bench's own ``sdiag``. Each phase also times one plain ``squeue``
 (as ``--user``, ``--squeue-samples`` of them, on the same queue): the goal is that the
 daemon costs slurmctld less than one ``squeue`` every 10 s, i.e. 6 per minute.
+
+The backend's two paths on the newer releases (the matrix's chroot, ``make setup-matrix``)::
+
+    python bench/slurmctld_load.py --slurm 24.11,25.11 --paths commands,pyslurm \
+        --markdown BENCHMARKS.md
+
+runs every node count once per release and path (the pyslurm path: ``slurm.pyslurm`` set to
+the release's helper in the chroot; the run fails if the daemon did not take it) and writes a
+second section, beside the 22.05 one.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from malletrain_core.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
 
 BEGIN, END = "<!-- slurmctld-load:begin -->", "<!-- slurmctld-load:end -->"
+PATHS_BEGIN, PATHS_END = "<!-- slurmctld-load-paths:begin -->", "<!-- slurmctld-load-paths:end -->"
 
 NODE_TYPES = sp.SDIAG_NODE_TYPES
 parse_sdiag = sp.parse_sdiag_rpcs
@@ -136,14 +146,23 @@ def queue_held(cluster: LocalCluster, n: int) -> float:
     return time.monotonic() - t0
 
 
-def run_size(nodes: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    cluster = LocalCluster(nodes=nodes, root=work / f"cluster-{nodes}")
-    say(f"starting a {nodes}-node local cluster")
+def run_size(nodes: int, args: argparse.Namespace, work: Path, slurm: str | None = None,
+             path: str = "commands") -> dict[str, Any]:
+    tag = f"{slurm or 'host'}-{path}-{nodes}"
+    cluster = LocalCluster(nodes=nodes, root=work / f"cluster-{tag}", slurm=slurm)
+    say(f"starting a {nodes}-node local cluster (Slurm {cluster.release.name}, {path} path)")
     report = cluster.start(timeout_s=max(60.0, nodes * 0.5))
     settings = json.loads(args.daemon_settings) if args.daemon_settings else {}
     settings.setdefault("daemon", {}).setdefault("poll_interval_s", args.poll_interval_s)
     settings["daemon"].setdefault("idle_poll_interval_s", args.idle_poll_interval_s)
-    daemon = LocalDaemon(cluster, root=work / f"daemon-{nodes}", settings=settings)
+    if path == "pyslurm":
+        helper = cluster.release.pyslurm_helper()
+        if helper is None:
+            cluster.stop()
+            raise SystemExit(f"slurmctld_load: no pyslurm for Slurm {cluster.release.name}: "
+                             "run `make setup-matrix` (it builds those of 24.11 and 25.11)")
+        settings.setdefault("slurm", {})["pyslurm"] = helper
+    daemon = LocalDaemon(cluster, root=work / f"daemon-{tag}", settings=settings)
     churn = ProdChurn(cluster, args.user, args.churn_every_s, seed=nodes)
     phases: dict[str, Any] = {}
     try:
@@ -180,12 +199,17 @@ def run_size(nodes: int, args: argparse.Namespace, work: Path) -> dict[str, Any]
         churn.join(30)
         after = squeue_cost(cluster, args.user, args.squeue_samples)
         dlog = daemon.log_text()
+        taken = next((line.split("Slurm backend: ", 1)[1] for line in dlog.splitlines()
+                      if "Slurm backend: " in line), "").replace(f"{REPO}/", "")
+        if path == "pyslurm" and not taken.startswith("pyslurm"):
+            raise RuntimeError(f"the daemon did not take the pyslurm path: {taken!r}")
     finally:
         churn.stop_event.set()
         daemon.stop()
         cluster.run(["scancel", "-u", args.user], check=False)
         cluster.stop()
-    return {"nodes": nodes, "queued": args.queued, "cluster_start_s": round(report.total_s, 1),
+    return {"nodes": nodes, "slurm": cluster.release.name, "path": path, "backend": taken,
+            "queued": args.queued, "cluster_start_s": round(report.total_s, 1),
             "squeue": base, "squeue_loaded": after, "phases": phases,
             "daemon_warnings": sum(1 for line in dlog.splitlines() if " WARNING " in line),
             "daemon_errors": sum(1 for line in dlog.splitlines() if " ERROR " in line)}
@@ -194,8 +218,12 @@ def run_size(nodes: int, args: argparse.Namespace, work: Path) -> dict[str, Any]
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="malletrain-ctldload-"))
     work.chmod(0o755)
-    sizes = [run_size(n, args, work) for n in args.nodes]
-    return {"sizes": sizes, "phase_s": args.phase_s, "queued": args.queued,
+    if args.slurm:
+        sizes = [run_size(n, args, work, rel, path) for rel in args.slurm
+                 for path in args.paths for n in args.nodes]
+    else:
+        sizes = [run_size(n, args, work) for n in args.nodes]
+    return {"sizes": sizes, "releases": args.slurm or [], "phase_s": args.phase_s, "queued": args.queued,
             "daemon_settings": args.daemon_settings or "",
             "poll_interval_s": args.poll_interval_s,
             "idle_poll_interval_s": args.idle_poll_interval_s}
@@ -319,6 +347,61 @@ def section(r: dict[str, Any], base: dict[str, Any] | None = None) -> str:
         END])
 
 
+def paths_section(r: dict[str, Any]) -> str:
+    """The section of a ``--slurm``/``--paths`` run: each release, path and node count."""
+    rows, lines = [], []
+    by_key = {(s["slurm"], s["path"], s["nodes"]): s for s in r["sizes"]}
+    for s in r["sizes"]:
+        budget = budget_ms_per_min(s)
+        for name in ("idle", "harvesting", "churn"):
+            ph = s["phases"][name]
+            top = sorted(((v["time_us"], k) for k, v in ph["types"].items()
+                          if k not in NODE_TYPES), reverse=True)[:2]
+            rows.append(f"| {s['slurm']} | {s['path']} | {s['nodes']} | "
+                        f"{_phase_label(name, ph)} | {ph['rpcs_per_min']:g} | "
+                        f"{ph['ms_per_min']:g} | {budget:.1f} | "
+                        f"{ph['ms_per_min'] / budget:.2f} | "
+                        + ", ".join(k.removeprefix("REQUEST_") for _, k in top) + " |")
+    for (rel, path, nodes), s in by_key.items():
+        other = by_key.get((rel, "commands", nodes))
+        if path != "pyslurm" or other is None:
+            continue
+        parts = []
+        for name in ("idle", "harvesting", "churn"):
+            a, b = s["phases"][name], other["phases"][name]
+            if b["ms_per_min"] > 0:
+                parts.append(f"{name} {a['ms_per_min'] / b['ms_per_min']:.2f}× the time, "
+                             f"{a['rpcs_per_min']:g} vs {b['rpcs_per_min']:g} RPCs/min")
+        lines.append(f"* Slurm {rel}, {nodes} nodes, pyslurm against commands: "
+                     + "; ".join(parts) + ".")
+    steady = [s["phases"][n]["ms_per_min"] / budget_ms_per_min(s)
+              for s in r["sizes"] for n in ("idle", "harvesting")]
+    backends = sorted({s["backend"] for s in r["sizes"] if s.get("backend")})
+    return "\n".join([
+        PATHS_BEGIN,
+        f"Measured {r['date']} on {r['machine']}, with `{r['command']}` (one run per release, "
+        f"path and node count, each on a fresh cluster; test timings bf_interval=1, "
+        f"batch_sched_delay=0; daemon poll_interval_s = {r['poll_interval_s']:g}, "
+        f"idle_poll_interval_s = {r['idle_poll_interval_s']:g}). The same phases, queue "
+        f"({r['queued']} held prod jobs), accounting of the daemon's share and budget (six "
+        "plain `squeue`s a minute) as the 22.05 table above. The pyslurm path is the "
+        "release's pyslurm in a helper process in the matrix's chroot (a pyslurm built there "
+        "does not load in a host process); the daemon logged: "
+        + "; ".join(f"`{b}`" for b in backends) + ".",
+        "",
+        "| Slurm | path | nodes | phase | daemon RPCs / min | slurmctld ms / min | "
+        "budget ms / min | / budget | costliest |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        *lines,
+        "",
+        f"Steady state (idle and harvesting), every release, path and size: "
+        f"{max(steady):.2f} of the budget at most "
+        f"({'below' if max(steady) < 1 else 'NOT below'} one squeue every 10 s).",
+        PATHS_END])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", default="16,64,256", help="node counts, comma-separated")
@@ -332,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
                    "equal to --poll-interval-s: every cycle polls, as before it existed)")
     p.add_argument("--daemon-settings", default="",
                    help='JSON of extra config sections, e.g. \'{"daemon": {...}}\'')
+    p.add_argument("--slurm", default="",
+                   help="releases, comma-separated (e.g. 24.11,25.11: the matrix's chroot); "
+                   "empty: the host's Slurm and the table of 22.05")
+    p.add_argument("--paths", default="commands,pyslurm",
+                   help="with --slurm: the backend's paths to measure (commands, pyslurm)")
     p.add_argument("--user", default="mtuser1", help="who submits during the phases")
     p.add_argument("--squeue-samples", type=int, default=20)
     p.add_argument("--warmup-max-s", type=float, default=240.0)
@@ -345,6 +433,10 @@ def main(argv: list[str] | None = None) -> int:
         args.nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
     except ValueError:
         p.error(f"--nodes {args.nodes!r}: give comma-separated numbers, e.g. 16,64,256")
+    args.slurm = [x.strip() for x in args.slurm.split(",") if x.strip()]
+    args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    if set(args.paths) - {"commands", "pyslurm"} or not args.paths:
+        p.error(f"--paths {','.join(args.paths)!r}: give commands, pyslurm or both")
     if not args.nodes or min(args.nodes) < 4 or args.queued < 0 or args.phase_s <= 0:
         p.error("--nodes must be ≥ 4 each, --queued ≥ 0, --phase-s > 0")
     if args.from_json:
@@ -357,8 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.markdown:
         base = json.loads(Path(args.baseline).read_text()) if args.baseline else None
-        replace_section(Path(args.markdown), BEGIN, END, section(result, base),
-                        "slurmctld load of the daemon")
+        if result.get("releases"):
+            replace_section(Path(args.markdown), PATHS_BEGIN, PATHS_END, paths_section(result),
+                            "slurmctld load of the daemon")
+        else:
+            replace_section(Path(args.markdown), BEGIN, END, section(result, base),
+                            "slurmctld load of the daemon")
     print(json.dumps(result, indent=None if args.json else 1))
     return 0
 
