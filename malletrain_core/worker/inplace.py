@@ -527,6 +527,9 @@ class Elastic:
         if not self.inplace:
             import torch.distributed as dist
 
+            if os.environ.get(training.ENV_EPOCH) is not None:  # the restart path's epoch
+                self.epoch = self.session.epoch
+
             if self.world > 1 and not dist.is_initialized():
                 dist.init_process_group("gloo", timeout=dt.timedelta(seconds=self.timeout_s))
             if not self.has_state:

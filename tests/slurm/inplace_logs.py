@@ -4,7 +4,7 @@ epoch lines.
 The workers (tests/workers/inplace_train.py) print one JSON object per step (time, global
 step, epoch, world, rank, sampler position, pid, state digest); the daemon logs every epoch it
 starts with the path it took (``job J: epoch N, world W, path inplace|disk``). Used by
-tests/slurm/test_inplace_slurm.py and bench/e2e.py.
+tests/slurm/test_inplace_slurm.py and bench/e2e_paths.py.
 """
 
 from __future__ import annotations
@@ -101,13 +101,15 @@ def problems(log: InplaceLog, batch: int) -> list[str]:
 
 
 def change(log: InplaceLog, before: int, after: int) -> tuple[float, int]:
-    """The pause of a change from epoch ``before`` to ``after`` on the processes in both (the
-    median over them of the gap between their last step before and first step after) and
-    the steps it lost (the largest: last global step before − first step after + 1)."""
+    """The pause of a change from epoch ``before`` to ``after`` on the members of both (their
+    tasks: in place the same process, on the restart path a new one; the median over them of
+    the gap between their last step before and first step after) and the steps it lost (the
+    largest: last global step before − first step after + 1)."""
     gaps, lost = [], 0
-    for pid in {r["pid"] for r in log.in_epoch(before)} & {r["pid"] for r in log.in_epoch(after)}:
-        old = [r for r in log.in_epoch(before) if r["pid"] == pid]
-        new = [r for r in log.in_epoch(after) if r["pid"] == pid]
+    for task in ({r["task"] for r in log.in_epoch(before)}
+                 & {r["task"] for r in log.in_epoch(after)}):
+        old = [r for r in log.in_epoch(before) if r["task"] == task]
+        new = [r for r in log.in_epoch(after) if r["task"] == task]
         gaps.append(new[0]["t"] - old[-1]["t"])
         lost = max(lost, old[-1]["step"] - (new[0]["step"] - 1))
     if not gaps:  # no process lived through it (every node lost): the job's own gap

@@ -149,6 +149,7 @@ def test_job_driven_2_3_1_2_in_place(cluster: LocalCluster, daemon: LocalDaemon,
 
     got = paths(daemon, job, [e0, e1, e2, e3])
     assert got == {e0: "disk", e1: "inplace", e2: "inplace", e3: "inplace"}, got
+    assert not daemon_epochs(daemon.log_text(), job)[e2][2], "the planned shrink abandoned"
     log = read(outdir, job)
     first = {r["pid"] for r in log.in_epoch(e0)}
     assert {r["pid"] for r in log.in_epoch(e2)} <= first, "the survivor was restarted"
