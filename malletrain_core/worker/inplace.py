@@ -232,7 +232,9 @@ class Elastic:
     position, a data iterator) that are handed over with the model. ``lr_for(world)`` gives the
     learning rate for a world size (the global-batch rule) and is applied on every change.
     Without a control folder (the restart path, or outside MalleTrain) it forms the group once
-    from torchrun's environment and never re-forms.
+    from torchrun's environment and never re-forms. On both paths it checkpoints at step
+    boundaries when ``session`` says so (its period, or the daemon's request) and resumes from
+    the last checkpoint when no process holds the state (``on_save(step)`` after each save).
     """
 
     def __init__(self, session: training.Session, model: Any, optimizer: Any,
@@ -240,7 +242,8 @@ class Elastic:
                  extra: Mapping[str, Any] | None = None, step: int = 0,
                  collective_timeout_s: float = MAX_COLLECTIVE_TIMEOUT_S,
                  control_dir: str | None = None, poll_s: float = 0.02,
-                 wait_membership_s: float = 600.0) -> None:
+                 wait_membership_s: float = 600.0,
+                 on_save: Callable[[int], None] | None = None) -> None:
         if not 0 < collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
             raise ValueError(f"collective_timeout_s must be in (0, {MAX_COLLECTIVE_TIMEOUT_S:g}]"
                              " (it is only the backstop for a hung peer)")
@@ -250,6 +253,7 @@ class Elastic:
         self.scheduler = scheduler
         self.lr_for = lr_for
         self.extra = dict(extra or {})
+        self.on_save = on_save
         self.step = int(step)
         self.has_state = step > 0
         self.timeout_s = collective_timeout_s
@@ -429,9 +433,18 @@ class Elastic:
 
     def _checkpoint(self) -> None:
         """At a step boundary: save the state when the period is due or the daemon asked."""
-        if self.session.should_checkpoint() and \
-                self.session.checkpoint(self.state(), self.step) is not None:
-            self.checkpoints.append(self.step)
+        if self.session.should_checkpoint():
+            self.save()
+
+    def save(self) -> bool:
+        """Save the state to the job's checkpoint folder now (rank 0; other ranks do nothing
+        and get False); ``on_save(step)`` is called after a save that completed."""
+        if self.session.checkpoint(self.state(), self.step) is None:
+            return False
+        self.checkpoints.append(self.step)
+        if self.on_save is not None:
+            self.on_save(self.step)
+        return True
 
     def _hand_over(self) -> dict[str, Any]:
         """Agree on the most advanced member and send its state to every rank that differs."""

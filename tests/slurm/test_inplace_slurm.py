@@ -7,7 +7,8 @@ asserts which path every change took (the daemon's epoch lines) and fails if a s
 one-node preemption went through the disk; after every change all ranks hold the same state
 (digest of model, optimizer, scheduler, sampler and step); the global step never goes back by
 more than one step on a shrink or preemption; and along the steps kept every sample is counted
-once (the sampler position grows by batch × world per step).
+once (the sampler position grows by batch × world per step). The last test runs
+examples/train_elastic.py unchanged in place.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 
 import pytest
 from inplace_logs import change, daemon_epochs, problems, read
-from slurm_helpers import running
+from slurm_helpers import running, wait_consistent
+from training_logs import invariant_problems, read_job
 
 from malletrain_core.localcluster import LocalCluster
 from malletrain_core.localcluster.daemon import LocalDaemon
@@ -148,8 +150,12 @@ def test_job_driven_2_3_1_2_in_place(cluster: LocalCluster, daemon: LocalDaemon,
     e3 = wait_world(cluster, outdir, job, 2, after=e2)
 
     got = paths(daemon, job, [e0, e1, e2, e3])
-    assert got == {e0: "disk", e1: "inplace", e2: "inplace", e3: "inplace"}, got
-    assert not daemon_epochs(daemon.log_text(), job)[e2][2], "the planned shrink abandoned"
+    epochs = daemon_epochs(daemon.log_text(), job)
+    first = min(epochs)  # the job's first epoch starts the processes (nodes may become
+    assert epochs[first][1] == "disk"  # ready one by one: 1 → 2 in place before e0)
+    later = {e: path for e, (_, path, _) in epochs.items() if first < e <= e3}
+    assert set(later.values()) == {"inplace"} and {e1, e2, e3} <= set(later), (got, epochs)
+    assert not epochs[e2][2], "the planned shrink abandoned"
     log = read(outdir, job)
     first = {r["pid"] for r in log.in_epoch(e0)}
     assert {r["pid"] for r in log.in_epoch(e2)} <= first, "the survivor was restarted"
@@ -237,3 +243,37 @@ def test_daemon_killed_in_the_middle_of_a_reform(cluster: LocalCluster, daemon: 
     print(f"\ndaemon killed mid re-form: recovered at world 3 in epoch {e1} "
           f"(path {paths(daemon, job, [e1])[e1]}); pid set "
           f"{'kept' if {r['pid'] for r in log.in_epoch(e1)} & {r['pid'] for r in log.in_epoch(e0)} else 'new'}")
+
+
+EXAMPLE = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "8",
+           "--step-sleep-s", "0.05", "--checkpoint-every-s", "5", "--log-every", "1"]
+
+
+def test_the_example_script_runs_in_place(cluster: LocalCluster, daemon: LocalDaemon,
+                                          outdir: Path) -> None:
+    """examples/train_elastic.py, unchanged, under ``malletrain-run --inplace``: it trains on
+    two nodes, a prod job preempts one, the survivor re-forms in place (the same process) and
+    goes on from where it was, with the ranks' parameters equal at every step."""
+    prod(cluster, 6)
+    script = daemon.training_script(EXAMPLE, outdir, inplace=True)
+    job = cluster.sbatch("--qos=malletrain", "-N", "1-2", "--open-mode=append",
+                         "--comment=profile=no", "-o", f"{outdir}/task-%A_%a.out",
+                         script=script)
+    _, e0 = wait_consistent(cluster, job, outdir, timeout_s=150, at_least=2)
+    prod(cluster, 1, "-w", nodes_of(cluster, job)[-1])
+    k, e1 = wait_consistent(cluster, job, outdir, timeout_s=60, after_epoch=e0)
+    assert k == 1
+    cluster.wait_for(f"5 steps in epoch {e1}", lambda: len(read_job(outdir, job).steps[e1]) >= 5,
+                     30, interval_s=0.5)
+    log = read_job(outdir, job)
+    epochs = daemon_epochs(daemon.log_text(), job)
+    assert all(epochs[e][1] == "inplace" for e in epochs if e > min(epochs)), epochs
+    problems_ = [p for p in invariant_problems(log) if "resumed at step" not in p]
+    assert not problems_, "\n".join(problems_)  # in place a start line is a re-form
+    last = max(s for s, *_ in log.steps[e0])
+    first = min(s for s, *_ in log.steps[e1])
+    assert first >= last, f"the step went back from {last} to {first - 1}"
+    survivor = [p for p in outdir.glob(f"task-{job}_*.out")
+                if f"epoch {e1}: rank 0 of 1 in place" in p.read_text(errors="replace")]
+    assert len(survivor) == 1 and survivor[0].read_text(errors="replace").count(
+        "training process started ahead") == 1, "the survivor's process was restarted"
