@@ -93,28 +93,27 @@ def one_path(cluster: LocalCluster, daemon: LocalDaemon, work: Path, inplace: bo
     load = [os.getloadavg()[0]]
     done: dict[str, list[tuple[int, int, float | None]]] = {"preempt": [], "grow": [],
                                                            "shrink": []}
-    for r in range(rounds):
-        victim = _running(cluster, job)[-1]
-        prod = cluster.sbatch("-p", "prod", "-N", "1", "-w", victim, "-o", "/dev/null",
-                              "--wrap", "sleep 100000")
-        nxt = _world(cluster, outdir, job, idle - 1, e)
-        done["preempt"].append((e, nxt, None))
-        cluster.run(["scancel", prod])
-        _wait("prod job gone", lambda p=prod: _gone(cluster, p), 60, 0.05)
-        t_idle, e = time.time(), nxt
-        nxt = _world(cluster, outdir, job, idle, e)
-        done["grow"].append((e, nxt, t_idle))
+    def to(world: int, kind: str, t_idle: float | None = None) -> None:
+        nonlocal e
+        nxt = _world(cluster, outdir, job, world, e)
+        done[kind].append((e, nxt, t_idle))
         e = nxt
-        other = cluster.sbatch("--qos=malletrain", "-N", "2-2", "--comment=profile=no",
-                               "-o", "/dev/null", "--chdir=/tmp", script=STANDIN)
-        nxt = _world(cluster, outdir, job, idle - 2, e)
-        done["shrink"].append((e, nxt, None))
+
+    def free(other: str) -> float:
+        """Cancel ``other``; the time its nodes are free as squeue says."""
         cluster.run(["scancel", other])
-        _wait("stand-in gone", lambda o=other: _gone(cluster, o), 60, 0.05)
-        t_idle, e = time.time(), nxt
-        nxt = _world(cluster, outdir, job, idle, e)
-        done["grow"].append((e, nxt, t_idle))
-        e = nxt
+        _wait(f"job {other} gone", lambda: _gone(cluster, other), 60, 0.05)
+        return time.time()
+
+    for r in range(rounds):
+        prod = cluster.sbatch("-p", "prod", "-N", "1", "-w", _running(cluster, job)[-1],
+                              "-o", "/dev/null", "--wrap", "sleep 100000")
+        to(idle - 1, "preempt")
+        to(idle, "grow", free(prod))
+        standin = cluster.sbatch("--qos=malletrain", "-N", "2-2", "--comment=profile=no",
+                                 "-o", "/dev/null", "--chdir=/tmp", script=STANDIN)
+        to(idle - 2, "shrink")
+        to(idle, "grow", free(standin))
         load.append(os.getloadavg()[0])
         print(f"[{time.strftime('%H:%M:%S')}] {name}: round {r + 1}/{rounds} done",
               file=sys.stderr, flush=True)

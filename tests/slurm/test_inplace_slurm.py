@@ -16,12 +16,12 @@ from __future__ import annotations
 import re
 import sys
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from faults_common import daemons_fixture
 from inplace_logs import change, daemon_epochs, problems, read
 from slurm_helpers import running, wait_consistent
 from training_logs import invariant_problems, read_job
@@ -41,19 +41,13 @@ SETTINGS: dict[str, dict[str, Any]] = {"profiler": {"enabled": False},
 STANDIN = "#!/bin/sh\nexec sleep 3000\n"
 
 
+daemons = pytest.fixture(daemons_fixture, name="daemons")
+
+
 @pytest.fixture
-def daemon(request: pytest.FixtureRequest, cluster: LocalCluster,
-           tmp_path: Path) -> Iterator[LocalDaemon]:
-    d = LocalDaemon(cluster, root=tmp_path / f"malletraind-{uuid.uuid4().hex[:8]}",
-                    settings=SETTINGS)
-    d.start()
-    yield d
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed and d.running():
-        print(f"\n==== malletraind's view ====\n{d.snapshot()}")
-    d.stop()
-    if rep is not None and rep.failed:
-        print(f"\n==== malletraind log ====\n{d.log_tail(80)}")
+def daemon(daemons: Callable[..., LocalDaemon]) -> LocalDaemon:
+    """A malletraind for the test (its view and log are printed if the test failed)."""
+    return daemons(SETTINGS)
 
 
 @pytest.fixture
