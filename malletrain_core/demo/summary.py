@@ -106,6 +106,65 @@ def node_seconds(samples: Sequence[Sample], nodes: int) -> tuple[float, float]:
     return idle, harvested
 
 
+STEP_JOIN_S = 0.25
+"""Completed steps of one node less than this apart count as one stretch of training (the
+bookkeeping between two steps); a longer pause (a re-form, a restart) is not counted."""
+
+
+def read_step_logs(paths: Iterable[Path]) -> dict[str, list[tuple[float, float]]]:
+    """Per node, the ``(start, end)`` of every completed step, from the workers' step logs
+    (``steps/<node>.log``: one ``START END`` line per completed step; the node is the file's
+    name). Malformed lines (a process killed mid-write) are skipped."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        steps = out.setdefault(Path(path).stem, [])
+        for line in text.splitlines():
+            parts = line.split()
+            try:
+                start, end = float(parts[0]), float(parts[1])
+            except (IndexError, ValueError):
+                continue
+            if len(parts) == 2 and end >= start:
+                steps.append((start, end))
+    return out
+
+
+def training_stretches(steps: Iterable[tuple[float, float]],
+                       join_s: float = STEP_JOIN_S) -> list[tuple[float, float]]:
+    """The union of the steps' spans, joining spans less than ``join_s`` apart."""
+    out: list[list[float]] = []
+    for start, end in sorted(steps):
+        if out and start - out[-1][1] < join_s:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def stepping_node_seconds(samples: Sequence[Sample],
+                          steps: Mapping[str, Sequence[tuple[float, float]]],
+                          join_s: float = STEP_JOIN_S) -> float:
+    """Idle node-seconds in which a worker completed training steps: for every sampling
+    interval and every node idle in it (neither in prod work nor down), the part of the
+    interval covered by that node's completed steps (:func:`training_stretches`). Starting a
+    worker, waiting to be placed, re-forming and a step cut short by a preemption count
+    nothing."""
+    total = 0.0
+    stretches = {node: training_stretches(s, join_s) for node, s in steps.items()}
+    for a, b in zip(samples, samples[1:]):
+        busy = a.prod | a.down
+        for node, spans in stretches.items():
+            if node in busy:
+                continue
+            for start, end in spans:
+                total += max(0.0, min(end, b.t) - max(start, a.t))
+    return total
+
+
 def idle_within_cap(samples: Sequence[Sample], nodes: int, cap_per_job: int) -> float:
     """Idle node-seconds the elastic jobs in the queue could hold at most (each job capped at
     ``cap_per_job`` nodes): the ceiling of the harvested node-seconds."""
@@ -212,12 +271,18 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str]],
               counters: Mapping[str, Mapping[str, Any]], nodes: int,
               logged_preemptions: int | None = None,
-              cap_per_job: int | None = None) -> dict[str, Any]:
+              cap_per_job: int | None = None,
+              steps: Mapping[str, Sequence[tuple[float, float]]] | None = None
+              ) -> dict[str, Any]:
     """The summary: exactly :data:`KEYS` first, then details. ``logged_preemptions`` (from
     slurmctld's log, exact) replaces the count seen in the samples when given; with
     ``cap_per_job`` (the elastic jobs' node maximum) the idle node-seconds within that cap are
-    added."""
-    idle, harvested = node_seconds(samples, nodes)
+    added. With ``steps`` (the workers' step logs, :func:`read_step_logs`) the harvested
+    node-seconds are those in which a worker completed steps (:func:`stepping_node_seconds`),
+    and the node-seconds an elastic task merely held (RUNNING in squeue) are a detail;
+    without, they are the held ones."""
+    idle, held = node_seconds(samples, nodes)
+    harvested = held if steps is None else stepping_node_seconds(samples, steps)
     rescales, seen = scale_changes(samples)
     preemptions = seen if logged_preemptions is None else logged_preemptions
     starts = prod_starts(prod_records)
@@ -245,6 +310,9 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
         "span_s": round(span, 1),
         "squeue_samples": len(samples),
         "worker_restarts": sum(j["restarts"] for j in jobs.values()),
+        "harvest_counted_from": "squeue (elastic task RUNNING)" if steps is None else
+        "workers' step logs (time inside completed steps)",
+        "held_node_seconds": round(held, 1),
         **({} if cap_per_job is None else {
             "idle_node_seconds_within_cap": round(idle_within_cap(samples, nodes,
                                                                   cap_per_job), 1)}),

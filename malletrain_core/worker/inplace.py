@@ -37,6 +37,7 @@ import io
 import json
 import os
 import random
+import socket
 import sys
 import threading
 import time
@@ -170,6 +171,44 @@ class _Pending:
         fut.value()  # raises the collective's own error (a peer lost)
 
 
+def _await_listener(host: str, port: int, timeout_s: float,
+                    replaced: Callable[[], bool] = lambda: False, every_s: float = 0.01) -> None:
+    """Wait until rank 0's store accepts connections (at most ``timeout_s``). A TCPStore
+    client that finds no listener retries with a growing back-off (16 s measured with torch
+    2.13), so joining before rank 0 has reached the re-form would stall the whole group.
+    Raises :class:`StepAbandoned` once ``replaced()`` says a newer membership has come."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            if replaced():
+                raise StepAbandoned("the membership was replaced before rank 0 "
+                                    "listened") from None
+            if time.monotonic() > deadline:
+                return  # the store's own connect reports the failure
+            time.sleep(every_s)
+
+
+def abandon_action(backend: str) -> str:
+    """How a group holding an abandoned operation is let go, by its backend's name:
+    ``"abort"`` for NCCL (its communicators can be aborted, which ends the operations they
+    hold), ``"forget"`` for gloo and anything else (an abandoned gloo operation cannot be
+    aborted: the group is forgotten, kept referenced, and the process leaves with
+    ``os._exit``)."""
+    return "abort" if "nccl" in str(backend).lower() else "forget"
+
+
+def _abort_default_group() -> None:
+    """Abort every communicator of this process's groups and clear torch.distributed's
+    records of them: ``torch.distributed.distributed_c10d._abort_process_group`` (torch 2.13;
+    experimental there, NCCL only). Written for NCCL, not run on a GPU here."""
+    from torch.distributed import distributed_c10d as c10d
+
+    c10d._abort_process_group()
+
+
 def _forget_default_group() -> None:
     """Clear torch.distributed's record of the default group without shutting it down
     (what ``destroy_process_group`` does, less the backend shutdown that would block on an
@@ -192,7 +231,8 @@ def _feed(h: Any, obj: Any) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # reshape: a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     elif isinstance(obj, Mapping):
         h.update(b"{")
         for k in sorted(obj, key=repr):
@@ -230,10 +270,14 @@ class Elastic:
                  extra: Mapping[str, Any] | None = None, step: int = 0,
                  collective_timeout_s: float = MAX_COLLECTIVE_TIMEOUT_S,
                  control_dir: str | None = None, poll_s: float = 0.02,
-                 wait_membership_s: float = 600.0) -> None:
+                 wait_membership_s: float = 600.0, backend: str = "gloo") -> None:
         if not 0 < collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
             raise ValueError(f"collective_timeout_s must be in (0, {MAX_COLLECTIVE_TIMEOUT_S:g}]"
                              " (it is only the backstop for a hung peer)")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend {backend!r}: give gloo or nccl (nccl is written but "
+                             "untested on GPUs, see docs/inplace.md)")
+        self.backend = backend
         self.session = session
         self.model = model
         self.optimizer = optimizer
@@ -315,6 +359,10 @@ class Elastic:
             return
         if self._pending.reason is None:
             dist.destroy_process_group()
+        elif abandon_action(dist.get_backend()) == "abort":
+            # NCCL: aborting the communicators ends the abandoned operation, so the process
+            # keeps no operation that could block its exit (untested on GPUs, docs/inplace.md)
+            _abort_default_group()
         else:
             # An abandoned gloo operation is still pending on a hung peer: shutting the group
             # down would wait for it (the collective timeout). Forget the group instead and
@@ -327,14 +375,57 @@ class Elastic:
             _forget_default_group()
         self._store = None
 
+    @property
+    def _device(self) -> Any:
+        """Where the control collectives' tensors live: the GPU for NCCL, else the CPU."""
+        import torch
+
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def _form(self, m: Membership) -> None:
         import torch.distributed as dist
 
         timeout = dt.timedelta(seconds=self.timeout_s)
+        if m.rank != 0:
+            _await_listener(m.master, m.port, self.timeout_s, lambda: self._replaced(m))
         self._store = dist.TCPStore(m.master, m.port, m.world, is_master=(m.rank == 0),
                                     timeout=timeout, wait_for_workers=False)
-        dist.init_process_group("gloo", store=self._store, rank=m.rank, world_size=m.world,
-                                timeout=timeout)
+        self._meet(m)
+        dist.init_process_group(self.backend, store=self._store, rank=m.rank,
+                                world_size=m.world, timeout=timeout)
+
+    def _replaced(self, m: Membership) -> bool:
+        newest = self._newest()
+        return newest is not None and newest.epoch > m.epoch
+
+    def _meet(self, m: Membership) -> None:
+        """Every member of ``m`` checks in at the store before the group is formed, and they
+        agree on one verdict: ``go`` once all are there, ``abandon`` when a newer membership
+        came first (a member was lost during the re-form) or the timeout passed. So a
+        re-form the daemon replaced is given up at once (:class:`StepAbandoned`) instead of
+        waiting out the collective timeout for a member that is gone."""
+        store = self._store
+        store.add("mt/joined", 1)
+        deadline = time.monotonic() + self.timeout_s
+        nap = 1e-3
+        while True:
+            if store.check(["mt/verdict"]):
+                verdict = store.get("mt/verdict").decode()
+            else:
+                want = ""
+                if store.add("mt/joined", 0) >= m.world:
+                    want = "go"
+                elif self._replaced(m) or time.monotonic() > deadline:
+                    want = "abandon"
+                verdict = store.compare_set("mt/verdict", "", want).decode() if want else ""
+            if verdict == "go":
+                return
+            if verdict == "abandon":
+                raise StepAbandoned(f"the re-form of epoch {m.epoch} was given up")
+            time.sleep(nap)
+            nap = min(nap * 2, 0.01)
 
     def _wrap(self) -> None:
         from torch import nn
@@ -383,19 +474,20 @@ class Elastic:
         import torch
         import torch.distributed as dist
 
+        dev = self._device
         mine = self.digest()
         info = torch.tensor([self.step if self.has_state else -1,
-                             int(mine[:15], 16)], dtype=torch.int64)
+                             int(mine[:15], 16)], dtype=torch.int64, device=dev)
         if self.world == 1:
             return {"source": 0, "sent_bytes": 0, "digest": mine}
-        rows = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world)]
+        rows = [torch.zeros(2, dtype=torch.int64, device=dev) for _ in range(self.world)]
         self._collective(dist.all_gather, rows, info)
         steps = [int(r[0]) for r in rows]
         src = max(range(self.world), key=lambda r: (steps[r], -r))
         need = any(int(r[0]) != steps[src] or int(r[1]) != int(rows[src][1]) for r in rows)
         sent = 0
         if need:
-            size = torch.zeros(1, dtype=torch.int64)
+            size = torch.zeros(1, dtype=torch.int64, device=dev)
             data = b""
             if self.rank == src:
                 buf = io.BytesIO()
@@ -405,15 +497,16 @@ class Elastic:
                 size[0] = len(data)
             self._collective(dist.broadcast, size, src)
             sent = int(size[0])
-            blob = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == src
-                    else torch.empty(sent, dtype=torch.uint8))
+            blob = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+                    if self.rank == src else torch.empty(sent, dtype=torch.uint8, device=dev))
             self._collective(dist.broadcast, blob, src)
             if self.rank != src:
                 # weights_only: tensors, containers and plain values, never arbitrary objects
-                self._load(torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True))
+                self._load(torch.load(io.BytesIO(blob.cpu().numpy().tobytes()),
+                                      weights_only=True))
             mine = self.digest()
-            check = torch.tensor([int(mine[:15], 16)], dtype=torch.int64)
-            got = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+            check = torch.tensor([int(mine[:15], 16)], dtype=torch.int64, device=dev)
+            got = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(self.world)]
             self._collective(dist.all_gather, got, check)
             if len({int(g[0]) for g in got}) != 1:
                 raise RuntimeError("training state digests differ after the hand-over")
@@ -421,6 +514,23 @@ class Elastic:
 
     # ----- changes ------------------------------------------------------------------------
     def _apply(self, m: Membership, kind: str) -> None:
+        """Re-form for ``m``; a re-form that fails because a member was lost meanwhile is given
+        up for the next membership the daemon sends."""
+        while True:
+            try:
+                self._apply_once(m, kind)
+                return
+            except Exception as exc:
+                if not (self.inplace and self._is_peer_failure(exc)):
+                    raise
+                print(f"malletrain: epoch {m.epoch}: re-form given up ({str(exc)[:120]}); "
+                      "waiting for the next membership", file=sys.stderr, flush=True)
+                self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+                with contextlib.suppress(Exception):
+                    self._teardown()
+                m, kind = self._await_epoch(m.epoch + 1), "lost"
+
+    def _apply_once(self, m: Membership, kind: str) -> None:
         t0 = time.monotonic()
         if m.leave:
             self._leave(0, f"epoch {m.epoch}: this node leaves the job")
@@ -448,7 +558,7 @@ class Elastic:
         seen = m.epoch if m is not None else -1
         if self.world == 1:
             return seen
-        t = torch.tensor([seen], dtype=torch.int64)
+        t = torch.tensor([seen], dtype=torch.int64, device=self._device)
         self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
         return int(t[0])
 
@@ -457,7 +567,8 @@ class Elastic:
             import torch.distributed as dist
 
             if self.world > 1 and not dist.is_initialized():
-                dist.init_process_group("gloo", timeout=dt.timedelta(seconds=self.timeout_s))
+                dist.init_process_group(self.backend,
+                                        timeout=dt.timedelta(seconds=self.timeout_s))
             self._wrap()
             if self.lr_for is not None:
                 for group in self.optimizer.param_groups:

@@ -1,0 +1,162 @@
+"""Elastic training of a NAS-Bench-101 cell whose accelerator compute is STOOD IN by a wait.
+
+The demo's default worker (``scripts/demo.py --compute standin``). The machine the demo runs on
+has a few CPU cores for 16 virtual nodes, so a real training step on every node at once is not
+possible there. This worker keeps everything of a step that MalleTrain deals with real and
+replaces only the part an accelerator would do:
+
+* **stood in:** the forward and backward pass of the real-size model on the accelerator is a
+  timed wait of ``--compute-s`` seconds (``time.sleep``), declared as such in the demo's output
+  and summary (``"compute": "standin"``). No GPU is used and nothing is computed in that time.
+* **real:** a small NAS-Bench-101 cell network (:mod:`nas_cell`, shrunk to 8×8 inputs) runs a
+  real forward and backward pass on random data each step, and its gradients are averaged over
+  the job's workers by a real gloo all-reduce (DDP); the optimizer steps, the process rescales
+  in place (:class:`malletrain_core.worker.inplace.Elastic`: the group is re-formed and the
+  state handed over when the daemon changes the membership), progress is reported to the
+  daemon, and rank 0 checkpoints to disk for the case where every node is lost.
+
+Each process appends one line per *completed* step to ``steps/<node>.log`` beside the
+checkpoint (``START END``, Unix seconds; a step dropped because a peer was lost is not written),
+from which the demo counts the harvested node-seconds: only the time inside completed steps
+counts. Rank 0 keeps ``counters.json`` (the samples of the training state, steps, the world
+sizes seen) about once a second. Run under ``malletrain-run --inplace``; without MalleTrain it
+runs as a one-process training::
+
+    python examples/standin_nas.py --cell-seed 3 --steps 20 --compute-s 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nas_cell import COUNTERS_NAME, Network, StepLog, node_name, random_cell  # noqa: E402
+
+from malletrain_core.worker import inplace, training  # noqa: E402
+
+IMAGE = 8  # pixels: the real forward/backward stays a few milliseconds on one CPU thread
+
+
+class Counters:
+    """Rank 0's ``counters.json``: taken over from the file when a process becomes rank 0."""
+
+    def __init__(self, path: Path, job: str, cell: str) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"job": job, "cell": cell, "compute": "standin",
+                                     "samples": 0, "steps": 0, "starts": 0, "restarts": 0,
+                                     "epochs": [], "world_sizes": []}
+        try:
+            self.data.update(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+        self._last = 0.0
+
+    def change(self, epoch: int | None, world: int) -> None:
+        if epoch is not None and epoch not in self.data["epochs"]:
+            self.data["epochs"].append(epoch)
+            self.data["world_sizes"].append(world)
+        self.write()
+
+    def update(self, samples: float, steps: int) -> None:
+        self.data["samples"], self.data["steps"] = int(samples), steps
+        if time.monotonic() - self._last >= 1.0:
+            self.write()
+
+    def write(self) -> None:
+        self.data["updated"] = time.time()
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.data))
+        os.replace(tmp, self.path)
+        self._last = time.monotonic()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cell-seed", type=int, default=0, help="which random cell to train")
+    p.add_argument("--steps", type=int, default=0, help="train until this step (0: forever)")
+    p.add_argument("--compute-s", type=float, default=0.4,
+                   help="the stood-in accelerator compute per step: a wait of this many seconds")
+    p.add_argument("--batch", type=int, default=8, help="samples per worker and step")
+    p.add_argument("--lr", type=float, default=0.05, help="learning rate at --reference-batch")
+    p.add_argument("--reference-batch", type=int, default=8)
+    p.add_argument("--checkpoint-every-s", type=float, default=30.0)
+    args = p.parse_args(argv)
+    if args.compute_s < 0 or args.batch < 1 or args.steps < 0:
+        p.error("give --compute-s ≥ 0, --batch ≥ 1 and --steps ≥ 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    session = training.Session(checkpoint_every_s=args.checkpoint_every_s)
+    spec = random_cell(args.cell_seed)
+    torch.manual_seed(args.cell_seed)
+    model = Network(spec, stem_channels=8, stacks=1, cells=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    step = 0
+    resumed = session.resume()
+    if resumed is not None:
+        model.load_state_dict(resumed["state"]["model"])
+        optimizer.load_state_dict(resumed["state"]["optimizer"])
+        step = int(resumed["step"])
+    el = inplace.Elastic(session, model, optimizer, step=step, collective_timeout_s=15,
+                         lr_for=lambda world: training.scale_lr(
+                             args.lr, args.batch * world, args.reference_batch))
+    log = StepLog(session.checkpoint_dir, node_name())
+    counters: Counters | None = None
+    seen = 0
+    loss_fn = nn.CrossEntropyLoss()
+    for i in el.steps(args.steps):
+        if el.rank == 0 and counters is None:
+            counters = Counters(session.checkpoint_dir / COUNTERS_NAME, session.job_id,
+                                spec.describe())
+            counters.data["starts"] += 1
+            counters.data["restarts"] = counters.data["starts"] - 1
+        elif el.rank != 0:
+            counters = None
+        if counters is not None and len(el.changes) > seen:
+            counters.change(el.epoch, el.world)
+        seen = len(el.changes)
+        start = time.time()
+        done = False
+        with el.guard():
+            time.sleep(args.compute_s)  # STAND-IN for the accelerator's forward and backward
+            g = torch.Generator().manual_seed(args.cell_seed * 1_000_003 + i * 1009 + el.rank)
+            x = torch.randn(args.batch, 3, IMAGE, IMAGE, generator=g)
+            y = torch.randint(0, 10, (args.batch,), generator=g)
+            loss = loss_fn(el.net(x), y)
+            optimizer.zero_grad()
+            loss.backward()  # the gradients are all-reduced over gloo here (DDP)
+            optimizer.step()
+            done = True
+        if not done:
+            continue
+        log.completed(start, time.time())
+        session.report(samples=args.batch * el.world)
+        if counters is not None:
+            counters.update(session.samples, i + 1)
+        if session.should_checkpoint():
+            session.checkpoint({"model": model.state_dict(),
+                                "optimizer": optimizer.state_dict()}, i + 1)
+    if session.is_chief:
+        session.checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                           el.step)
+    if counters is not None:
+        counters.write()
+    el.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
