@@ -10,7 +10,7 @@ replaces only the part an accelerator would do:
   and summary (``"compute": "standin"``). No GPU is used and nothing is computed in that time.
 * **real:** a small NAS-Bench-101 cell network (:mod:`nas_cell`, shrunk to 8×8 inputs) runs a
   real forward and backward pass on random data each step, and its gradients are averaged over
-  the job's workers by a real gloo all-reduce (DDP); the optimizer steps, the process rescales
+  the job's workers by a real gloo all-reduce; the optimizer steps, the process rescales
   in place (:class:`malletrain_core.worker.inplace.Elastic`: the group is re-formed and the
   state handed over when the daemon changes the membership), progress is reported to the
   daemon, and rank 0 checkpoints to disk for the case where every node is lost.
@@ -35,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
+EXEC_T = time.time()  # before torch is imported: for the start-up line on stderr
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,6 +47,39 @@ from nas_cell import COUNTERS_NAME, Network, StepLog, node_name, random_cell  # 
 from malletrain_core.worker import inplace, training  # noqa: E402
 
 IMAGE = 8  # pixels: the real forward/backward stays a few milliseconds on one CPU thread
+
+
+class SGD:
+    """Plain SGD with momentum, written out: ``torch.optim``'s first optimizer imports
+    ``torch._dynamo`` (1.5 s of CPU measured here), which a worker starting on a node that
+    has just become idle cannot spare. The same ``param_groups`` / ``state_dict`` interface as
+    ``torch.optim.SGD`` for what :class:`inplace.Elastic` hands over and rescales."""
+
+    def __init__(self, params: Any, lr: float, momentum: float = 0.9) -> None:
+        self.params = list(params)
+        self.param_groups = [{"lr": lr, "momentum": momentum}]
+        self.buffers = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        lr, momentum = self.param_groups[0]["lr"], self.param_groups[0]["momentum"]
+        for p, buf in zip(self.params, self.buffers):
+            if p.grad is not None:
+                buf.mul_(momentum).add_(p.grad)
+                p.add_(buf, alpha=-lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"param_groups": [dict(g) for g in self.param_groups],
+                "buffers": [b.clone() for b in self.buffers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.param_groups = [dict(g) for g in state["param_groups"]]
+        for buf, saved in zip(self.buffers, state["buffers"]):
+            buf.copy_(saved)
 
 
 class Counters:
@@ -80,6 +115,23 @@ class Counters:
         self._last = time.monotonic()
 
 
+def startup_line(imported_t: float, first_t: float, el: inplace.Elastic) -> None:
+    """One stderr line on where this process's start-up went (the task's start is its
+    launcher's, the parent process, when psutil can tell)."""
+    try:
+        import psutil
+
+        task_t = psutil.Process(os.getppid()).create_time()
+    except Exception:  # psutil missing or the parent gone: start at the exec
+        task_t = EXEC_T
+    first = el.changes[0] if el.changes else {}
+    print(f"standin: node {node_name()} first step {first_t - task_t:.2f} s after the task "
+          f"started: launcher {EXEC_T - task_t:.2f} s, torch and model "
+          f"{imported_t - EXEC_T:.2f} s, ready to placed and formed "
+          f"{first_t - imported_t:.2f} s (re-form {first.get('reform_s', 0):.2f} s)",
+          file=sys.stderr, flush=True)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cell-seed", type=int, default=0, help="which random cell to train")
@@ -103,17 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     spec = random_cell(args.cell_seed)
     torch.manual_seed(args.cell_seed)
     model = Network(spec, stem_channels=8, stacks=1, cells=1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step = 0
     resumed = session.resume()
     if resumed is not None:
         model.load_state_dict(resumed["state"]["model"])
         optimizer.load_state_dict(resumed["state"]["optimizer"])
         step = int(resumed["step"])
-    el = inplace.Elastic(session, model, optimizer, step=step, collective_timeout_s=15,
+    el = inplace.Elastic(session, model, optimizer, step=step, collective_timeout_s=15, ddp=False,
                          lr_for=lambda world: training.scale_lr(
                              args.lr, args.batch * world, args.reference_batch))
     log = StepLog(session.checkpoint_dir, node_name())
+    imported_t = time.time()
     counters: Counters | None = None
     seen = 0
     loss_fn = nn.CrossEntropyLoss()
@@ -137,12 +190,16 @@ def main(argv: list[str] | None = None) -> int:
             y = torch.randint(0, 10, (args.batch,), generator=g)
             loss = loss_fn(el.net(x), y)
             optimizer.zero_grad()
-            loss.backward()  # the gradients are all-reduced over gloo here (DDP)
+            loss.backward()
+            el.average_gradients()  # one gloo all-reduce of all the gradients
             optimizer.step()
             done = True
         if not done:
             continue
         log.completed(start, time.time())
+        if imported_t:
+            startup_line(imported_t, start, el)
+            imported_t = 0.0
         session.report(samples=args.batch * el.world)
         if counters is not None:
             counters.update(session.samples, i + 1)

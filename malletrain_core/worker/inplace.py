@@ -262,7 +262,10 @@ class Elastic:
     position, a data iterator) that are handed over with the model. ``lr_for(world)`` gives the
     learning rate for a world size (the global-batch rule) and is applied on every change.
     Without a control folder (the restart path, or outside MalleTrain) it forms the group once
-    from torchrun's environment and never re-forms.
+    from torchrun's environment and never re-forms. ``backend`` is ``gloo`` or ``nccl`` (the
+    NCCL path is written but untested on GPUs). ``ddp=False`` leaves the model unwrapped and
+    the script calls :meth:`average_gradients` after ``backward()`` (DDP's first use imports
+    ``torch._dynamo``, about a second of CPU at every process start).
     """
 
     def __init__(self, session: training.Session, model: Any, optimizer: Any,
@@ -270,7 +273,8 @@ class Elastic:
                  extra: Mapping[str, Any] | None = None, step: int = 0,
                  collective_timeout_s: float = MAX_COLLECTIVE_TIMEOUT_S,
                  control_dir: str | None = None, poll_s: float = 0.02,
-                 wait_membership_s: float = 600.0, backend: str = "gloo") -> None:
+                 wait_membership_s: float = 600.0, backend: str = "gloo",
+                 ddp: bool = True) -> None:
         if not 0 < collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
             raise ValueError(f"collective_timeout_s must be in (0, {MAX_COLLECTIVE_TIMEOUT_S:g}]"
                              " (it is only the backstop for a hung peer)")
@@ -278,6 +282,7 @@ class Elastic:
             raise ValueError(f"backend {backend!r}: give gloo or nccl (nccl is written but "
                              "untested on GPUs, see docs/inplace.md)")
         self.backend = backend
+        self.ddp = ddp
         self.session = session
         self.model = model
         self.optimizer = optimizer
@@ -431,7 +436,7 @@ class Elastic:
         from torch import nn
 
         self._pending.reset()
-        if self.world > 1:
+        if self.world > 1 and self.ddp:
             net = nn.parallel.DistributedDataParallel(self.model)
             # a lambda: DDP refuses a hook whose parameters carry (string) annotations
             net.register_comm_hook(None, lambda state, bucket: self._pending.hook(state, bucket))
@@ -441,6 +446,25 @@ class Elastic:
 
     def _collective(self, op: Callable[..., Any], *args: Any) -> None:
         self._pending.wait(op(*args, async_op=True))
+
+    def average_gradients(self) -> None:
+        """With ``ddp=False``: average the model's gradients over the group (one all-reduce of
+        all of them, abandonable like DDP's), between ``backward()`` and the optimizer step."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world <= 1:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(self._device)
+        self._collective(dist.all_reduce, flat)
+        flat /= self.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     # ----- the state ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
