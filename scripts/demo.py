@@ -50,8 +50,10 @@ DAEMON_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
             "profiler": {"window_s": 6.0, "default_scale_up_s": 8.0,
                          "default_scale_down_s": 4.0}},
     # Stood-in compute scales linearly by construction: no profiling run (one probe window
-    # at the first scale, linear from there); in-place rescaling costs about a second.
-    "standin": {"allocator": {"lookahead_s": 60.0},
+    # at the first scale, linear from there); in-place rescaling costs about a second. The
+    # speedup objective values every job's node alike, so measurement noise between the
+    # jobs' probes does not trade nodes between them (each trade restarts a task).
+    "standin": {"allocator": {"lookahead_s": 60.0, "objective": "speedup"},
                 "profiler": {"enabled": False, "window_s": 6.0, "default_scale_up_s": 2.0,
                              "default_scale_down_s": 1.0}},
 }

@@ -324,10 +324,14 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     """A few human lines."""
     delay = summary.get("prod_start_delay_s")
     lines = [
+        f"compute                {summary.get('compute', 'cpu')}: "
+        f"{summary.get('compute_note', 'real training on the host cores')}",
         f"idle node-seconds      {summary['idle_node_seconds']:.0f} over "
         f"{summary.get('span_s', 0):.0f} s on {summary.get('nodes', '?')} nodes",
         f"harvested              {summary['harvested_node_seconds']:.0f} node-seconds "
-        f"({100 * summary['harvested_share']:.1f} % of idle)",
+        f"({100 * summary['harvested_share']:.1f} % of idle; "
+        f"{summary.get('harvest_counted_from', 'squeue')}; held by elastic tasks "
+        f"{summary.get('held_node_seconds', summary['harvested_node_seconds']):.0f})",
         f"samples trained        {summary['samples']}",
         f"rescales / preemptions {summary['rescales']} / {summary['preemptions']}",
         "prod start delay       " + ("n/a (no prod job started)" if delay is None else
@@ -344,10 +348,15 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 def markdown(summary: Mapping[str, Any], command: str) -> str:
     """The BENCHMARKS.md paragraph and table for one demo run."""
     delay = summary.get("prod_start_delay_s")
+    standin = summary.get("compute") == "standin"
     rows = [
+        ("compute", "STOOD IN: each step's accelerator compute is a timed wait of "
+                    f"{summary.get('compute_s', 0):g} s" if standin else "real, on the CPU cores"),
         ("idle node-seconds (not in prod work)", f"{summary['idle_node_seconds']:.0f}"),
-        ("harvested node-seconds", f"{summary['harvested_node_seconds']:.0f} "
-                                   f"({100 * summary['harvested_share']:.1f} % of idle)"),
+        ("harvested node-seconds (inside completed training steps)"
+         if summary.get("held_node_seconds") is not None else "harvested node-seconds",
+         f"{summary['harvested_node_seconds']:.0f} "
+         f"({100 * summary['harvested_share']:.1f} % of idle)"),
         ("samples trained (workers' counters)", f"{summary['samples']}"),
         ("rescales (RUNNING task count changed)", f"{summary['rescales']}"),
         ("preemptions (slurmctld log)", f"{summary['preemptions']}"),
@@ -355,8 +364,11 @@ def markdown(summary: Mapping[str, Any], command: str) -> str:
          f"{delay:.1f} s / {summary.get('prod_start_delay_p90_s', 0):.1f} s over "
          f"{summary.get('prod_jobs_started', 0)} prod jobs"),
     ]
+    held = summary.get("held_node_seconds")
+    if held is not None:
+        rows.insert(3, ("node-seconds elastic tasks held (RUNNING in squeue)", f"{held:.0f}"))
     capped = summary.get("idle_node_seconds_within_cap")
-    if capped:
+    if capped and not standin:
         rows.insert(2, ("idle node-seconds the queued elastic jobs could hold (node caps)",
                         f"{capped:.0f} ({100 * summary['harvested_node_seconds'] / capped:.1f} "
                         "% of it harvested)"))
@@ -367,19 +379,31 @@ def markdown(summary: Mapping[str, Any], command: str) -> str:
         f"main-queue workload on `prod` ({summary.get('prod_jobs_planned', '?')} jobs, "
         f"{summary.get('big_jobs_planned', '?')} of them big jobs that wait and leave planned "
         "holes) whose idle gaps are drawn from the Summit fragment lengths, one trace hour "
-        f"compressed to {3600 / float(summary.get('compress', 60.0)):.0f} s; elastic jobs "
-        "(`sbatch --qos=malletrain -N 1-2 examples/nas.sbatch`) training random NAS-Bench-101 "
-        "cells with torch DDP (gloo) on the host's CPU cores. Computed from Slurm's records "
-        "(squeue/sinfo every 2 s, `scontrol show job`, slurmctld's log) and the workers' "
-        "counter files, not from the daemon's plan:",
+        f"compressed to {3600 / float(summary.get('compress', 60.0)):.0f} s; " + (
+            f"{summary.get('elastic_jobs', 4)} elastic jobs (`sbatch --qos=malletrain -N "
+            f"1-{summary.get('max_nodes', 16)} examples/nas_standin.sbatch`, rescaling in place) "
+            "each training a random NAS-Bench-101 cell whose accelerator compute is STOOD IN by "
+            f"a timed wait of {summary.get('compute_s', 0):g} s per step, while the gradients of "
+            "a small real cell are all-reduced over gloo between the job's nodes"
+            if standin else
+            "elastic jobs (`sbatch --qos=malletrain -N 1-2 examples/nas.sbatch`) training "
+            "random NAS-Bench-101 cells with torch DDP (gloo) on the host's CPU cores") +
+        ". Computed from Slurm's records (squeue/sinfo every 2 s, `scontrol show job`, "
+        "slurmctld's log) and the workers' counter files and step logs, not from the daemon's "
+        "plan:",
         "",
         *table,
         "",
         "The prod start delay is each prod job's StartTime minus the moment it became "
         "startable: eligible, and every node it runs on released by the prod job before it "
         "(Slurm's EndTime), at Slurm's one-second resolution. It is what preempting elastic "
-        "tasks cost the main queue (KillWait is 2 s in the local cluster's test timings). The "
-        "harvested share is bounded by the elastic jobs' node caps (at most "
-        "`--elastic-jobs` × `--max-nodes` = 6 torch workers, for 2 shared cores) and by gaps "
-        "shorter than a task start.",
+        "tasks cost the main queue (KillWait is 2 s in the local cluster's test timings). " + (
+            "Harvested node-seconds count only time inside training steps that completed "
+            "(each worker logs the start and end of every step it completed); a task's "
+            "start-up (launcher, torch import, joining the group), re-form pauses and a step "
+            "cut short by a preemption count as idle."
+            if standin else
+            "The harvested share is bounded by the elastic jobs' node caps (at most "
+            "`--elastic-jobs` × `--max-nodes` = 6 torch workers, for 2 shared cores) and by "
+            "gaps shorter than a task start."),
     ])
