@@ -337,7 +337,7 @@ class Engine:
             self._monitor.rescale(jid, now, len(job.nodes))
         self._stats.checkpoints += len(checkpoints)
         self._stats.shrinks += len(shrinks)
-        self._stats.grows += len(grows)
+        self._stats.grows += len({g.job_id for g in grows})  # jobs grown, not grow actions
         return checkpoints + shrinks + grows
 
 
