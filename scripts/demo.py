@@ -224,13 +224,15 @@ class Demo:
             log_text = ctld.read_text(errors="replace")
         counters = summary.read_counters(sorted(self.jobs_dir.glob("checkpoints-*/"
                                                                    "counters.json")))
-        steps = summary.read_step_logs(sorted(self.jobs_dir.glob("checkpoints-*/steps/*.log")))
+        steps_read_at = time.time()
+        steps = summary.read_step_logs(sorted(self.jobs_dir.glob("checkpoints-*/steps/*.log")),
+                                       until=steps_read_at)
         result = summary.summarize(self.samples, summary.prod_records(records), counters,
                                    self.args.nodes,
                                    summary.count_preemptions_in_log(log_text) if log_text
                                    else None, cap_per_job=self.args.max_nodes, steps=steps)
         plan = self.plan
-        result.update({"compute": self.args.compute,
+        result.update({"compute": self.args.compute, "steps_read_at": round(steps_read_at, 3),
                        "compute_note": COMPUTE_NOTE[self.args.compute],
                        **({"compute_s": self.args.compute_s}
                           if self.args.compute == "standin" else {}),

@@ -201,3 +201,11 @@ def test_harvest_counts_only_time_inside_completed_steps(samples, tmp_path):
     held = summary.summarize(samples, [], {}, NODES)
     assert held["harvested_node_seconds"] == 20.0
     assert held["harvest_counted_from"].startswith("squeue")
+
+
+def test_step_logs_read_as_they_were(tmp_path):
+    write_steps(tmp_path, "n02", [(0.0, 0.5), (0.5, 1.0), (1.0, 1.5)])
+    paths = list(tmp_path.glob("steps/*.log"))
+    assert len(summary.read_step_logs(paths)["n02"]) == 3
+    assert summary.read_step_logs(paths, until=T0 + 1.0)["n02"] == [(T0, T0 + 0.5),
+                                                                    (T0 + 0.5, T0 + 1.0)]

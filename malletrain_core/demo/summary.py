@@ -111,10 +111,12 @@ STEP_JOIN_S = 0.25
 bookkeeping between two steps); a longer pause (a re-form, a restart) is not counted."""
 
 
-def read_step_logs(paths: Iterable[Path]) -> dict[str, list[tuple[float, float]]]:
+def read_step_logs(paths: Iterable[Path], until: float | None = None
+                   ) -> dict[str, list[tuple[float, float]]]:
     """Per node, the ``(start, end)`` of every completed step, from the workers' step logs
     (``steps/<node>.log``: one ``START END`` line per completed step; the node is the file's
-    name). Malformed lines (a process killed mid-write) are skipped."""
+    name), only steps that ended by ``until`` when given (to read the logs again as they were
+    read then). Malformed lines (a process killed mid-write) are skipped."""
     out: dict[str, list[tuple[float, float]]] = {}
     for path in paths:
         try:
@@ -128,7 +130,7 @@ def read_step_logs(paths: Iterable[Path]) -> dict[str, list[tuple[float, float]]
                 start, end = float(parts[0]), float(parts[1])
             except (IndexError, ValueError):
                 continue
-            if len(parts) == 2 and end >= start:
+            if len(parts) == 2 and end >= start and (until is None or end <= until):
                 steps.append((start, end))
     return out
 
