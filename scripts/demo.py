@@ -388,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.monotonic() - t0
     if args.markdown:
         command = "bash scripts/demo.sh" + ("" if args.seed == 0 else f" --seed {args.seed}") \
-            + ("" if args.duration_s == 150 else f" --duration-s {args.duration_s:g}")
+            + ("" if args.duration_s == 150 else f" --duration-s {args.duration_s:g}") \
+            + ("" if args.compute == "standin" else f" --compute {args.compute}")
         write_markdown(args.markdown, summary.markdown(result, command), wall_s)
     if args.json:
         print(json.dumps(result, indent=2))
