@@ -368,6 +368,7 @@ class Elastic:
             # NCCL: aborting the communicators ends the abandoned operation, so the process
             # keeps no operation that could block its exit (untested on GPUs, docs/inplace.md)
             _abort_default_group()
+            self.holds_abandoned = bool(self._graveyard)  # nothing of this group is pending
         else:
             # An abandoned gloo operation is still pending on a hung peer: shutting the group
             # down would wait for it (the collective timeout). Forget the group instead and
