@@ -16,6 +16,12 @@ malletraind, in three phases:
    nodes; one-node prod jobs are submitted one at a time and each must preempt a worker:
    the delay from ``sbatch`` returning to squeue showing it RUNNING (polled every 50 ms).
 3. **prod start without** — the same submissions with the daemon stopped and no workers.
+4. **in place and restart side by side** (run between phases 1 and 2, bench/e2e_paths.py) —
+   one job per path, the same script (tests/workers/inplace_train.py), ``--path-rounds``
+   rounds of a one-node preemption, a grow, a planned shrink and a grow: the training pause
+   on the members (gap between their step timestamps), the steps lost, node idle → training.
+   JSON: ``inplace`` and ``restart``, each with ``grow_pause_s``, ``shrink_pause_s``,
+   ``preempt_pause_s`` (medians), ``steps_lost`` (largest) and ``idle_to_training_s``.
 
 ``hook_to_action_ms`` is the daemon's own measurement (``malletrain status``): from a hook
 datagram's arrival to the batch-system command it led to.
@@ -39,6 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from e2e_paths import SETTINGS, run_paths  # noqa: E402
 from sections import host, replace_section  # noqa: E402
 
 from malletrain_core.localcluster import LocalCluster  # noqa: E402
@@ -154,13 +161,13 @@ def p95(xs: list[float]) -> float:
     return s[min(len(s) - 1, int(0.95 * len(s)))]
 
 
-def run(nodes: int, submissions: int, rounds: int) -> dict[str, Any]:
+def run(nodes: int, submissions: int, rounds: int, path_rounds: int = 3) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="malletrain-e2e-"))
     work.chmod(0o755)
     cluster = LocalCluster(nodes=nodes, root=work / "cluster")
     say(f"starting a {nodes}-node local cluster in {work}")
     cluster.start()
-    daemon = LocalDaemon(cluster, root=work / "daemon")
+    daemon = LocalDaemon(cluster, root=work / "daemon", settings=SETTINGS)
     try:
         daemon.start()
         idle = 4
@@ -169,6 +176,8 @@ def run(nodes: int, submissions: int, rounds: int) -> dict[str, Any]:
         wait("blocker running", lambda: state_of(cluster, blocker) == "RUNNING", 60)
         say("phase 1: rescales of a real torch job")
         grows, shrinks = rescales(cluster, daemon, work, rounds, idle)
+        say(f"phase 4: in place and restart side by side, {path_rounds} rounds each")
+        paths = run_paths(cluster, daemon, work, path_rounds)
 
         say(f"phase 2: {submissions} prod jobs preempting stand-in workers")
         standin = cluster.sbatch("--qos=malletrain", f"-N1-{idle}", "--comment=profile=no",
@@ -201,6 +210,7 @@ def run(nodes: int, submissions: int, rounds: int) -> dict[str, Any]:
         "shrink_s_all": [round(x, 2) for x in shrinks],
         "hook_to_action_ms_p95": hook.get("p95"), "hook_to_action_count": hook.get("count"),
         "submissions": submissions, "rounds": rounds,
+        **paths, "path_rounds": path_rounds,
     }
 
 
@@ -249,7 +259,48 @@ def section(r: dict[str, Any], command: str) -> str:
         "checkpoint (gloo, a small CNN on CPU); a grow also waits for the checkpoint the "
         "running epoch takes before the membership changes. The elastic job runs without "
         "profiling (`--comment=profile=no`) so that its size follows the idle nodes only.",
+        *path_rows(r),
         END])
+
+
+def path_rows(r: dict[str, Any]) -> list[str]:
+    """Phase 4's table: in place and restart side by side (absent from older JSON)."""
+    if "inplace" not in r:
+        return []
+    a, b = r["inplace"], r["restart"]
+
+    def cell(p: dict[str, Any], kind: str) -> str:
+        lost = max(p[f"{kind}_steps_lost_all"])
+        return (f"{p[f'{kind}_pause_s']:.2f} s ({', '.join(f'{x:.2f}' for x in p[f'{kind}_pause_s_all'])}); "
+                f"max {lost} step{'s' if lost != 1 else ''} lost")
+
+    loads = a["load_1min"] + b["load_1min"]
+    return [
+        "",
+        f"In place and restart side by side (phase 4, {r['path_rounds']} rounds per path, one "
+        "job of 1-4 nodes each, the same script: tests/workers/inplace_train.py, steps of about "
+        f"50 ms; 1-min load {min(loads):.1f}-{max(loads):.1f} during it). Pause: the gap between "
+        "a member's last step timestamp before the change and its first after (median over the "
+        "members that lived through it; the median over changes, then every change):",
+        "",
+        "| change | in place (`malletrain-run --inplace`) | restart (`malletrain-run`) |",
+        "|---|---|---|",
+        f"| grow (3 → 4, 2 → 4) | {cell(a, 'grow')} | {cell(b, 'grow')} |",
+        f"| planned shrink (4 → 2) | {cell(a, 'shrink')} | {cell(b, 'shrink')} |",
+        f"| preemption of one node (4 → 3) | {cell(a, 'preempt')} | {cell(b, 'preempt')} |",
+        f"| node idle → training at the larger size | {a['idle_to_training_s']:.1f} s "
+        f"({', '.join(f'{x:.1f}' for x in a['idle_to_training_s_all'])}) | "
+        f"{b['idle_to_training_s']:.1f} s "
+        f"({', '.join(f'{x:.1f}' for x in b['idle_to_training_s_all'])}) |",
+        f"| path the daemon recorded | {', '.join(sorted(set(a['grow_paths'] + a['shrink_paths'] + a['preempt_paths'])))} "
+        f"| {', '.join(sorted(set(b['grow_paths'] + b['shrink_paths'] + b['preempt_paths'])))} |",
+        "",
+        "In place, a joiner's process starts and imports torch while the members keep "
+        "training, so node idle → training is the task start and that import; the pause is the "
+        "re-form and hand-over alone. A preemption loses at most the step in flight. On the "
+        "restart path every change stops torchrun and every worker and resumes from the "
+        "checkpoint (taken at the daemon's request before a planned change; the last periodic "
+        "one, every 10 s, on a preemption)."]
 
 
 def write_markdown(path: Path, body: str) -> None:
@@ -263,24 +314,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--submissions", type=int, default=30, help="prod jobs per phase")
     p.add_argument("--rounds", type=int, default=3, help="preempt/grow rounds of phase 1")
+    p.add_argument("--path-rounds", type=int, default=3, help="rounds per path of phase 4 "
+                   "(in place and restart side by side)")
     p.add_argument("--json", action="store_true", help="print only the JSON")
     p.add_argument("--markdown", metavar="FILE", help="rewrite the e2e section of FILE")
     p.add_argument("--from-json", metavar="FILE", help="no run: take the figures from the "
                    "JSON a previous --json run printed (with its command in \"command\")")
     args = p.parse_args(argv)
-    if args.nodes < 8 or args.submissions < 1 or args.rounds < 1:
-        p.error("--nodes must be ≥ 8, --submissions and --rounds ≥ 1")
+    if args.nodes < 8 or args.submissions < 1 or args.rounds < 1 or args.path_rounds < 1:
+        p.error("--nodes must be ≥ 8, --submissions, --rounds and --path-rounds ≥ 1")
     runner, where, sect, write = run, machine, section, write_markdown
     if args.batch_system == "pbs":
         import e2e_pbs  # noqa: PLC0415 - it needs the PBS harness, Slurm runs do not
 
-        def runner(_nodes: int, submissions: int, rounds: int) -> dict[str, Any]:
+        def runner(_nodes: int, submissions: int, rounds: int,
+                   _path_rounds: int = 0) -> dict[str, Any]:
             return e2e_pbs.run(submissions, rounds)
         where, sect, write = e2e_pbs.machine, e2e_pbs.section, e2e_pbs.write_markdown
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
     else:
-        result = runner(args.nodes, args.submissions, args.rounds)
+        result = runner(args.nodes, args.submissions, args.rounds, args.path_rounds)
         flags = [a for a in (argv if argv is not None else sys.argv[1:])]
         result["command"] = "python bench/e2e.py " + shlex.join(flags)
         result["machine"] = where()

@@ -156,13 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.cell_seed)
     model = Network(spec, stem_channels=8, stacks=1, cells=1)
     optimizer = SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    step = 0
-    resumed = session.resume()
-    if resumed is not None:
-        model.load_state_dict(resumed["state"]["model"])
-        optimizer.load_state_dict(resumed["state"]["optimizer"])
-        step = int(resumed["step"])
-    el = inplace.Elastic(session, model, optimizer, step=step, collective_timeout_s=15, ddp=False,
+    # Elastic resumes from the last checkpoint when no member holds the state, and rank 0
+    # checkpoints at step boundaries (every --checkpoint-every-s, or when the daemon asks)
+    el = inplace.Elastic(session, model, optimizer, collective_timeout_s=15, ddp=False,
                          lr_for=lambda world: training.scale_lr(
                              args.lr, args.batch * world, args.reference_batch))
     log = StepLog(session.checkpoint_dir, node_name())
@@ -203,12 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         session.report(samples=args.batch * el.world)
         if counters is not None:
             counters.update(session.samples, i + 1)
-        if session.should_checkpoint():
-            session.checkpoint({"model": model.state_dict(),
-                                "optimizer": optimizer.state_dict()}, i + 1)
-    if session.is_chief:
-        session.checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                           el.step)
+    el.save()
     if counters is not None:
         counters.write()
     el.close()

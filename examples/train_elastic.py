@@ -1,10 +1,12 @@
 """An elastic training script for MalleTrain: a small CNN on random 32×32 images.
 
-Started by ``malletrain-run`` (one ``torchrun`` per epoch), it trains with gloo DDP when the
-epoch has more than one worker, resumes from the last checkpoint at whatever world size the
-epoch has, scales the learning rate with the global batch, reports progress (the one line in
-the loop), and checkpoints periodically and when the daemon asks before a rescale. Without
-MalleTrain it runs as a plain one-process training:
+Written on ``inplace.Elastic``, so one script serves both paths: started by
+``malletrain-run --inplace`` the process stays alive across epochs and re-forms its gloo group
+in place (joiners get the state from a member); started by ``malletrain-run`` (one ``torchrun``
+per epoch) it resumes from the last checkpoint at whatever world size the epoch has. Elastic
+wraps DDP, applies the learning-rate rule (linear in the global batch) on every change, and
+checkpoints periodically and when the daemon asks. Without MalleTrain it runs as a plain
+one-process training:
 
     python train_elastic.py --steps 100
 
@@ -21,10 +23,9 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from malletrain_core.worker import training
+from malletrain_core.worker import inplace, training
 
 
 def build_model() -> nn.Module:
@@ -67,49 +68,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     session = training.Session(checkpoint_every_s=args.checkpoint_every_s)
-    rank, world = session.rank, session.world_size
-    if world > 1:
-        dist.init_process_group("gloo")
     torch.manual_seed(args.seed)
     model = build_model()
-    lr = training.scale_lr(args.lr, global_batch=args.batch * world,
-                           reference_batch=args.reference_batch)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    step = 0
-    resumed = session.resume()
-    if resumed is not None:
-        model.load_state_dict(resumed["state"]["model"])
-        optimizer.load_state_dict(resumed["state"]["optimizer"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr  # the checkpoint's rate was scaled for its own world size
-        step = int(resumed["step"])
-    print(f"start step={step} epoch={session.epoch} world={world} rank={rank} lr={lr:g} "
-          f"resumed={'yes' if resumed is not None else 'no'} params={digest(model)}", flush=True)
-    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    el = inplace.Elastic(session, model, optimizer, lr_for=lambda world: training.scale_lr(
+        args.lr, global_batch=args.batch * world, reference_batch=args.reference_batch),
+        on_save=lambda step: print(f"checkpoint step={step} epoch={session.epoch} "
+                                   f"world={session.world_size}", flush=True))
     loss_fn = nn.CrossEntropyLoss()
-    while args.steps <= 0 or step < args.steps:
-        x, y = batch(args.seed, step, rank, args.batch)
-        loss = loss_fn(net(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        step += 1
-        session.report(samples=args.batch * world)
-        if step % args.log_every == 0:
-            print(f"step={step} epoch={session.epoch} world={world} rank={rank} "
-                  f"samples={int(session.samples)} loss={loss.item():.4f} "
-                  f"params={digest(model)}", flush=True)
-        if session.should_checkpoint() and session.checkpoint(
-                {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step):
-            print(f"checkpoint step={step} epoch={session.epoch} world={world}", flush=True)
+    shown: object = ""
+    for step in el.steps(args.steps):
+        if el.epoch != shown:  # a new epoch (a restart, or a change in place)
+            shown = el.epoch
+            print(f"start step={step} epoch={session.epoch} world={el.world} rank={el.rank} "
+                  f"lr={optimizer.param_groups[0]['lr']:g} resumed="
+                  f"{'yes' if el.resumed_from is not None else 'no'} params={digest(model)}",
+                  flush=True)
+        with el.guard():  # a step failed by a lost peer is dropped and run again
+            x, y = batch(args.seed, step, el.rank, args.batch)
+            loss = loss_fn(el.net(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            session.report(samples=args.batch * el.world)
+            if (step + 1) % args.log_every == 0:
+                print(f"step={step + 1} epoch={session.epoch} world={el.world} rank={el.rank} "
+                      f"samples={int(session.samples)} loss={loss.item():.4f} "
+                      f"params={digest(model)}", flush=True)
         if args.step_sleep_s > 0:
             time.sleep(args.step_sleep_s)
-    if session.is_chief:
-        session.checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                           step)
-    print(f"done step={step} world={world} rank={rank}", flush=True)
-    if world > 1:
-        dist.destroy_process_group()
+    el.save()  # the last checkpoint (rank 0); periodic ones and the daemon's are Elastic's
+    print(f"done step={el.step} world={el.world} rank={el.rank}", flush=True)
+    el.close()
     return 0
 
 

@@ -100,6 +100,25 @@ def test_path_survives_a_daemon_restart():
     assert back.state("7").launchers["n1"].inplace
 
 
+def test_history_records_every_epoch_path_and_survives_a_restart():
+    """Each epoch's number, world, path and abandon are kept (bounded) and persisted: what the
+    daemon logs and the real-Slurm tests read."""
+    from malletrain_core.daemon import epochs
+
+    co = start()
+    running(co, "n1", 0, 49.0)
+    co.set_target("7", ["n1"], 50.0, lost=["n2"])
+    hist = co.state("7").history
+    assert [(h["epoch"], h["world"], h["path"], h["abandon"]) for h in hist] == \
+        [(0, 2, "disk", False), (1, 1, "inplace", True)]
+    back = EpochCoordinator.from_dict(json.loads(json.dumps(co.to_dict())))
+    assert back.state("7").history == hist
+    st = back.state("7")
+    for i in range(epochs.HISTORY + 5):
+        back._start(st, ["n1"], 60.0 + i)
+    assert len(st.history) == epochs.HISTORY and st.history[-1]["epoch"] == st.epoch.number
+
+
 def test_held_checkin_pushes_the_new_order_at_once():
     """A launcher that rescales in place keeps a check-in open; a preemption reaches it within
     the hold's polling period, not at its next poll."""

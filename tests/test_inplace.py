@@ -47,6 +47,7 @@ class Proc:
                    OMP_NUM_THREADS="1")
         env[training.ENV_CONTROL_DIR] = str(self.control)
         env[training.ENV_INPLACE] = "1"
+        env[training.ENV_CHECKPOINT_DIR] = str(tmp / "checkpoints")
         with open(self.log, "w") as out:
             self.popen = subprocess.Popen(
                 [sys.executable, str(WORKER), "--steps", str(steps), "--sleep", str(sleep)],

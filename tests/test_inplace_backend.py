@@ -1,5 +1,5 @@
-"""In place: which way a group holding an abandoned operation is let go (by its backend), the
-store meeting that gives up a re-form the daemon replaced, and gradient averaging without DDP.
+"""In place: which way a group holding an abandoned operation is let go (by its backend), and
+gradient averaging without DDP.
 
 NCCL itself is not run here (no GPU): only the selection between NCCL's abort and gloo's
 forget is checked, and the gloo side of it on a real gloo group.
@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -65,38 +64,6 @@ def test_an_abandoned_gloo_group_is_forgotten_not_aborted():
         el._graveyard.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def meeting(world: int, epoch: int = 1):
-    port = free_port()
-    el = elastic(collective_timeout_s=20)
-    el._store = dist.TCPStore("127.0.0.1", port, world, is_master=True,
-                              timeout=dt.timedelta(seconds=20), wait_for_workers=False)
-    m = inplace.Membership(epoch=epoch, rank=0, world=world, master="127.0.0.1", port=port)
-    return el, m, port
-
-
-def test_a_replaced_reform_is_given_up_at_once():
-    el, m, _ = meeting(world=2)
-    el._latest = inplace.Membership(epoch=2, rank=0, world=1, master="127.0.0.1", port=1,
-                                    abandon=True)
-    t0 = time.monotonic()
-    with pytest.raises(inplace.StepAbandoned, match="given up"):
-        el._meet(m)  # rank 1 never comes: a newer membership says it was lost
-    assert time.monotonic() - t0 < 2.0
-    assert el._store.get("mt/verdict") == b"abandon"
-
-
-def test_all_members_met_go_and_the_verdict_binds_late_readers():
-    el, m, port = meeting(world=2)
-    other = dist.TCPStore("127.0.0.1", port, 2, is_master=False,
-                          timeout=dt.timedelta(seconds=20))
-    other.add("mt/joined", 1)
-    el._meet(m)  # both are there: go
-    assert other.get("mt/verdict") == b"go"
-    # a member that sees a newer membership only now still follows the verdict
-    el._latest = inplace.Membership(epoch=5, rank=0, world=1, master="127.0.0.1", port=1)
-    el._meet(m)
 
 
 WORKER = textwrap.dedent("""

@@ -38,6 +38,7 @@ from ..wire.orders import EpochError, Order
 
 KEY_BYTES = 32
 LAUNCHER_STATES = ("idle", "running", "exited")
+HISTORY = 32
 @dataclass
 class Epoch:
     """One membership of a job: ``members[r]`` is the node of rank ``r``."""
@@ -87,6 +88,8 @@ class JobState:
     failures: int = 0
     failed_at: float | None = None
     problem: str = ""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """The last ``HISTORY`` epochs: number, world size, path, abandon, start time."""
 
 
 class EpochCoordinator:
@@ -324,6 +327,9 @@ class EpochCoordinator:
         st.next_epoch = number + 1
         st.ckpt_requested_at = None
         st.ckpt_acked = False
+        st.history = [*st.history[-(HISTORY - 1):],
+                      {"epoch": number, "world": len(nodes), "path": st.epoch.path,
+                       "abandon": st.epoch.abandon, "started": now}]
 
     def _free_port(self, exclude: int | None, ignore_job: str) -> int:
         lo, hi = self.port_range

@@ -148,11 +148,20 @@ class Service:
         self.dispatcher = dispatcher
         self.closables: list[Any] = []
         self._saved = ""
+        self._logged = {job: max((h["epoch"] for h in coordinator.state(job).history),
+                                 default=-1) for job in coordinator.jobs()}
 
     def save(self) -> None:
-        """Persist the coordinator (report keys, running epochs) when it changed."""
+        """Persist the coordinator (report keys, running epochs) when it changed, and log
+        the epochs that started since (their path: in place or from disk)."""
         with self.daemon.lock:
             state = self.coordinator.to_dict()
+        for job, st in state["jobs"].items():
+            for h in st.get("history", ()):
+                if h["epoch"] > self._logged.get(job, -1):
+                    self._logged[job] = h["epoch"]
+                    log.info("job %s: epoch %d, world %d, path %s%s", job, h["epoch"],
+                             h["world"], h["path"], " (abandon)" if h["abandon"] else "")
         text = json.dumps(state, sort_keys=True)
         if text != self._saved:
             self.daemon.store.put(EPOCHS_KEY, state)

@@ -171,24 +171,13 @@ class _Pending:
         fut.value()  # raises the collective's own error (a peer lost)
 
 
-def _await_listener(host: str, port: int, timeout_s: float,
-                    replaced: Callable[[], bool] = lambda: False, every_s: float = 0.01) -> None:
-    """Wait until rank 0's store accepts connections (at most ``timeout_s``). A TCPStore
-    client that finds no listener retries with a growing back-off (16 s measured with torch
-    2.13), so joining before rank 0 has reached the re-form would stall the whole group.
-    Raises :class:`StepAbandoned` once ``replaced()`` says a newer membership has come."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return
-        except OSError:
-            if replaced():
-                raise StepAbandoned("the membership was replaced before rank 0 "
-                                    "listened") from None
-            if time.monotonic() > deadline:
-                return  # the store's own connect reports the failure
-            time.sleep(every_s)
+def _accepts(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` (a store's host, before c10d connects)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def abandon_action(backend: str) -> str:
@@ -262,10 +251,13 @@ class Elastic:
     position, a data iterator) that are handed over with the model. ``lr_for(world)`` gives the
     learning rate for a world size (the global-batch rule) and is applied on every change.
     Without a control folder (the restart path, or outside MalleTrain) it forms the group once
-    from torchrun's environment and never re-forms. ``backend`` is ``gloo`` or ``nccl`` (the
-    NCCL path is written but untested on GPUs). ``ddp=False`` leaves the model unwrapped and
-    the script calls :meth:`average_gradients` after ``backward()`` (DDP's first use imports
-    ``torch._dynamo``, about a second of CPU at every process start).
+    from torchrun's environment and never re-forms. On both paths it checkpoints at step
+    boundaries when ``session`` says so (its period, or the daemon's request) and resumes from
+    the last checkpoint when no process holds the state (``on_save(step)`` after each save).
+    ``backend`` is ``gloo`` or ``nccl`` (the NCCL path is written but untested on GPUs).
+    ``ddp=False`` leaves the model unwrapped and the script calls :meth:`average_gradients`
+    after ``backward()`` (DDP's first use imports ``torch._dynamo``, about a second of CPU at
+    every process start).
     """
 
     def __init__(self, session: training.Session, model: Any, optimizer: Any,
@@ -273,7 +265,8 @@ class Elastic:
                  extra: Mapping[str, Any] | None = None, step: int = 0,
                  collective_timeout_s: float = MAX_COLLECTIVE_TIMEOUT_S,
                  control_dir: str | None = None, poll_s: float = 0.02,
-                 wait_membership_s: float = 600.0, backend: str = "gloo",
+                 wait_membership_s: float = 600.0,
+                 on_save: Callable[[int], None] | None = None, backend: str = "gloo",
                  ddp: bool = True) -> None:
         if not 0 < collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
             raise ValueError(f"collective_timeout_s must be in (0, {MAX_COLLECTIVE_TIMEOUT_S:g}]"
@@ -289,6 +282,7 @@ class Elastic:
         self.scheduler = scheduler
         self.lr_for = lr_for
         self.extra = dict(extra or {})
+        self.on_save = on_save
         self.step = int(step)
         self.has_state = step > 0
         self.timeout_s = collective_timeout_s
@@ -304,6 +298,8 @@ class Elastic:
         self.rank = session.rank
         self.world = session.world_size
         self.changes: list[dict[str, Any]] = []
+        self.checkpoints: list[int] = []       # steps saved to disk by this process
+        self.resumed_from: int | None = None   # the step loaded from disk, if one was
         self.holds_abandoned = False
         self._pending = _Pending()
         self._graveyard: list[tuple[Any, Any, Any]] = []
@@ -390,48 +386,41 @@ class Elastic:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def _form(self, m: Membership) -> None:
+    def _form(self, m: Membership) -> bool:
+        """Form ``m``'s group; False when a newer membership replaced ``m`` meanwhile (a
+        member that was told a later epoch never comes to this one, so nobody waits for it).
+
+        Every rank first checks in at the store (rank 0 hosts it) and waits, polling, until
+        all ``m.world`` did, or a newer membership arrived; only then is the gloo group made,
+        which needs every rank. Connection attempts are probed with a plain socket first, so
+        that a store not yet up costs no c10d retry back-off (16 s measured)."""
         import torch.distributed as dist
 
         timeout = dt.timedelta(seconds=self.timeout_s)
-        if m.rank != 0:
-            _await_listener(m.master, m.port, self.timeout_s, lambda: self._replaced(m))
-        self._store = dist.TCPStore(m.master, m.port, m.world, is_master=(m.rank == 0),
-                                    timeout=timeout, wait_for_workers=False)
-        self._meet(m)
-        dist.init_process_group(self.backend, store=self._store, rank=m.rank,
-                                world_size=m.world, timeout=timeout)
-
-    def _replaced(self, m: Membership) -> bool:
-        newest = self._newest()
-        return newest is not None and newest.epoch > m.epoch
-
-    def _meet(self, m: Membership) -> None:
-        """Every member of ``m`` checks in at the store before the group is formed, and they
-        agree on one verdict: ``go`` once all are there, ``abandon`` when a newer membership
-        came first (a member was lost during the re-form) or the timeout passed. So a
-        re-form the daemon replaced is given up at once (:class:`StepAbandoned`) instead of
-        waiting out the collective timeout for a member that is gone."""
-        store = self._store
-        store.add("mt/joined", 1)
         deadline = time.monotonic() + self.timeout_s
-        nap = 1e-3
-        while True:
-            if store.check(["mt/verdict"]):
-                verdict = store.get("mt/verdict").decode()
-            else:
-                want = ""
-                if store.add("mt/joined", 0) >= m.world:
-                    want = "go"
-                elif self._replaced(m) or time.monotonic() > deadline:
-                    want = "abandon"
-                verdict = store.compare_set("mt/verdict", "", want).decode() if want else ""
-            if verdict == "go":
-                return
-            if verdict == "abandon":
-                raise StepAbandoned(f"the re-form of epoch {m.epoch} was given up")
-            time.sleep(nap)
-            nap = min(nap * 2, 0.01)
+        # keys of this epoch only: a restarted daemon may hand the same port to a new epoch
+        keys = [f"malletrain/{m.epoch}/joined/{r}" for r in range(m.world)]
+        store = None
+        while store is None or not store.check(keys):
+            newer = self._newest()
+            if newer is not None and newer.epoch > m.epoch:
+                return False
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"epoch {m.epoch}: not every rank came to the group on "
+                                   f"{m.master}:{m.port} within {self.timeout_s:g} s")
+            try:
+                if store is None and (m.rank == 0 or _accepts(m.master, m.port)):
+                    store = dist.TCPStore(m.master, m.port, m.world, is_master=(m.rank == 0),
+                                          timeout=timeout, wait_for_workers=False)
+                    store.set(keys[m.rank], "1")
+            except (RuntimeError, OSError):  # the store went away (its host moved on)
+                store = None
+            time.sleep(self.poll_s / 4)
+        self._store = store
+        dist.init_process_group(self.backend,
+                                store=dist.PrefixStore(f"malletrain/{m.epoch}", store),
+                                rank=m.rank, world_size=m.world, timeout=timeout)
+        return True
 
     def _wrap(self) -> None:
         from torch import nn
@@ -484,27 +473,59 @@ class Elastic:
         state = payload["state"]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state["scheduler"] is not None:
+        if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         for k, v in self.extra.items():
-            v.load_state_dict(state["extra"][k])
-        self.step = int(state["step"])
-        self.session.samples = float(payload["samples"])
-        torch.set_rng_state(payload["rng"])
-        random.setstate(payload["py_rng"])
+            if k in state.get("extra", {}):
+                v.load_state_dict(state["extra"][k])
+        self.step = int(state.get("step", payload.get("step", 0)))
+        self.session.samples = float(payload.get("samples", 0.0))
+        if "rng" in payload:
+            torch.set_rng_state(payload["rng"])
+            random.setstate(payload["py_rng"])
         self.has_state = True
+
+    def _resume(self) -> None:
+        """Load the last disk checkpoint (what :meth:`steps` saves), if there is one: the
+        state when no process kept it in memory (the job's first epoch, every node lost)."""
+        payload = self.session.resume()
+        if payload is not None and isinstance(payload.get("state"), dict) \
+                and "model" in payload["state"]:
+            self._load(payload)
+            self.resumed_from = self.step  # the learning-rate rule is applied after this
+
+    def _checkpoint(self) -> None:
+        """At a step boundary: save the state when the period is due or the daemon asked."""
+        if self.session.should_checkpoint():
+            self.save()
+
+    def save(self) -> bool:
+        """Save the state to the job's checkpoint folder now (rank 0; other ranks do nothing
+        and get False); ``on_save(step)`` is called after a save that completed."""
+        if self.session.checkpoint(self.state(), self.step) is None:
+            return False
+        self.checkpoints.append(self.step)
+        if self.on_save is not None:
+            self.on_save(self.step)
+        return True
 
     def _hand_over(self) -> dict[str, Any]:
         """Agree on the most advanced member and send its state to every rank that differs."""
         import torch
         import torch.distributed as dist
 
+        if self.world == 1:
+            if not self.has_state:
+                self._resume()
+            return {"source": 0, "sent_bytes": 0, "digest": self.digest()}
         dev = self._device
+        flag = torch.tensor([1 if self.has_state else 0], dtype=torch.int64, device=dev)
+        self._collective(dist.all_reduce, flag, dist.ReduceOp.MAX)
+        if int(flag[0]) == 0:
+            self._resume()  # nobody holds a state in memory: every rank reads the checkpoint
         mine = self.digest()
         info = torch.tensor([self.step if self.has_state else -1,
                              int(mine[:15], 16)], dtype=torch.int64, device=dev)
-        if self.world == 1:
-            return {"source": 0, "sent_bytes": 0, "digest": mine}
         rows = [torch.zeros(2, dtype=torch.int64, device=dev) for _ in range(self.world)]
         self._collective(dist.all_gather, rows, info)
         steps = [int(r[0]) for r in rows]
@@ -539,32 +560,25 @@ class Elastic:
 
     # ----- changes ------------------------------------------------------------------------
     def _apply(self, m: Membership, kind: str) -> None:
-        """Re-form for ``m``; a re-form that fails because a member was lost meanwhile is given
-        up for the next membership the daemon sends."""
-        while True:
-            try:
-                self._apply_once(m, kind)
-                return
-            except Exception as exc:
-                if not (self.inplace and self._is_peer_failure(exc)):
-                    raise
-                print(f"malletrain: epoch {m.epoch}: re-form given up ({str(exc)[:120]}); "
-                      "waiting for the next membership", file=sys.stderr, flush=True)
-                self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
-                with contextlib.suppress(Exception):
-                    self._teardown()
-                m, kind = self._await_epoch(m.epoch + 1), "lost"
-
-    def _apply_once(self, m: Membership, kind: str) -> None:
         t0 = time.monotonic()
-        if m.leave:
-            self._leave(0, f"epoch {m.epoch}: this node leaves the job")
-        self._teardown()
-        self._pending.reset()
-        self._form(m)
-        self.epoch, self.rank, self.world = m.epoch, m.rank, m.world
-        self.session.set_membership(m.epoch, m.rank, m.world)
-        handed = self._hand_over()
+        while True:
+            if m.leave:
+                self._leave(0, f"epoch {m.epoch}: this node leaves the job")
+            self._teardown()
+            self._pending.reset()
+            if not self._form(m):
+                m = self._await_epoch(m.epoch + 1)  # replaced before it formed: the newer
+                continue
+            self.epoch, self.rank, self.world = m.epoch, m.rank, m.world
+            self.session.set_membership(m.epoch, m.rank, m.world)
+            try:
+                handed = self._hand_over()
+                break
+            except Exception as exc:  # a member lost during the hand-over: the next epoch
+                if not self._is_peer_failure(exc):
+                    raise
+                self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+                m = self._await_epoch(m.epoch + 1)
         self._wrap()
         if self.lr_for is not None:
             lr = self.lr_for(self.world)
@@ -591,9 +605,14 @@ class Elastic:
         if not self.inplace:
             import torch.distributed as dist
 
+            if os.environ.get(training.ENV_EPOCH) is not None:  # the restart path's epoch
+                self.epoch = self.session.epoch
+
             if self.world > 1 and not dist.is_initialized():
                 dist.init_process_group(self.backend,
                                         timeout=dt.timedelta(seconds=self.timeout_s))
+            if not self.has_state:
+                self._resume()
             self._wrap()
             if self.lr_for is not None:
                 for group in self.optimizer.param_groups:
@@ -622,6 +641,7 @@ class Elastic:
             if not self._step_failed:
                 self.step += 1
                 self.has_state = True
+                self._checkpoint()
             if not self.inplace:
                 continue
             target = self.epoch

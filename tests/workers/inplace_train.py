@@ -40,10 +40,11 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--digest-every", type=int, default=1)
+    p.add_argument("--checkpoint-every-s", type=float, default=300.0)
     args = p.parse_args()
     torch.set_num_threads(1)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    session = training.Session(handle_sigterm=False)
+    session = training.Session(handle_sigterm=False, checkpoint_every_s=args.checkpoint_every_s)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -51,11 +52,15 @@ def main() -> int:
     pos = Position()
     el = inplace.Elastic(session, model, opt, scheduler=sched, extra={"sampler": pos},
                          lr_for=lambda world: 0.01 * world, collective_timeout_s=20)
-    shown = 0
+    shown = saved = 0
     for step in el.steps(args.steps):
         for change in el.changes[shown:]:
-            print(json.dumps({"change": change, "t": time.time()}), flush=True)
+            print(json.dumps({"change": change, "t": time.time(), "pid": os.getpid(),
+                              "resumed_from": el.resumed_from}), flush=True)
         shown = len(el.changes)
+        for ckpt in el.checkpoints[saved:]:
+            print(json.dumps({"checkpoint": ckpt, "t": time.time()}), flush=True)
+        saved = len(el.checkpoints)
         with el.guard():
             g = torch.Generator().manual_seed(step * 1009 + el.rank)
             x, y = torch.randn(args.batch, 32, generator=g), torch.randint(0, 4, (args.batch,),

@@ -1,0 +1,273 @@
+"""Rescaling in place under real Slurm, directed by a real malletraind.
+
+Elastic jobs submitted with ``sbatch --qos=malletrain`` run ``malletrain-run --inplace`` in
+each one-node task, and the training process (tests/workers/inplace_train.py, torch + gloo)
+stays alive across epochs. Prod jobs and a second elastic job drive the changes. Each test
+asserts which path every change took (the daemon's epoch lines) and fails if a shrink or a
+one-node preemption went through the disk; after every change all ranks hold the same state
+(digest of model, optimizer, scheduler, sampler and step); the global step never goes back by
+more than one step on a shrink or preemption; and along the steps kept every sample is counted
+once (the sampler position grows by batch × world per step). The last test runs
+examples/train_elastic.py unchanged in place.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faults_common import daemons_fixture
+from inplace_logs import change, daemon_epochs, problems, read
+from slurm_helpers import running, wait_consistent
+from training_logs import invariant_problems, read_job
+
+from malletrain_core.localcluster import LocalCluster
+from malletrain_core.localcluster.daemon import LocalDaemon
+
+pytestmark = [pytest.mark.torch]
+
+BATCH = 8
+TRAIN = [sys.executable, "tests/workers/inplace_train.py", "--batch", str(BATCH),
+         "--sleep", "0.05", "--checkpoint-every-s", "4"]
+# A job's share: with min_share 1 a second elastic job takes its min_nodes from the first one
+# (a planned shrink); profiling off, so sizes follow the idle nodes only.
+SETTINGS: dict[str, dict[str, Any]] = {"profiler": {"enabled": False},
+                                       "allocator": {"min_share": 1.0}}
+STANDIN = "#!/bin/sh\nexec sleep 3000\n"
+
+
+daemons = pytest.fixture(daemons_fixture, name="daemons")
+
+
+@pytest.fixture
+def daemon(daemons: Callable[..., LocalDaemon]) -> LocalDaemon:
+    """A malletraind for the test (its view and log are printed if the test failed)."""
+    return daemons(SETTINGS)
+
+
+@pytest.fixture
+def outdir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    yield out
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for path in sorted(out.glob("task-*.out")):
+            print(f"\n==== {path.name} (tail) ====")
+            print("\n".join(path.read_text(errors="replace").splitlines()[-25:]))
+
+
+def prod(cluster: LocalCluster, nodes: int, *where: str) -> str:
+    job = cluster.sbatch("-p", "prod", "-N", str(nodes), *where, "-o", "/dev/null",
+                         "--wrap", "sleep 3000")
+    cluster.wait_for(f"prod job {job} running", lambda: cluster.run(
+        ["squeue", "-h", "-j", job, "-t", "R", "-o", "%i"]).stdout.strip() != "", 60)
+    return job
+
+
+def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path) -> str:
+    script = daemon.training_script(TRAIN, outdir, inplace=True)
+    return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append",
+                          "--comment=profile=no", "-o", f"{outdir}/task-%A_%a.out",
+                          script=script)
+
+
+def nodes_of(cluster: LocalCluster, job: str) -> list[str]:
+    out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%N"]).stdout
+    return sorted(out.split())
+
+
+def wait_world(cluster: LocalCluster, outdir: Path, job: str, world: int, after: int = -1,
+               timeout_s: float = 120.0) -> int:
+    """The first epoch after ``after`` in which ``world`` ranks train (3 steps each) on as
+    many RUNNING tasks; returns its number."""
+    found: list[int] = []
+
+    def ok() -> bool:
+        log = read(outdir, job)
+        hits = [e for e in log.epochs() if e > after and log.trained(e, world)]
+        if hits and running(cluster, job) == world:
+            found.append(hits[0])
+            return True
+        return False
+
+    cluster.wait_for(f"job {job} training at world {world} after epoch {after}", ok,
+                     timeout_s, interval_s=0.5)
+    return found[0]
+
+
+def paths(daemon: LocalDaemon, job: str, epochs: list[int]) -> dict[int, str]:
+    """The path the daemon logged for each of ``epochs`` (it logs at the end of a cycle)."""
+    def logged() -> dict[int, tuple[int, str, bool]]:
+        return daemon_epochs(daemon.log_text(), job)
+    deadline = time.monotonic() + 10
+    while not set(epochs) <= set(logged()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    got = logged()
+    return {e: got[e][1] if e in got else "?" for e in epochs}
+
+
+def check(outdir: Path, job: str) -> None:
+    found = problems(read(outdir, job), BATCH)
+    assert not found, "\n".join(found)
+
+
+def report(what: str, outdir: Path, job: str, pairs: list[tuple[str, int, int]]) -> None:
+    log = read(outdir, job)
+    rows = [f"{name}: pause {change(log, a, b)[0]:.2f} s, steps lost {change(log, a, b)[1]}"
+            for name, a, b in pairs]
+    print(f"\n{what}: " + "; ".join(rows))
+
+
+def test_job_driven_2_3_1_2_in_place(cluster: LocalCluster, daemon: LocalDaemon,
+                                     outdir: Path) -> None:
+    """Grow 2 → 3 (a prod job ends), planned shrink 3 → 1 (a second elastic job takes its
+    share), grow 1 → 2 (that job leaves): every change after the first in place, the same
+    processes throughout, no step lost."""
+    prod(cluster, 5)
+    one = prod(cluster, 1)                       # 2 nodes stay idle
+    job = submit(cluster, daemon, "1-3", outdir)
+    e0 = wait_world(cluster, outdir, job, 2, timeout_s=150)
+    cluster.run(["scancel", one])
+    e1 = wait_world(cluster, outdir, job, 3, after=e0)
+    other = cluster.sbatch("--qos=malletrain", "-N", "2-2", "--comment=profile=no",
+                           "-o", "/dev/null", "--chdir=/tmp", script=STANDIN)
+    e2 = wait_world(cluster, outdir, job, 1, after=e1)
+    prod(cluster, 1, "-w", nodes_of(cluster, other)[0])  # takes one of the other job's nodes
+    cluster.run(["scancel", other])
+    e3 = wait_world(cluster, outdir, job, 2, after=e2)
+
+    got = paths(daemon, job, [e0, e1, e2, e3])
+    epochs = daemon_epochs(daemon.log_text(), job)
+    first = min(epochs)  # the job's first epoch starts the processes (nodes may become
+    assert epochs[first][1] == "disk"  # ready one by one: 1 → 2 in place before e0)
+    later = {e: path for e, (_, path, _) in epochs.items() if first < e <= e3}
+    assert set(later.values()) == {"inplace"} and {e1, e2, e3} <= set(later), (got, epochs)
+    assert not epochs[e2][2], "the planned shrink abandoned"
+    log = read(outdir, job)
+    first = {r["pid"] for r in log.in_epoch(e0)}
+    assert {r["pid"] for r in log.in_epoch(e2)} <= first, "the survivor was restarted"
+    for a, b in ((e0, e1), (e1, e2), (e2, e3)):
+        _, lost = change(log, a, b)
+        assert lost == 0, f"epoch {a} → {b}: {lost} steps lost on a planned change"
+    check(outdir, job)
+    report("2→3→1→2 in place", outdir, job,
+           [("grow 2→3", e0, e1), ("shrink 3→1", e1, e2), ("grow 1→2", e2, e3)])
+
+
+def test_preemption_of_one_node_then_of_every_node(cluster: LocalCluster, daemon: LocalDaemon,
+                                                   outdir: Path) -> None:
+    """A prod job takes one of three nodes: the survivors re-form in place (abandon) and lose
+    at most the step in flight. Then one prod job takes every node left: the job restarts
+    from its disk checkpoint once nodes are idle again."""
+    prod(cluster, 5)
+    job = submit(cluster, daemon, "1-3", outdir)
+    e0 = wait_world(cluster, outdir, job, 3, timeout_s=150)
+    taker = prod(cluster, 1, "-w", nodes_of(cluster, job)[-1])
+    e1 = wait_world(cluster, outdir, job, 2, after=e0)
+    cluster.wait_for(f"a checkpoint in epoch {e1}", lambda: max(read_checkpoints(outdir, job))
+                     in {r["step"] for r in read(outdir, job).in_epoch(e1)}, 30, interval_s=0.5)
+    left = nodes_of(cluster, job)
+    everything = prod(cluster, len(left), "-w", ",".join(left))
+    cluster.wait_for("no task of the job running", lambda: running(cluster, job) == 0, 30)
+    at_loss = read(outdir, job).max_step()
+    saved = max(c for c in read_checkpoints(outdir, job) if c <= at_loss)
+    for t in (taker, everything):
+        cluster.run(["scancel", t])
+    e2 = wait_world(cluster, outdir, job, 3, after=e1, timeout_s=150)
+
+    epochs = daemon_epochs(daemon.log_text(), job)
+    first = min(epochs)
+    assert epochs[first][1] == "disk"
+    assert epochs[e1][1:] == ("inplace", True), f"one-node preemption: {epochs[e1]}"
+    back = [e for e in sorted(epochs) if e1 < e <= e2 and epochs[e][1] == "disk"]
+    assert len(back) == 1, f"after every node was lost: {epochs}"
+    others = {e: p for e, (_, p, _) in epochs.items() if e not in (first, back[0]) and e <= e2}
+    assert set(others.values()) == {"inplace"}, epochs
+    log = read(outdir, job)
+    _, lost = change(log, e0, e1)
+    assert lost <= 1, f"the one-node preemption lost {lost} steps"
+    resumed = min(r["step"] for r in log.in_epoch(back[0])) - 1
+    assert resumed == saved, f"resumed at step {resumed}, the last checkpoint was {saved}"
+    check(outdir, job)
+    report("preemptions", outdir, job, [("one node of 3", e0, e1),
+                                        ("every node", e1, back[0])])
+
+
+def read_checkpoints(outdir: Path, job: str) -> list[int]:
+    out = []
+    for path in outdir.glob(f"task-{job}_*.out"):
+        out += [int(m) for m in re.findall(r'^\{"checkpoint": (\d+)',
+                                           path.read_text(errors="replace"), re.M)]
+    return out or [0]
+
+
+def test_daemon_killed_in_the_middle_of_a_reform(cluster: LocalCluster, daemon: LocalDaemon,
+                                                 outdir: Path) -> None:
+    """malletraind is SIGKILLed the moment the first launcher relays a grow's new epoch (the
+    others have not been told; the daemon may not have saved it) and restarted 2 s later: the
+    job trains again at the new size with equal states, from memory or from disk."""
+    prod(cluster, 5)
+    one = prod(cluster, 1)
+    job = submit(cluster, daemon, "1-3", outdir)
+    e0 = wait_world(cluster, outdir, job, 2, timeout_s=150)
+    relayed = re.compile(r"^malletrain-run: epoch (\d+): rank \d+ of 3 in place", re.M)
+
+    def relaying() -> bool:
+        return any(int(e) > e0 for path in outdir.glob(f"task-{job}_*.out")
+                   for e in relayed.findall(path.read_text(errors="replace")))
+
+    cluster.run(["scancel", one])
+    cluster.wait_for("a launcher relaying the grow", relaying, 60, interval_s=0.01)
+    daemon.kill()
+    at_kill = read(outdir, job).max_step()
+    time.sleep(2)
+    daemon.start()
+    e1 = wait_world(cluster, outdir, job, 3, after=e0, timeout_s=150)
+    log = read(outdir, job)
+    saved = [c for c in read_checkpoints(outdir, job) if c <= at_kill]
+    assert min(r["step"] for r in log.in_epoch(e1)) - 1 >= max(saved), "went back past the disk"
+    check(outdir, job)
+    print(f"\ndaemon killed mid re-form: recovered at world 3 in epoch {e1} "
+          f"(path {paths(daemon, job, [e1])[e1]}); pid set "
+          f"{'kept' if {r['pid'] for r in log.in_epoch(e1)} & {r['pid'] for r in log.in_epoch(e0)} else 'new'}")
+
+
+EXAMPLE = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "8",
+           "--step-sleep-s", "0.05", "--checkpoint-every-s", "5", "--log-every", "1"]
+
+
+def test_the_example_script_runs_in_place(cluster: LocalCluster, daemon: LocalDaemon,
+                                          outdir: Path) -> None:
+    """examples/train_elastic.py, unchanged, under ``malletrain-run --inplace``: it trains on
+    two nodes, a prod job preempts one, the survivor re-forms in place (the same process) and
+    goes on from where it was, with the ranks' parameters equal at every step."""
+    prod(cluster, 6)
+    script = daemon.training_script(EXAMPLE, outdir, inplace=True)
+    job = cluster.sbatch("--qos=malletrain", "-N", "1-2", "--open-mode=append",
+                         "--comment=profile=no", "-o", f"{outdir}/task-%A_%a.out",
+                         script=script)
+    _, e0 = wait_consistent(cluster, job, outdir, timeout_s=150, at_least=2)
+    prod(cluster, 1, "-w", nodes_of(cluster, job)[-1])
+    k, e1 = wait_consistent(cluster, job, outdir, timeout_s=60, after_epoch=e0)
+    assert k == 1
+    cluster.wait_for(f"5 steps in epoch {e1}", lambda: len(read_job(outdir, job).steps[e1]) >= 5,
+                     30, interval_s=0.5)
+    log = read_job(outdir, job)
+    epochs = daemon_epochs(daemon.log_text(), job)
+    assert all(epochs[e][1] == "inplace" for e in epochs if e > min(epochs)), epochs
+    problems_ = [p for p in invariant_problems(log) if "resumed at step" not in p]
+    assert not problems_, "\n".join(problems_)  # in place a start line is a re-form
+    last = max(s for s, *_ in log.steps[e0])
+    first = min(s for s, *_ in log.steps[e1])
+    assert first >= last, f"the step went back from {last} to {first - 1}"
+    survivor = [p for p in outdir.glob(f"task-{job}_*.out")
+                if f"epoch {e1}: rank 0 of 1 in place" in p.read_text(errors="replace")]
+    assert len(survivor) == 1 and survivor[0].read_text(errors="replace").count(
+        "training process started ahead") == 1, "the survivor's process was restarted"
