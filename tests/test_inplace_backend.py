@@ -97,3 +97,23 @@ def test_average_gradients_without_ddp_over_real_gloo(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
         assert out.split() == ["1.5"] * 4  # (1 + 2) / 2 on both ranks
+
+
+CRASH = textwrap.dedent("""
+    import torch
+    from malletrain_core.worker import inplace, training
+    model = torch.nn.Linear(2, 1)
+    el = inplace.Elastic(training.Session(env={}, handle_sigterm=False), model, None,
+                         control_dir="")
+    el.holds_abandoned = True  # as guard() sets it after a step abandoned by a lost peer
+    raise TimeoutError("epoch 17: not every rank came to the group")
+""")
+
+
+def test_a_crash_while_holding_an_abandoned_operation_exits_non_zero(tmp_path):
+    # seen in the demo: a re-form timed out after a step was abandoned, and the process left
+    # with 0, which the launcher reported as training finished
+    proc = subprocess.run([sys.executable, "-c", CRASH], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "TimeoutError" in proc.stderr
+    assert proc.returncode == 1

@@ -706,4 +706,7 @@ class Elastic:
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(self._exit_code)
+            # an uncaught exception when the flag was set before the crash hook was installed
+            # (guard() sets it first): never report a crash as "training finished"
+            crashed = getattr(sys, "last_value", None) is not None
+            os._exit(self._exit_code or (1 if crashed else 0))
