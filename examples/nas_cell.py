@@ -13,8 +13,9 @@ last checkpoint at any world size, reports progress through :class:`training.Ses
 checkpoints periodically and when the daemon asks, and rank 0 keeps a counter file
 (``counters.json`` beside the checkpoint, replaced atomically about once a second) with the
 samples trained (every step computed, also those redone after resuming from an older
-checkpoint), the epochs and world sizes seen and the number of restarts. Without MalleTrain
-it runs as a one-process training::
+checkpoint), the epochs and world sizes seen and the number of restarts. Every process appends
+the start and end of each step it completed to ``steps/<node>.log`` there (what the demo counts
+as harvested). Without MalleTrain it runs as a one-process training::
 
     python examples/nas_cell.py --cell-seed 3 --steps 20
 """
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ OPS = ("conv3x3-bn-relu", "conv1x1-bn-relu", "maxpool3x3")
 VERTICES = 7
 MAX_EDGES = 9
 COUNTERS_NAME = "counters.json"
+STEPS_DIR = "steps"
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,24 @@ class Counters:
         self._last_write = time.monotonic()
 
 
+def node_name() -> str:
+    """The node this process runs on, as the batch system names it."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get("PBS_NODENAME") \
+        or socket.gethostname()
+
+
+class StepLog:
+    """Appends ``START END`` of every completed step to ``DIR/steps/<node>.log``."""
+
+    def __init__(self, checkpoint_dir: Path, node: str) -> None:
+        folder = checkpoint_dir / STEPS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(folder / f"{node}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def completed(self, start: float, end: float) -> None:
+        os.write(self.fd, f"{start:.3f} {end:.3f}\n".encode())
+
+
 def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random images and labels, different on every rank and step, reproducible."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
@@ -259,13 +280,16 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     loss_fn = nn.CrossEntropyLoss()
+    steps_log = StepLog(session.checkpoint_dir, node_name())
     while args.steps <= 0 or step < args.steps:
+        started = time.time()
         x, y = batch(args.cell_seed, step, rank, args.batch)
         loss = loss_fn(net(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         step += 1
+        steps_log.completed(started, time.time())
         session.report(samples=args.batch * world)
         if counters is not None:
             counters.add(args.batch * world)

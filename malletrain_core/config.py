@@ -26,7 +26,6 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
 
 from . import hostlist
 from .errors import ConfigError, MalleTrainError
-from .model import DEFAULT_LOOKAHEAD_S
 
 DEFAULT_PATH = Path("/etc/malletrain/malletrain.toml")
 DOCUMENTED_DEFAULTS = Path(__file__).with_name("malletrain.toml")
@@ -50,6 +49,11 @@ class DaemonConfig:
     hook_group: str = "slurm"
     journal_max_events: int = 50_000
     finished_job_retention_s: float = 600.0
+
+
+DEFAULT_LOOKAHEAD_S = 120.0
+"""``model.DEFAULT_LOOKAHEAD_S``, not imported from there: ``model`` imports numpy, which the
+launcher (``malletrain-run``, started on every newly idle node) does not need (0.17 s)."""
 
 
 @dataclass(frozen=True)

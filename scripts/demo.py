@@ -4,12 +4,18 @@ It starts a 16-node local Slurm cluster and ``malletraind``, replays onto the ``
 partition a main-queue workload whose idle gaps follow the Summit trace's fragment lengths
 (time-compressed, see :mod:`malletrain_core.demo.workload`; big jobs wait and leave planned
 holes), and keeps a stream of elastic jobs in the queue, each training a random NAS-Bench-101
-cell (``sbatch --qos=malletrain examples/nas.sbatch``). While it runs it shows the cluster as
+cell. By default (``--compute standin``) the accelerator's compute of each step is STOOD IN by
+a timed wait (``examples/nas_standin.sbatch``: a small real cell whose gradients are
+all-reduced over gloo, rescaling in place), so that every idle virtual node can hold a worker
+on a host with few cores; ``--compute cpu`` trains the cells for real on the host's cores
+(``examples/nas.sbatch``, at most ``--elastic-jobs`` × ``--max-nodes`` workers). The harvested
+node-seconds count only time inside training steps the workers completed (their step logs).
+While it runs it shows the cluster as
 Slurm sees it every ~2 s; at the end it prints a summary computed from Slurm's records and the
 workers' counters, saves it as ``summary.json`` and draws ``timeline.png`` in ``--out``.
 
     python3 scripts/demo.py [--out demo-output] [--duration-s 150] [--nodes 16] [--seed 0]
-                            [--json]
+                            [--compute standin|cpu] [--json]
 
 Everything it starts (cluster, daemon, training workers) is stopped at the end, also on
 Ctrl-C or failure. Exit status 0 on success, 1 with one line saying what went wrong.
@@ -39,8 +45,28 @@ from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
 from malletrain_core.runner import CommandRunner  # noqa: E402
 
 SAMPLE_EVERY_S = 2.0
+DAEMON_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
+    "cpu": {"allocator": {"lookahead_s": 60.0},
+            "profiler": {"window_s": 6.0, "default_scale_up_s": 8.0,
+                         "default_scale_down_s": 4.0}},
+    # Stood-in compute scales linearly by construction: no profiling run (one probe window
+    # at the first scale, linear from there); in-place rescaling costs about a second. The
+    # speedup objective values every job's node alike, so measurement noise between the
+    # jobs' probes does not trade nodes between them (each trade restarts a task).
+    "standin": {"allocator": {"lookahead_s": 60.0, "objective": "speedup"},
+                "profiler": {"enabled": False, "window_s": 6.0, "default_scale_up_s": 2.0,
+                             "default_scale_down_s": 1.0}},
+}
 BEGIN, END = "<!-- demo:begin -->", "<!-- demo:end -->"
-NAS_SBATCH = REPO / "examples" / "nas.sbatch"
+NAS_SBATCH = {"cpu": REPO / "examples" / "nas.sbatch",
+              "standin": REPO / "examples" / "nas_standin.sbatch"}
+COMPUTE_NOTE = {
+    "standin": "compute STOOD IN: each training step's accelerator compute is a timed wait "
+               "(--compute-s); the gradients of a small real NAS cell are all-reduced over gloo "
+               "between the job's nodes",
+    "cpu": "compute real: NAS cells trained with torch on the host's CPU cores"}
+MODE_DEFAULTS = {"standin": {"elastic_jobs": 4, "max_nodes": 16, "steps": 0},
+                 "cpu": {"elastic_jobs": 3, "max_nodes": 2, "steps": 80}}
 
 
 class DemoError(MalleTrainError):
@@ -56,10 +82,8 @@ class Demo:
         self.jobs_dir = self.out / "jobs"
         self.work = Path(tempfile.mkdtemp(prefix="mt-demo-"))  # short: socket paths
         self.cluster = LocalCluster(nodes=args.nodes, root=self.work / "cluster")
-        self.daemon = LocalDaemon(self.cluster, root=self.work / "daemon", settings={
-            "allocator": {"lookahead_s": 60.0},
-            "profiler": {"window_s": 6.0, "default_scale_up_s": 8.0,
-                         "default_scale_down_s": 4.0}})
+        self.daemon = LocalDaemon(self.cluster, root=self.work / "daemon",
+                                  settings=DAEMON_SETTINGS[args.compute])
         self.view = live.LiveView(self.cluster.node_names, out=log)
         self.log = log
         self.samples: list[summary.Sample] = []
@@ -78,12 +102,16 @@ class Demo:
     def submit_elastic(self) -> str:
         seed = self.next_seed
         self.next_seed += 1
+        run = f"{sys.executable} -m malletrain_core.worker.launcher --poll-s 1"
+        if self.args.compute == "standin":
+            run = f"{sys.executable} -m malletrain_core.worker.launcher --poll-s 0.5 --inplace"
         env = {**self.daemon.job_env, "PYTHON": sys.executable, "CELL_SEED": str(seed),
                "MALLETRAIN_EXAMPLES": str(REPO / "examples"), "PYTHONPATH": str(REPO),
                "STEPS": str(self.args.steps), "CHECKPOINT_EVERY_S": "15",
-               "MALLETRAIN_RUN": f"{sys.executable} -m malletrain_core.worker.launcher --poll-s 1"}
+               "COMPUTE_S": str(self.args.compute_s), "MALLETRAIN_RUN": run}
         job = self.sbatch(["--qos=malletrain", "-N", f"1-{self.args.max_nodes}",
-                           "-J", f"nas-{seed}", "-D", str(self.jobs_dir), str(NAS_SBATCH)], env)
+                           "-J", f"nas-{seed}", "-D", str(self.jobs_dir),
+                           str(NAS_SBATCH[self.args.compute])], env)
         self.elastic[job] = seed
         return job
 
@@ -196,12 +224,20 @@ class Demo:
             log_text = ctld.read_text(errors="replace")
         counters = summary.read_counters(sorted(self.jobs_dir.glob("checkpoints-*/"
                                                                    "counters.json")))
+        steps_read_at = time.time()
+        steps = summary.read_step_logs(sorted(self.jobs_dir.glob("checkpoints-*/steps/*.log")),
+                                       until=steps_read_at)
         result = summary.summarize(self.samples, summary.prod_records(records), counters,
                                    self.args.nodes,
                                    summary.count_preemptions_in_log(log_text) if log_text
-                                   else None, cap_per_job=self.args.max_nodes)
+                                   else None, cap_per_job=self.args.max_nodes, steps=steps)
         plan = self.plan
-        result.update({"seed": self.args.seed, "compress": self.args.compress,
+        result.update({"compute": self.args.compute, "steps_read_at": round(steps_read_at, 3),
+                       "compute_note": COMPUTE_NOTE[self.args.compute],
+                       **({"compute_s": self.args.compute_s}
+                          if self.args.compute == "standin" else {}),
+                       "elastic_jobs": self.args.elastic_jobs, "max_nodes": self.args.max_nodes,
+                       "seed": self.args.seed, "compress": self.args.compress,
                        "prod_jobs_planned": len(plan.jobs),
                        "commands_failed": self.failures,
                        "big_jobs_planned": sum(j.kind == "big" for j in plan.jobs),
@@ -241,12 +277,14 @@ class Demo:
             f"workload: {len(plan.jobs)} prod jobs ({sum(j.kind == 'big' for j in plan.jobs)} "
             f"big) over {plan.horizon_s:.0f} s; idle gaps from the Summit fragments, 1 trace "
             f"hour = {3600 / plan.compress:.0f} s (median gap {float(_median(gaps)):.1f} s)")
+        self.view.message(f"{self.args.compute.upper()} MODE: {COMPUTE_NOTE[self.args.compute]}")
         self.start()
         rest = self.warm_up(plan)
         for _ in range(self.args.elastic_jobs):
             self.submit_elastic()
         self.view.message(f"elastic jobs {', '.join(self.elastic)} submitted (sbatch "
-                          f"--qos=malletrain -N 1-{self.args.max_nodes} examples/nas.sbatch)")
+                          f"--qos=malletrain -N 1-{self.args.max_nodes} "
+                          f"examples/{NAS_SBATCH[self.args.compute].name})")
         self.replay(plan, rest)
         result = self.collect()
         (self.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -290,14 +328,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="workload and cell seed")
     p.add_argument("--compress", type=float, default=workload.DEFAULT_COMPRESS,
                    help="trace seconds per demo second")
-    p.add_argument("--elastic-jobs", type=int, default=3, help="elastic jobs kept queued")
-    p.add_argument("--max-nodes", type=int, default=2, help="nodes per elastic job at most")
-    p.add_argument("--steps", type=int, default=80, help="steps each elastic job trains")
+    p.add_argument("--compute", choices=("standin", "cpu"), default="standin",
+                   help="standin (default): each step's accelerator compute is a timed wait, "
+                   "real gloo all-reduces of a small real model, every idle node can hold a "
+                   "worker; cpu: real NAS-cell training on the host's cores, few workers")
+    p.add_argument("--compute-s", type=float, default=0.4,
+                   help="standin: seconds of stood-in compute per step")
+    p.add_argument("--elastic-jobs", type=int, help="elastic jobs kept queued "
+                   "(default: 4 standin, 3 cpu)")
+    p.add_argument("--max-nodes", type=int, help="nodes per elastic job at most "
+                   "(default: 16 standin, 2 cpu)")
+    p.add_argument("--steps", type=int, help="steps each elastic job trains, 0: until the "
+                   "demo ends (default: 0 standin, 80 cpu)")
     p.add_argument("--json", action="store_true", help="print only the summary JSON")
     p.add_argument("--keep", action="store_true", help="keep the cluster's run folder")
     p.add_argument("--markdown", metavar="FILE", type=Path,
                    help="rewrite the demo section of FILE (e.g. BENCHMARKS.md)")
     args = p.parse_args(argv)
+    for name, value in MODE_DEFAULTS[args.compute].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.compute_s < 0 or args.steps < 0:
+        p.error("give --compute-s ≥ 0 and --steps ≥ 0")
     if args.nodes < 4 or args.duration_s < 20 or args.elastic_jobs < 1 or args.max_nodes < 1:
         p.error("give --nodes ≥ 4, --duration-s ≥ 20, --elastic-jobs ≥ 1 and --max-nodes ≥ 1")
     return args
@@ -336,12 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.monotonic() - t0
     if args.markdown:
         command = "bash scripts/demo.sh" + ("" if args.seed == 0 else f" --seed {args.seed}") \
-            + ("" if args.duration_s == 150 else f" --duration-s {args.duration_s:g}")
+            + ("" if args.duration_s == 150 else f" --duration-s {args.duration_s:g}") \
+            + ("" if args.compute == "standin" else f" --compute {args.compute}")
         write_markdown(args.markdown, summary.markdown(result, command), wall_s)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print("\n" + summary.format_summary(result))
+        print(f"{args.compute.upper()} MODE: {COMPUTE_NOTE[args.compute]}")
         print(f"\nsaved {demo.out / 'summary.json'} and {demo.out / 'timeline.png'} "
               f"(whole demo {wall_s:.0f} s)")
     return 0

@@ -140,7 +140,8 @@ def test_status_text_and_json(cli):
     status = json.loads(out)
     assert status["nodes"] == {"free": 1, "held": 7}
     assert status["jobs"] == {"queued": 1, "profiling": 0, "running": 2, "done": 0}
-    assert status["daemon"]["actions"] == {"Grow": 2}
+    # one grow action per time limit (nodes with and without a hole end), two jobs grown
+    assert status["daemon"]["actions"] == {"Grow": 4}
     assert status["engine"]["grows"] == 2 and status["engine"]["solves"] >= 1
     # 7 nodes held from the grow (T0) to the engine's latest event, the report at T0 + 50 s
     assert status["engine"]["held_node_s"] == pytest.approx(7 * 50.0)

@@ -167,3 +167,45 @@ def test_live_view_plain_and_terminal(samples):
     view.show(0.0, samples[0], 0, 0)
     view.show(2.0, samples[1], 1, 0)
     assert "\x1b[3F" in term.getvalue()  # redrawn in place
+
+
+def write_steps(folder, node, spans, torn=False):
+    (folder / "steps").mkdir(parents=True, exist_ok=True)
+    text = "".join(f"{T0 + a:.3f} {T0 + b:.3f}\n" for a, b in spans)
+    (folder / "steps" / f"{node}.log").write_text(text + ("1800000001.5 18000" if torn else ""))
+
+
+def test_harvest_counts_only_time_inside_completed_steps(samples, tmp_path):
+    job = tmp_path / "checkpoints-10"
+    # n02 trains from 0.5 s to 9.5 s in 0.5 s steps (a few ms of bookkeeping between them)
+    write_steps(job, "n02", [(0.5 + 0.5 * i, 0.995 + 0.5 * i) for i in range(18)], torn=True)
+    # n03 trains 1-3 s, pauses 2 s (a re-form: not counted), trains 5-8 s; prod takes it at 6 s
+    write_steps(job, "n03", [(1 + 0.5 * i, 1.5 + 0.5 * i) for i in range(4)]
+                + [(5 + 0.5 * i, 5.5 + 0.5 * i) for i in range(6)])
+    # n04 held an elastic task from 2 s to 6 s (squeue) but never completed a step: nothing
+    steps = summary.read_step_logs(sorted(tmp_path.glob("checkpoints-*/steps/*.log")))
+    assert sorted(steps) == ["n02", "n03"] and len(steps["n02"]) == 18  # torn line skipped
+    assert summary.training_stretches(steps["n03"]) == [(T0 + 1, T0 + 3), (T0 + 5, T0 + 8)]
+    assert summary.stepping_node_seconds(samples, steps) == pytest.approx(9.0 + 2.0 + 1.0,
+                                                                          abs=0.01)
+    out = summary.summarize(samples, [], {}, NODES, steps=steps)
+    assert out["idle_node_seconds"] == 22.0 and out["held_node_seconds"] == 20.0
+    assert out["harvested_node_seconds"] == pytest.approx(12.0, abs=0.1)
+    assert out["harvested_share"] == pytest.approx(12 / 22, abs=1e-3)
+    assert out["harvest_counted_from"].startswith("workers' step logs")
+    # a node in prod work or down counts nothing, whatever its log says
+    write_steps(job, "n01", [(0.0, 10.0)])
+    steps = summary.read_step_logs(sorted(tmp_path.glob("checkpoints-*/steps/*.log")))
+    assert summary.stepping_node_seconds(samples, steps) == pytest.approx(12.0, abs=0.01)
+    # without step logs the held node-seconds are what is counted, and said so
+    held = summary.summarize(samples, [], {}, NODES)
+    assert held["harvested_node_seconds"] == 20.0
+    assert held["harvest_counted_from"].startswith("squeue")
+
+
+def test_step_logs_read_as_they_were(tmp_path):
+    write_steps(tmp_path, "n02", [(0.0, 0.5), (0.5, 1.0), (1.0, 1.5)])
+    paths = list(tmp_path.glob("steps/*.log"))
+    assert len(summary.read_step_logs(paths)["n02"]) == 3
+    assert summary.read_step_logs(paths, until=T0 + 1.0)["n02"] == [(T0, T0 + 0.5),
+                                                                    (T0 + 0.5, T0 + 1.0)]

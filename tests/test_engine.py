@@ -50,7 +50,10 @@ def test_grow_onto_idle_nodes_with_hole_time_limit() -> None:
     engine.handle(NodesIdle(100.0, (IdleNode("a", 400.0), IdleNode("b", 1000.0),
                                     IdleNode("c", None))))
     actions = engine.handle(JobSubmitted(100.0, req("j", hi=2)))
-    assert actions == [Grow("j", ("b", "c"), 900.0)]  # longest-lived first, shortest hole rules
+    # longest-lived first; one grow per time limit, so that c (no hole end) is not held to
+    # b's hole, which a backend may refuse as too short
+    assert actions == [Grow("j", ("c",), engine.config.default_time_limit_s),
+                       Grow("j", ("b",), 900.0)]
     assert engine.jobs["j"].phase is JobPhase.RUNNING
     assert engine.idle_nodes == {"a"}
     assert dict(engine.node_map) == {"b": "j", "c": "j"}

@@ -45,7 +45,7 @@ def test_metrics_over_http(daemon):
         assert m[("malletrain_solver_duration_seconds_count", ())] == 1
         assert 0 < m[("malletrain_solver_duration_seconds_sum", ())] < 5
         assert m[("malletrain_daemon_cycles_total", ())] == 2
-        assert m[("malletrain_actions_total", (("type", "grow"),))] == 2
+        assert m[("malletrain_actions_total", (("type", "grow"),))] == 4  # one per time limit
         assert m[("malletrain_last_poll_timestamp_seconds", ())] == clock.now
 
         reclaim(d, backend, clock, "n07", "n08")  # read live at the next scrape

@@ -106,6 +106,67 @@ def node_seconds(samples: Sequence[Sample], nodes: int) -> tuple[float, float]:
     return idle, harvested
 
 
+STEP_JOIN_S = 0.25
+"""Completed steps of one node less than this apart count as one stretch of training (the
+bookkeeping between two steps); a longer pause (a re-form, a restart) is not counted."""
+
+
+def read_step_logs(paths: Iterable[Path], until: float | None = None
+                   ) -> dict[str, list[tuple[float, float]]]:
+    """Per node, the ``(start, end)`` of every completed step, from the workers' step logs
+    (``steps/<node>.log``: one ``START END`` line per completed step; the node is the file's
+    name), only steps that ended by ``until`` when given (to read the logs again as they were
+    read then). Malformed lines (a process killed mid-write) are skipped."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        steps = out.setdefault(Path(path).stem, [])
+        for line in text.splitlines():
+            parts = line.split()
+            try:
+                start, end = float(parts[0]), float(parts[1])
+            except (IndexError, ValueError):
+                continue
+            if len(parts) == 2 and end >= start and (until is None or end <= until):
+                steps.append((start, end))
+    return out
+
+
+def training_stretches(steps: Iterable[tuple[float, float]],
+                       join_s: float = STEP_JOIN_S) -> list[tuple[float, float]]:
+    """The union of the steps' spans, joining spans less than ``join_s`` apart."""
+    out: list[list[float]] = []
+    for start, end in sorted(steps):
+        if out and start - out[-1][1] < join_s:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def stepping_node_seconds(samples: Sequence[Sample],
+                          steps: Mapping[str, Sequence[tuple[float, float]]],
+                          join_s: float = STEP_JOIN_S) -> float:
+    """Idle node-seconds in which a worker completed training steps: for every sampling
+    interval and every node idle in it (neither in prod work nor down), the part of the
+    interval covered by that node's completed steps (:func:`training_stretches`). Starting a
+    worker, waiting to be placed, re-forming and a step cut short by a preemption count
+    nothing."""
+    total = 0.0
+    stretches = {node: training_stretches(s, join_s) for node, s in steps.items()}
+    for a, b in zip(samples, samples[1:]):
+        busy = a.prod | a.down
+        for node, spans in stretches.items():
+            if node in busy:
+                continue
+            for start, end in spans:
+                total += max(0.0, min(end, b.t) - max(start, a.t))
+    return total
+
+
 def idle_within_cap(samples: Sequence[Sample], nodes: int, cap_per_job: int) -> float:
     """Idle node-seconds the elastic jobs in the queue could hold at most (each job capped at
     ``cap_per_job`` nodes): the ceiling of the harvested node-seconds."""
@@ -212,12 +273,18 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str]],
               counters: Mapping[str, Mapping[str, Any]], nodes: int,
               logged_preemptions: int | None = None,
-              cap_per_job: int | None = None) -> dict[str, Any]:
+              cap_per_job: int | None = None,
+              steps: Mapping[str, Sequence[tuple[float, float]]] | None = None
+              ) -> dict[str, Any]:
     """The summary: exactly :data:`KEYS` first, then details. ``logged_preemptions`` (from
     slurmctld's log, exact) replaces the count seen in the samples when given; with
     ``cap_per_job`` (the elastic jobs' node maximum) the idle node-seconds within that cap are
-    added."""
-    idle, harvested = node_seconds(samples, nodes)
+    added. With ``steps`` (the workers' step logs, :func:`read_step_logs`) the harvested
+    node-seconds are those in which a worker completed steps (:func:`stepping_node_seconds`),
+    and the node-seconds an elastic task merely held (RUNNING in squeue) are a detail;
+    without, they are the held ones."""
+    idle, held = node_seconds(samples, nodes)
+    harvested = held if steps is None else stepping_node_seconds(samples, steps)
     rescales, seen = scale_changes(samples)
     preemptions = seen if logged_preemptions is None else logged_preemptions
     starts = prod_starts(prod_records)
@@ -245,6 +312,9 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
         "span_s": round(span, 1),
         "squeue_samples": len(samples),
         "worker_restarts": sum(j["restarts"] for j in jobs.values()),
+        "harvest_counted_from": "squeue (elastic task RUNNING)" if steps is None else
+        "workers' step logs (time inside completed steps)",
+        "held_node_seconds": round(held, 1),
         **({} if cap_per_job is None else {
             "idle_node_seconds_within_cap": round(idle_within_cap(samples, nodes,
                                                                   cap_per_job), 1)}),
@@ -256,10 +326,14 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     """A few human lines."""
     delay = summary.get("prod_start_delay_s")
     lines = [
+        f"compute                {summary.get('compute', 'cpu')}: "
+        f"{summary.get('compute_note', 'real training on the host cores')}",
         f"idle node-seconds      {summary['idle_node_seconds']:.0f} over "
         f"{summary.get('span_s', 0):.0f} s on {summary.get('nodes', '?')} nodes",
         f"harvested              {summary['harvested_node_seconds']:.0f} node-seconds "
-        f"({100 * summary['harvested_share']:.1f} % of idle)",
+        f"({100 * summary['harvested_share']:.1f} % of idle; "
+        f"{summary.get('harvest_counted_from', 'squeue')}; held by elastic tasks "
+        f"{summary.get('held_node_seconds', summary['harvested_node_seconds']):.0f})",
         f"samples trained        {summary['samples']}",
         f"rescales / preemptions {summary['rescales']} / {summary['preemptions']}",
         "prod start delay       " + ("n/a (no prod job started)" if delay is None else
@@ -276,10 +350,15 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 def markdown(summary: Mapping[str, Any], command: str) -> str:
     """The BENCHMARKS.md paragraph and table for one demo run."""
     delay = summary.get("prod_start_delay_s")
+    standin = summary.get("compute") == "standin"
     rows = [
+        ("compute", "STOOD IN: each step's accelerator compute is a timed wait of "
+                    f"{summary.get('compute_s', 0):g} s" if standin else "real, on the CPU cores"),
         ("idle node-seconds (not in prod work)", f"{summary['idle_node_seconds']:.0f}"),
-        ("harvested node-seconds", f"{summary['harvested_node_seconds']:.0f} "
-                                   f"({100 * summary['harvested_share']:.1f} % of idle)"),
+        ("harvested node-seconds (inside completed training steps)"
+         if summary.get("held_node_seconds") is not None else "harvested node-seconds",
+         f"{summary['harvested_node_seconds']:.0f} "
+         f"({100 * summary['harvested_share']:.1f} % of idle)"),
         ("samples trained (workers' counters)", f"{summary['samples']}"),
         ("rescales (RUNNING task count changed)", f"{summary['rescales']}"),
         ("preemptions (slurmctld log)", f"{summary['preemptions']}"),
@@ -287,8 +366,11 @@ def markdown(summary: Mapping[str, Any], command: str) -> str:
          f"{delay:.1f} s / {summary.get('prod_start_delay_p90_s', 0):.1f} s over "
          f"{summary.get('prod_jobs_started', 0)} prod jobs"),
     ]
+    held = summary.get("held_node_seconds")
+    if held is not None:
+        rows.insert(3, ("node-seconds elastic tasks held (RUNNING in squeue)", f"{held:.0f}"))
     capped = summary.get("idle_node_seconds_within_cap")
-    if capped:
+    if capped and not standin:
         rows.insert(2, ("idle node-seconds the queued elastic jobs could hold (node caps)",
                         f"{capped:.0f} ({100 * summary['harvested_node_seconds'] / capped:.1f} "
                         "% of it harvested)"))
@@ -299,19 +381,31 @@ def markdown(summary: Mapping[str, Any], command: str) -> str:
         f"main-queue workload on `prod` ({summary.get('prod_jobs_planned', '?')} jobs, "
         f"{summary.get('big_jobs_planned', '?')} of them big jobs that wait and leave planned "
         "holes) whose idle gaps are drawn from the Summit fragment lengths, one trace hour "
-        f"compressed to {3600 / float(summary.get('compress', 60.0)):.0f} s; elastic jobs "
-        "(`sbatch --qos=malletrain -N 1-2 examples/nas.sbatch`) training random NAS-Bench-101 "
-        "cells with torch DDP (gloo) on the host's CPU cores. Computed from Slurm's records "
-        "(squeue/sinfo every 2 s, `scontrol show job`, slurmctld's log) and the workers' "
-        "counter files, not from the daemon's plan:",
+        f"compressed to {3600 / float(summary.get('compress', 60.0)):.0f} s; " + (
+            f"{summary.get('elastic_jobs', 4)} elastic jobs (`sbatch --qos=malletrain -N "
+            f"1-{summary.get('max_nodes', 16)} examples/nas_standin.sbatch`, rescaling in place) "
+            "each training a random NAS-Bench-101 cell whose accelerator compute is STOOD IN by "
+            f"a timed wait of {summary.get('compute_s', 0):g} s per step, while the gradients of "
+            "a small real cell are all-reduced over gloo between the job's nodes"
+            if standin else
+            "elastic jobs (`sbatch --qos=malletrain -N 1-2 examples/nas.sbatch`) training "
+            "random NAS-Bench-101 cells with torch DDP (gloo) on the host's CPU cores") +
+        ". Computed from Slurm's records (squeue/sinfo every 2 s, `scontrol show job`, "
+        "slurmctld's log) and the workers' counter files and step logs, not from the daemon's "
+        "plan:",
         "",
         *table,
         "",
         "The prod start delay is each prod job's StartTime minus the moment it became "
         "startable: eligible, and every node it runs on released by the prod job before it "
         "(Slurm's EndTime), at Slurm's one-second resolution. It is what preempting elastic "
-        "tasks cost the main queue (KillWait is 2 s in the local cluster's test timings). The "
-        "harvested share is bounded by the elastic jobs' node caps (at most "
-        "`--elastic-jobs` × `--max-nodes` = 6 torch workers, for 2 shared cores) and by gaps "
-        "shorter than a task start.",
+        "tasks cost the main queue (KillWait is 2 s in the local cluster's test timings). " + (
+            "Harvested node-seconds count only time inside training steps that completed "
+            "(each worker logs the start and end of every step it completed); a task's "
+            "start-up (launcher, torch import, joining the group), re-form pauses and a step "
+            "cut short by a preemption count as idle."
+            if standin else
+            "The harvested share is bounded by the elastic jobs' node caps (at most "
+            "`--elastic-jobs` × `--max-nodes` = 6 torch workers, for 2 shared cores) and by "
+            "gaps shorter than a task start."),
     ])

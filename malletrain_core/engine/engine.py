@@ -326,12 +326,18 @@ class Engine:
             if removed:
                 shrinks.append(ev.Shrink(jid, tuple(sorted(removed))))
             if added:
-                limit = self._pool.time_limit(added, now, self.config.default_time_limit_s)
-                grows.append(ev.Grow(jid, tuple(sorted(added)), limit))
+                # One grow per time limit: a node without a hole end (or with a long one) is
+                # not held back by another node's short hole, which the backend may refuse.
+                by_limit: dict[float, list[str]] = {}
+                for name in sorted(added):
+                    by_limit.setdefault(self._pool.time_limit(
+                        (name,), now, self.config.default_time_limit_s), []).append(name)
+                grows += [ev.Grow(jid, tuple(names), limit)
+                          for limit, names in sorted(by_limit.items(), reverse=True)]
             self._monitor.rescale(jid, now, len(job.nodes))
         self._stats.checkpoints += len(checkpoints)
         self._stats.shrinks += len(shrinks)
-        self._stats.grows += len(grows)
+        self._stats.grows += len({g.job_id for g in grows})  # jobs grown, not grow actions
         return checkpoints + shrinks + grows
 
 

@@ -180,6 +180,24 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
+def abandon_action(backend: str) -> str:
+    """How a group holding an abandoned operation is let go, by its backend's name:
+    ``"abort"`` for NCCL (its communicators can be aborted, which ends the operations they
+    hold), ``"forget"`` for gloo and anything else (an abandoned gloo operation cannot be
+    aborted: the group is forgotten, kept referenced, and the process leaves with
+    ``os._exit``)."""
+    return "abort" if "nccl" in str(backend).lower() else "forget"
+
+
+def _abort_default_group() -> None:
+    """Abort every communicator of this process's groups and clear torch.distributed's
+    records of them: ``torch.distributed.distributed_c10d._abort_process_group`` (torch 2.13;
+    experimental there, NCCL only). Written for NCCL, not run on a GPU here."""
+    from torch.distributed import distributed_c10d as c10d
+
+    c10d._abort_process_group()
+
+
 def _forget_default_group() -> None:
     """Clear torch.distributed's record of the default group without shutting it down
     (what ``destroy_process_group`` does, less the backend shutdown that would block on an
@@ -202,7 +220,8 @@ def _feed(h: Any, obj: Any) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # reshape: a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     elif isinstance(obj, Mapping):
         h.update(b"{")
         for k in sorted(obj, key=repr):
@@ -235,6 +254,10 @@ class Elastic:
     from torchrun's environment and never re-forms. On both paths it checkpoints at step
     boundaries when ``session`` says so (its period, or the daemon's request) and resumes from
     the last checkpoint when no process holds the state (``on_save(step)`` after each save).
+    ``backend`` is ``gloo`` or ``nccl`` (the NCCL path is written but untested on GPUs).
+    ``ddp=False`` leaves the model unwrapped and the script calls :meth:`average_gradients`
+    after ``backward()`` (DDP's first use imports ``torch._dynamo``, about a second of CPU at
+    every process start).
     """
 
     def __init__(self, session: training.Session, model: Any, optimizer: Any,
@@ -243,10 +266,16 @@ class Elastic:
                  collective_timeout_s: float = MAX_COLLECTIVE_TIMEOUT_S,
                  control_dir: str | None = None, poll_s: float = 0.02,
                  wait_membership_s: float = 600.0,
-                 on_save: Callable[[int], None] | None = None) -> None:
+                 on_save: Callable[[int], None] | None = None, backend: str = "gloo",
+                 ddp: bool = True) -> None:
         if not 0 < collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
             raise ValueError(f"collective_timeout_s must be in (0, {MAX_COLLECTIVE_TIMEOUT_S:g}]"
                              " (it is only the backstop for a hung peer)")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend {backend!r}: give gloo or nccl (nccl is written but "
+                             "untested on GPUs, see docs/inplace.md)")
+        self.backend = backend
+        self.ddp = ddp
         self.session = session
         self.model = model
         self.optimizer = optimizer
@@ -331,6 +360,11 @@ class Elastic:
             return
         if self._pending.reason is None:
             dist.destroy_process_group()
+        elif abandon_action(dist.get_backend()) == "abort":
+            # NCCL: aborting the communicators ends the abandoned operation, so the process
+            # keeps no operation that could block its exit (untested on GPUs, docs/inplace.md)
+            _abort_default_group()
+            self.holds_abandoned = bool(self._graveyard)  # nothing of this group is pending
         else:
             # An abandoned gloo operation is still pending on a hung peer: shutting the group
             # down would wait for it (the collective timeout). Forget the group instead and
@@ -342,6 +376,15 @@ class Elastic:
             self._graveyard.append((dist.group.WORLD, self._store, old_net))
             _forget_default_group()
         self._store = None
+
+    @property
+    def _device(self) -> Any:
+        """Where the control collectives' tensors live: the GPU for NCCL, else the CPU."""
+        import torch
+
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def _form(self, m: Membership) -> bool:
         """Form ``m``'s group; False when a newer membership replaced ``m`` meanwhile (a
@@ -374,7 +417,8 @@ class Elastic:
                 store = None
             time.sleep(self.poll_s / 4)
         self._store = store
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"malletrain/{m.epoch}", store),
+        dist.init_process_group(self.backend,
+                                store=dist.PrefixStore(f"malletrain/{m.epoch}", store),
                                 rank=m.rank, world_size=m.world, timeout=timeout)
         return True
 
@@ -382,7 +426,7 @@ class Elastic:
         from torch import nn
 
         self._pending.reset()
-        if self.world > 1:
+        if self.world > 1 and self.ddp:
             net = nn.parallel.DistributedDataParallel(self.model)
             # a lambda: DDP refuses a hook whose parameters carry (string) annotations
             net.register_comm_hook(None, lambda state, bucket: self._pending.hook(state, bucket))
@@ -392,6 +436,25 @@ class Elastic:
 
     def _collective(self, op: Callable[..., Any], *args: Any) -> None:
         self._pending.wait(op(*args, async_op=True))
+
+    def average_gradients(self) -> None:
+        """With ``ddp=False``: average the model's gradients over the group (one all-reduce of
+        all of them, abandonable like DDP's), between ``backward()`` and the optimizer step."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world <= 1:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(self._device)
+        self._collective(dist.all_reduce, flat)
+        flat /= self.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     # ----- the state ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -455,21 +518,22 @@ class Elastic:
             if not self.has_state:
                 self._resume()
             return {"source": 0, "sent_bytes": 0, "digest": self.digest()}
-        flag = torch.tensor([1 if self.has_state else 0], dtype=torch.int64)
+        dev = self._device
+        flag = torch.tensor([1 if self.has_state else 0], dtype=torch.int64, device=dev)
         self._collective(dist.all_reduce, flag, dist.ReduceOp.MAX)
         if int(flag[0]) == 0:
             self._resume()  # nobody holds a state in memory: every rank reads the checkpoint
         mine = self.digest()
         info = torch.tensor([self.step if self.has_state else -1,
-                             int(mine[:15], 16)], dtype=torch.int64)
-        rows = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world)]
+                             int(mine[:15], 16)], dtype=torch.int64, device=dev)
+        rows = [torch.zeros(2, dtype=torch.int64, device=dev) for _ in range(self.world)]
         self._collective(dist.all_gather, rows, info)
         steps = [int(r[0]) for r in rows]
         src = max(range(self.world), key=lambda r: (steps[r], -r))
         need = any(int(r[0]) != steps[src] or int(r[1]) != int(rows[src][1]) for r in rows)
         sent = 0
         if need:
-            size = torch.zeros(1, dtype=torch.int64)
+            size = torch.zeros(1, dtype=torch.int64, device=dev)
             data = b""
             if self.rank == src:
                 buf = io.BytesIO()
@@ -479,15 +543,16 @@ class Elastic:
                 size[0] = len(data)
             self._collective(dist.broadcast, size, src)
             sent = int(size[0])
-            blob = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == src
-                    else torch.empty(sent, dtype=torch.uint8))
+            blob = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+                    if self.rank == src else torch.empty(sent, dtype=torch.uint8, device=dev))
             self._collective(dist.broadcast, blob, src)
             if self.rank != src:
                 # weights_only: tensors, containers and plain values, never arbitrary objects
-                self._load(torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True))
+                self._load(torch.load(io.BytesIO(blob.cpu().numpy().tobytes()),
+                                      weights_only=True))
             mine = self.digest()
-            check = torch.tensor([int(mine[:15], 16)], dtype=torch.int64)
-            got = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+            check = torch.tensor([int(mine[:15], 16)], dtype=torch.int64, device=dev)
+            got = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(self.world)]
             self._collective(dist.all_gather, got, check)
             if len({int(g[0]) for g in got}) != 1:
                 raise RuntimeError("training state digests differ after the hand-over")
@@ -532,7 +597,7 @@ class Elastic:
         seen = m.epoch if m is not None else -1
         if self.world == 1:
             return seen
-        t = torch.tensor([seen], dtype=torch.int64)
+        t = torch.tensor([seen], dtype=torch.int64, device=self._device)
         self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
         return int(t[0])
 
@@ -544,7 +609,8 @@ class Elastic:
                 self.epoch = self.session.epoch
 
             if self.world > 1 and not dist.is_initialized():
-                dist.init_process_group("gloo", timeout=dt.timedelta(seconds=self.timeout_s))
+                dist.init_process_group(self.backend,
+                                        timeout=dt.timedelta(seconds=self.timeout_s))
             if not self.has_state:
                 self._resume()
             self._wrap()
@@ -640,4 +706,7 @@ class Elastic:
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(self._exit_code)
+            # an uncaught exception when the flag was set before the crash hook was installed
+            # (guard() sets it first): never report a crash as "training finished"
+            crashed = getattr(sys, "last_value", None) is not None
+            os._exit(self._exit_code or (1 if crashed else 0))

@@ -330,11 +330,16 @@ class Launcher:
 
     # ----- the loop ------------------------------------------------------------------------
     def _nap(self, seconds: float) -> None:
-        """Sleep, but wake early when the workers exit (their exit is news for the daemon)."""
+        """Sleep, but wake early when the workers exit, or when a process started ahead of its
+        epoch becomes ready (both are news for the daemon)."""
         deadline = time.monotonic() + seconds
+        waiting_ready = self.inplace and self.state != "running" and self.workers is not None \
+            and not inplace_mod.is_ready(self.control_dir)
         while time.monotonic() < deadline:
             if self.state == "running" and self.workers is not None \
                     and self.workers.poll() is not None:
+                return
+            if waiting_ready and inplace_mod.is_ready(self.control_dir):
                 return
             self.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 

@@ -1,5 +1,6 @@
 """The whole demo, short: a 16-node local cluster, malletraind, the Summit-gap workload and
-real NAS-cell training; the summary must show trained samples and harvested node-seconds."""
+NAS-cell training with stood-in compute (the default); the summary must show trained samples
+and harvested node-seconds counted from the workers' completed steps."""
 
 from __future__ import annotations
 
@@ -11,12 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.demo.summary import KEYS
+from malletrain_core.demo.summary import KEYS, Sample, read_step_logs, stepping_node_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.torch,
               pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster runs as root")]
+
+
+def recount(out: Path, until: float) -> float:
+    """The harvested node-seconds again, from the demo's saved samples and the workers' step
+    logs as they were when the demo read them: only time inside completed steps on nodes idle
+    of prod work."""
+    samples = [Sample.from_json(json.loads(line))
+               for line in (out / "samples.jsonl").read_text().splitlines()]
+    steps = read_step_logs(sorted((out / "jobs").glob("checkpoints-*/steps/*.log")), until)
+    return stepping_node_seconds(samples, steps)
 
 
 def test_demo_end_to_end(tmp_path):
@@ -34,6 +45,14 @@ def test_demo_end_to_end(tmp_path):
     assert saved["harvested_node_seconds"] <= saved["idle_node_seconds"]
     assert saved["prod_jobs_started"] > 10 and saved["prod_start_delay_s"] is not None
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    # the default mode stands in for the compute, and says so on screen and in the summary
+    assert saved["compute"] == "standin" and "STOOD IN" in saved["compute_note"]
+    assert "STANDIN MODE: compute STOOD IN" in proc.stderr
+    # harvested = node-seconds inside completed steps, not the tasks squeue showed running
+    assert saved["harvest_counted_from"].startswith("workers' step logs")
+    assert saved["harvested_node_seconds"] == pytest.approx(recount(out, saved["steps_read_at"]),
+                                                              abs=0.11)
+    assert 0 < saved["harvested_node_seconds"] <= 1.02 * saved["held_node_seconds"] + 1.0
     counters = list((out / "jobs").glob("checkpoints-*/counters.json"))
     assert counters and sum(json.loads(p.read_text())["samples"] for p in counters) \
         >= saved["samples"]
