@@ -205,8 +205,8 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
     def on_hook() -> None:
         hooks.drain()  # a hint: the woken poll reads the truth
 
-    inner = getattr(service.bridge, "backend", None)
-    if hasattr(inner, "submits_seen"):
+    inner: Any = getattr(service.bridge, "backend", None)
+    if inner is not None and hasattr(inner, "submits_seen"):
         inner.submits_seen = lambda: hooks.other_submits
 
     daemon.watch(hooks, on_hook, wake=True)
