@@ -159,12 +159,18 @@ class Service:
             self._saved = text
 
     def close(self) -> None:
+        listeners = [item for item in self.closables
+                     if isinstance(item, (HookListener, ReportListener))]
         for item in reversed(self.closables):
             try:
                 item.close()
             except Exception:  # noqa: BLE001 - closing must go on
                 log.exception("closing %s failed", type(item).__name__)
         self.closables.clear()
+        for item in listeners:  # closed: the counts are final (a restart starts from zero)
+            what = "reports" if isinstance(item, ReportListener) else "hook datagrams"
+            log.info("final intake counts: %s received %d, dropped %s", what, item.received,
+                     json.dumps(dict(sorted(item.dropped.items())), separators=(",", ":")))
 
 
 def build(config: Config) -> Service:
