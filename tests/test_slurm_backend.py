@@ -459,8 +459,9 @@ def test_scancel_of_an_already_finished_job_is_not_retried(slurm: FakeSlurm,
 # ----------------------------------------------------------------------------- unplanned jobs
 def test_no_grant_while_a_job_of_another_partition_waits_unplanned(slurm: FakeSlurm) -> None:
     """A production job Slurm has not planned yet may start on any idle node: newly idle
-    nodes are not offered and grows are held back (the node is withdrawn, offered again by
-    the first poll without such a job); once planned, its nodes are holes and grants go on;
+    nodes are not offered, grows are held back (the node is withdrawn, offered again by
+    the first poll without such a job) and a released task not started yet is held again;
+    once planned, its nodes are holes and grants go on;
     one that stays unplanned holds grants back for ``unplanned_wait_s`` only."""
     backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
     slurm.squeue = held_array(7, 4)
@@ -479,10 +480,19 @@ def test_no_grant_while_a_job_of_another_partition_waits_unplanned(slurm: FakeSl
     assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01", T + 60), IdleNode("n03", T + 60))
     ev = backend.execute([Grow("7", ("n02",), None)], T + 2)
     assert ev == [] and slurm.commands()[-1] == ["scontrol", "release", "7_0"]
-    slurm.plan = "41|41|N/A|(null)|prod\n"  # held by its user, say: never planned
+    # Another job comes while 7_0 is released but not started: it is held again, its grow
+    # failed; that job is held by its user, say: never planned, so it waits 30 s at most.
+    slurm.squeue = task(7, 7, 0, prio=100, reason="Resources") + "".join(
+        task(7, 7, i) for i in range(1, 4))
+    slurm.plan = "41|41|N/A|(null)|prod\n"
     slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle", n04="idle")
-    assert backend.poll(T + 3) == [NodesIdle(T + 3, (IdleNode("n01"), IdleNode("n03")))]
-    assert backend.poll(T + 40) == [NodesIdle(T + 40, (IdleNode("n04"),))]
+    slurm.calls.clear()
+    assert backend.poll(T + 3) == [WorkerStopped(T + 3, "7", "n02"),
+                                   NodesIdle(T + 3, (IdleNode("n01"), IdleNode("n03")))]
+    assert slurm.commands() == [["scontrol", "hold", "7_0"]]
+    slurm.squeue = held_array(7, 4)
+    assert backend.poll(T + 20) == []
+    assert backend.poll(T + 40) == [NodesIdle(T + 40, (IdleNode("n02"), IdleNode("n04")))]
 
 
 def test_a_submission_announced_after_the_poll_holds_that_cycles_grows(

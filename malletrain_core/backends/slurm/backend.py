@@ -198,10 +198,10 @@ class SlurmBackend(TaskBackend):
         current = {row.key: row for group in tagged.values() for row in group}
         out = _PollEvents()
         self._admit_arrays(tagged, now, out)
+        self._hold_grants = self._waiting_unplanned(plan, now)
         self._reconcile_workers(current, now, out)
         self._reconcile_tasks(current, now, out)
         self._reconcile_jobs(tagged, now, out)
-        self._hold_grants = self._waiting_unplanned(plan, now)
         for aid, node in self._dropped:
             if aid in self._jobs:  # the engine drops that node: offer it again when usable
                 self._offered.pop(node, None)
@@ -281,14 +281,20 @@ class SlurmBackend(TaskBackend):
                 continue
             launch = self._launching.get(key)
             if launch is not None:
-                if row.state is TaskState.DONE or now >= launch.deadline:
+                late = now >= launch.deadline
+                if row.state is TaskState.DONE or late or (
+                        self._hold_grants and row.state is TaskState.PENDING):
                     del self._launching[key]
                     out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
                     self._dropped.append((launch.job_id, launch.node))
                     if row.state is not TaskState.DONE:
                         out.to_hold.append(key)
+                    if late and row.state is not TaskState.DONE:
                         log.warning("task %s did not start on %s within %g s: held again",
                                     key, launch.node, self.grow_timeout_s)
+                    elif row.state is not TaskState.DONE:
+                        log.info("task %s not started on %s yet: held again while a job of "
+                                 "another partition waits unplanned", key, launch.node)
             elif row.state is TaskState.PENDING and not row.held:
                 out.to_hold.append(key)  # requeued by Slurm before our hold: Slurm would
                 # restart it anywhere once the requeue delay is over
@@ -375,7 +381,8 @@ class SlurmBackend(TaskBackend):
         preempted workers for it) may start on any idle node at Slurm's next scheduling pass,
         and a task we release there first takes the node: the job then waits for a later
         preemption round (seconds to tens of seconds). So while one waits, newly idle nodes
-        are not offered and grows are not carried out. Once Slurm plans it, the nodes it will
+        are not offered, grows are not carried out, and a task released for a grow that has
+        not started yet is held again (the grow failed: its node is offered again later). Once Slurm plans it, the nodes it will
         take are holes (:func:`~.parse.hole_ends`) and grants go on elsewhere. A job that stays
         unplanned (held, a dependency, a limit) holds grants back for at most
         ``unplanned_wait_s`` after the poll that first saw it.
@@ -394,6 +401,8 @@ class SlurmBackend(TaskBackend):
         return any(now - first < self.unplanned_wait_s for first in seen.values())
 
     def _grants_held(self) -> bool:
+        if self.unplanned_wait_s <= 0:
+            return False
         if not self._hold_grants and self.submits_seen is not None \
                 and self.submits_seen() != self._submits_at_poll:
             self._hold_grants = True  # announced after the poll: wait for the next one
