@@ -209,13 +209,16 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
     service.closables.append(hooks)
 
     def on_hook() -> None:
-        hooks.drain()  # a hint: the woken poll reads the truth
+        # A hint: the woken poll reads the truth. Another job's submission does not wake
+        # (a site submits many): the backend holds back grows after it (submits_seen).
+        if any(not isinstance(m, protocol.JobSubmit) or m.elastic for m in hooks.drain()):
+            daemon.hook_wake()
 
     inner: Any = getattr(service.bridge, "backend", None)
     if inner is not None and hasattr(inner, "submits_seen"):
         inner.submits_seen = lambda: hooks.other_submits
 
-    daemon.watch(hooks, on_hook, wake=True)
+    daemon.watch(hooks, on_hook)
     daemon.after_cycle.append(service.save)
     daemon.drain = Drain(daemon.store)
     if daemon.drain.drained:
