@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shlex
 import statistics
 import sys
@@ -395,17 +396,8 @@ class Soak:
     def result(self, window: tuple[float, float], after_first: int, left: int,
                daemon_errors: int) -> dict[str, Any]:
         a = self.args
-        received = sum(life.received for life in self.lives)
-        dropped: dict[str, int] = {}
-        for life in self.lives:
-            for k, v in life.dropped.items():
-                dropped[k] = dropped.get(k, 0) + v
-        down = sum((nxt.sent_at_start - (cur.sent_at_end or nxt.sent_at_start))
-                   for cur, nxt in zip(self.lives, self.lives[1:]))
-        sent = self.lives[-1].sent_at_end or 0
-        unaccounted = sent - received - sum(dropped.values()) - down
-        gaps = [(life.sent_at_end or life.sent_at_start) - life.sent_at_start - life.received
-                - sum(life.dropped.values()) for life in self.lives]
+        reports = report_balance([vars(life) for life in self.lives],
+                                 final_counts(self.daemon.log_text()))
         starts = [d for _, d in self.churn.delays]
         return {
             "duration_s": a.duration_s, "nodes": a.nodes, "seed": a.seed,
@@ -427,11 +419,7 @@ class Soak:
                 "revived": [{"job": j.id, "tasks": j.revived}
                             for j in self.jobs.values() if j.revived],
                 "left_after_first_scancel": after_first, "left_at_end": left},
-            "reports": {"sent": sent, "received": received, "dropped": dropped,
-                        "sent_while_restarting": down, "unaccounted": unaccounted,
-                        "unaccounted_per_life": gaps,
-                        "lost": sum(max(0, g) for g in gaps),
-                        "lives": [vars(life) for life in self.lives]},
+            "reports": reports,
             "prod": {"submitted": len(self.churn.delays) + self.churn.unstarted,
                      "unstarted_60s": self.churn.unstarted, "n": len(starts),
                      "p50_s": round(pct(starts, 0.5) or 0, 3) if starts else None,
@@ -441,6 +429,48 @@ class Soak:
                                 for t, d in self.churn.delays]},
             "samples": self.samples,
         }
+
+
+# ---------------------------------------------------------------------------- reports
+FINAL = re.compile(r"final intake counts: reports received (\d+), dropped (\{[^}]*\})")
+
+
+def final_counts(log_text: str) -> list[tuple[int, dict[str, int]]]:
+    """Each daemon life's final report counts, in order: the line malletraind logs once its
+    report socket is closed (a life that was killed has none)."""
+    return [(int(m.group(1)), {k: int(v) for k, v in json.loads(m.group(2)).items()})
+            for m in FINAL.finditer(log_text)]
+
+
+def report_balance(lives: list[dict[str, Any]],
+                   finals: list[tuple[int, dict[str, int]]]) -> dict[str, Any]:
+    """Reports sent against received and dropped over the whole run, and per daemon life.
+
+    A life's counts are its final ones (logged after its socket closed) where every life
+    logged them, else its last ``status``. What no daemon received or dropped is lost unless it
+    was sent while a daemon was stopping or starting (between a life's last count of the
+    workers' sends and the next life's API answering: the socket was closed for part of it);
+    lost = not received − sent while restarting, at least 0. Per life: the reports the workers
+    recorded sending during it less those it received or dropped (a report sent during a
+    restart and received by the next daemon makes that life's figure negative; they cancel
+    in the total)."""
+    exact = len(finals) == len(lives)
+    counts = [finals[i] if exact else (lv["received"], lv["dropped"])
+              for i, lv in enumerate(lives)]
+    received = sum(c[0] for c in counts)
+    dropped: dict[str, int] = {}
+    for _, d in counts:
+        for k, v in d.items():
+            dropped[k] = dropped.get(k, 0) + v
+    sent = (lives[-1]["sent_at_end"] or 0) if lives else 0
+    down = sum(nxt["sent_at_start"] - (cur["sent_at_end"] or nxt["sent_at_start"])
+               for cur, nxt in zip(lives, lives[1:]))
+    missing = sent - received - sum(dropped.values())
+    per_life = [(lv["sent_at_end"] or lv["sent_at_start"]) - lv["sent_at_start"] - c[0]
+                - sum(c[1].values()) for lv, c in zip(lives, counts)]
+    return {"sent": sent, "received": received, "dropped": dropped, "counts_final": exact,
+            "not_received": missing, "sent_while_restarting": down,
+            "unaccounted_per_life": per_life, "lost": max(0, missing - down), "lives": lives}
 
 
 # ---------------------------------------------------------------------------- judgement
@@ -539,6 +569,8 @@ def plot(r: dict[str, Any], path: Path) -> None:
 def section(r: dict[str, Any], plot_name: str, json_name: str = "soak.json") -> str:
     j = r["judgement"]
     rep, jobs, prod, st = r["reports"], r["jobs"], r["prod"], r["settings"]
+    counted = ("each life's final counts, logged once its socket closed"
+               if rep.get("counts_final") else "each life's last `status`")
     lo, hi = r["window_s"]
 
     def row(name: str, key: str, unit: str, scale: float = 1.0, digits: int = 1) -> str:
@@ -625,8 +657,10 @@ def section(r: dict[str, Any], plot_name: str, json_name: str = "soak.json") -> 
         f"{len(jobs['revived'])} of {jobs['cancelled_during_run']} cancelled | "
         f"{yes[t.get('no_revived_jobs')]} |",
         f"| 0 lost reports | {rep['sent']} sent, {rep['received']} received, dropped: {drops}; "
-        f"sent while the daemon restarted: {rep['sent_while_restarting']}; unaccounted per "
-        f"daemon life: {', '.join(str(g) for g in rep['unaccounted_per_life'])}; lost: "
+        f"not received: {rep['not_received']}, of which at most "
+        f"{rep['sent_while_restarting']} were sent while a daemon stopped or started; per "
+        f"daemon life (sent − received − dropped): "
+        f"{', '.join(str(g) for g in rep['unaccounted_per_life'])}; lost: "
         f"{rep['lost']} | {yes[t.get('no_lost_reports')]} |",
         f"| prod start delay p99 ≤ {PROD_P99_MAX_S} s (sbatch returned → RUNNING) | p50 "
         f"{prod['p50_s']} s, p99 {prod['p99_s']} s, max {prod['max_s']} s (n = {prod['n']}, "
@@ -637,14 +671,14 @@ def section(r: dict[str, Any], plot_name: str, json_name: str = "soak.json") -> 
         f"unexpected daemon exits: {r['unexpected_daemon_exits']}; `status` calls that failed: "
         f"{r['status_failures']}. At the end the remaining elastic jobs were scancelled: "
         f"{jobs['left_after_first_scancel']} still queued 5 s later, {jobs['left_at_end']} at "
-        "the end. Reports are counted per daemon life: what it received or dropped (its "
-        "`status` just before each stop) against what the workers recorded sending between "
-        "its API answering and that `status`; lost is the sum of the lives' positive "
-        "differences. Those sent between a `status` and the next daemon's API answering are "
-        "counted apart (the old daemon was stopping, the new one starting); a new daemon binds "
-        "its report socket before its API answers, so a few of them are received after all and "
-        "a life's difference can be slightly negative; a worker killed between sending and "
-        "recording undercounts by one.",
+        "the end. Reports are counted over the whole run: what the workers recorded sending against "
+        f"what the daemons received or dropped ({counted}); "
+        "lost is what no daemon received less what was sent while a daemon was stopping or "
+        "starting (between the workers' count at a stop and the next daemon's API answering; "
+        "its socket is bound before that, so some of those are received after all), at least "
+        "0. Per life, a report sent during a restart and received by the next daemon makes "
+        "that life's figure negative and the previous one's positive; they cancel in the "
+        "total. A worker killed between sending and recording undercounts by one.",
         END])
 
 

@@ -83,6 +83,7 @@ class SlurmConfig:
     command_timeout_s: float = 30.0
     bin_dir: str = ""
     pyslurm: str = "off"
+    unplanned_wait_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,9 @@ class Config:
                               in self.allocator.user_max_nodes.items())):
             if not value >= 0 or not math.isfinite(value):
                 raise ConfigError(f"{name}: {value!r} must be a finite number ≥ 0")
+        if not self.slurm.unplanned_wait_s >= 0 or not math.isfinite(self.slurm.unplanned_wait_s):
+            raise ConfigError(f"slurm.unplanned_wait_s: {self.slurm.unplanned_wait_s!r} must "
+                              "be a finite number ≥ 0 (0: grants never wait for other jobs)")
         for name, port in (("daemon.api_port", d.api_port), ("daemon.metrics_port", d.metrics_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name}: {port!r} is not a port number (0 turns it off)")

@@ -26,9 +26,9 @@ allocator's decision. scancel is not a modification and keeps working for the ow
 
 Almost no I/O per job: this runs inside slurmctld under its locks. The only command (`id -u`,
 to learn SlurmUser's uid from the process that loads this file) runs once, when slurmctld loads
-or reloads the script. Each accepted elastic submission sends one non-blocking datagram to the
-daemon's hook socket (a few microseconds; only where Lua's socket module is installed, Debian's
-lua-socket), so that a daemon polling slowly while nothing changes looks at once.
+or reloads the script. Each accepted submission (elastic or not: another job's datagram says
+"elastic":false) sends one non-blocking datagram to the daemon's hook socket (a few
+microseconds; only where Lua's socket module is installed, Debian's lua-socket), so that a daemon polling slowly while nothing changes looks at once.
 ]]
 
 -- The module name when a site's own job_submit.lua loads this file with require("malletrain");
@@ -102,14 +102,17 @@ end
 -- Lua's socket module, if installed: without it the daemon finds the job at its next poll.
 local have_unix, unix = pcall(require, "socket.unix")
 
-local function wake_daemon()
+-- elastic false: a job MalleTrain does not convert (a production job): the daemon then grants
+-- no node until Slurm has planned it (daemon side: slurm.unplanned_wait_s).
+local function wake_daemon(elastic)
 	if not have_unix or type(unix) ~= "table" or unix.dgram == nil then return end
 	pcall(function()
 		local sock = unix.dgram()
 		if sock == nil then return end
 		sock:settimeout(0)
 		sock:sendto(string.format(
-			'{"v":1,"src":"slurm-job-submit","kind":"job_submit","t":%d}', os.time()),
+			'{"v":1,"src":"slurm-job-submit","kind":"job_submit","t":%d%s}', os.time(),
+			elastic and "" or ',"elastic":false'),
 			HOOK_SOCKET)
 		sock:close()
 	end)
@@ -170,10 +173,13 @@ end
 -- Returns slurm.SUCCESS for a job MalleTrain does not touch or has converted, else the
 -- error code of a refusal (the user sees the message).
 local function job_submit(job_desc, part_list, submit_uid)
-	if job_desc.qos ~= QOS_NAME then return slurm.SUCCESS end
+	if job_desc.qos ~= QOS_NAME then
+		wake_daemon(false)
+		return slurm.SUCCESS
+	end
 	local err, code = convert(job_desc)
 	if err ~= nil then return refuse(err, code) end
-	wake_daemon()
+	wake_daemon(true)
 	return slurm.SUCCESS
 end
 

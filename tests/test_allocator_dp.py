@@ -123,3 +123,21 @@ def test_solve_counts_equals_the_plain_dp_whatever_the_window(
         assert dp.solve_counts(ts, cap) == want
     finally:
         dp.TAIL_STAGES = old
+
+
+def test_the_table_cache_holds_the_live_jobs_not_every_job_object_ever_seen() -> None:
+    """A long-running engine builds a new Job object whenever a job's view changes: the cache
+    keeps one table per job id, and the tables of jobs absent from the problems being solved
+    (ended) are dropped past a bound, so it does not grow with the daemon's age."""
+    curve = Curve((1, 2, 4, 8), (1.0, 1.9, 3.5, 6.0))
+    dp._tables.clear()
+    for step in range(500):  # the same ten jobs, a fresh Job object for each every time
+        jobs = tuple(Job(f"j{i}", max_nodes=8, curve=curve, current_nodes=step % 3)
+                     for i in range(10))
+        dp.solve(Problem(32, jobs))
+    assert len(dp._tables) == 10
+    for step in range(2000):  # jobs come and go: at most 20 live at a time
+        jobs = tuple(Job(f"k{step + i}", max_nodes=8, curve=curve) for i in range(20))
+        dp.solve(Problem(32, jobs))
+        assert len(dp._tables) <= len(jobs) + dp._STALE_LIMIT + 1
+    dp._tables.clear()

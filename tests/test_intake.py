@@ -53,6 +53,28 @@ def test_hook_datagrams_from_allowed_uid(tmp_path):
     assert not hook.path.exists()
 
 
+def test_other_jobs_submissions_are_counted_as_they_arrive(tmp_path):
+    """job_submit.lua's datagram for a job it does not convert ("elastic":false, its exact
+    text) is counted on the reader thread, before any drain; an elastic one is not."""
+    from malletrain_core.wire import hooks as protocol
+
+    hook = HookListener(tmp_path / "hook.sock", allowed_uids={os.getuid()},
+                        decode=protocol.decode)
+    send_unix(hook.path, b'{"v":1,"src":"slurm-job-submit","kind":"job_submit","t":1}')
+    send_unix(hook.path, b'{"v":1,"src":"slurm-job-submit","kind":"job_submit","t":1,'
+                         b'"elastic":false}')
+    t0 = time.monotonic()
+    while hook.other_submits < 1 and time.monotonic() - t0 < 2:
+        time.sleep(0.01)
+    assert hook.other_submits == 1
+    got = drain_all(hook, 2)
+    assert [m.elastic for m in got] == [True, False]
+    assert protocol.decode(protocol.encode(got[1])) == got[1]
+    with pytest.raises(protocol.ProtocolError, match="'elastic' must be true or false"):
+        protocol.decode(b'{"v":1,"src":"x","kind":"job_submit","t":1,"elastic":"no"}')
+    hook.close()
+
+
 def test_hook_datagrams_from_other_uid_are_dropped(tmp_path):
     hook = HookListener(tmp_path / "hook.sock", allowed_uids={12345})
     send_unix(hook.path, b"{}")

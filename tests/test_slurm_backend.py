@@ -109,7 +109,9 @@ def slurm() -> FakeSlurm:
 
 @pytest.fixture()
 def backend(slurm: FakeSlurm) -> SlurmBackend:
-    return SlurmBackend(slurm, grow_timeout_s=120)
+    # Without the unplanned-job rule (its own tests are at the end): the recorded session
+    # polls right after submitting a production job and shows the commands of every step.
+    return SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=0)
 
 
 def check_golden(name: str, calls: list[list[str]]) -> None:
@@ -452,3 +454,61 @@ def test_scancel_of_an_already_finished_job_is_not_retried(slurm: FakeSlurm,
     backend.execute([Finish("7")], T)
     backend.poll(T + 1)
     assert [c for c in slurm.commands() if c[0] == "scancel"] == [["scancel", "7"]]
+
+
+# ----------------------------------------------------------------------------- unplanned jobs
+def test_no_grant_while_a_job_of_another_partition_waits_unplanned(slurm: FakeSlurm) -> None:
+    """A production job Slurm has not planned yet may start on any idle node: newly idle
+    nodes are not offered, grows are held back (the node is withdrawn, offered again by
+    the first poll without such a job) and a released task not started yet is held again;
+    once planned, its nodes are holes and grants go on;
+    one that stays unplanned holds grants back for ``unplanned_wait_s`` only."""
+    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    slurm.squeue = held_array(7, 4)
+    slurm.sinfo = nodes(n01="idle", n02="idle")
+    assert of(backend.poll(T), NodesIdle)[0].nodes == (IdleNode("n01"), IdleNode("n02"))
+    slurm.plan = "40|40|N/A|(null)|prod\n2_[0-1]|2|N/A|(null)|preemptable\n"
+    slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle")
+    assert backend.poll(T + 1) == []  # n03 is not offered
+    assert backend.busy()
+    slurm.calls.clear()
+    ev = backend.execute([Grow("7", ("n01",), None)], T + 1)
+    assert ev == [WorkerStopped(T + 1, "7", "n01"), NodesReclaimed(T + 1, ("n01",))]
+    assert slurm.commands() == []
+    slurm.plan = "40|40|1800000060|n[01,03]|prod\n"  # planned: its nodes are holes
+    ev = backend.poll(T + 2)
+    assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01", T + 60), IdleNode("n03", T + 60))
+    ev = backend.execute([Grow("7", ("n02",), None)], T + 2)
+    assert ev == [] and slurm.commands()[-1] == ["scontrol", "release", "7_0"]
+    # Another job comes while 7_0 is released but not started: it is held again, its grow
+    # failed; that job is held by its user, say: never planned, so it waits 30 s at most.
+    slurm.squeue = task(7, 7, 0, prio=100, reason="Resources") + "".join(
+        task(7, 7, i) for i in range(1, 4))
+    slurm.plan = "41|41|N/A|(null)|prod\n"
+    slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle", n04="idle")
+    slurm.calls.clear()
+    assert backend.poll(T + 3) == [WorkerStopped(T + 3, "7", "n02"),
+                                   NodesIdle(T + 3, (IdleNode("n01"), IdleNode("n03")))]
+    assert slurm.commands() == [["scontrol", "hold", "7_0"]]
+    slurm.squeue = held_array(7, 4)
+    assert backend.poll(T + 20) == []
+    assert backend.poll(T + 40) == [NodesIdle(T + 40, (IdleNode("n02"), IdleNode("n04")))]
+
+
+def test_a_submission_announced_after_the_poll_holds_that_cycles_grows(
+        slurm: FakeSlurm) -> None:
+    seen = [0]
+    backend = SlurmBackend(slurm, grow_timeout_s=120)
+    backend.submits_seen = lambda: seen[0]
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle", n02="idle")
+    backend.poll(T)
+    seen[0] += 1  # job_submit.lua's datagram for a production job, after the poll
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01", "n02"), None)], T) == [
+        WorkerStopped(T, "7", "n01"), WorkerStopped(T, "7", "n02"),
+        NodesReclaimed(T, ("n01", "n02"))]
+    assert slurm.commands() == []
+    assert of(backend.poll(T + 1), NodesIdle)[0].nodes == (IdleNode("n01"), IdleNode("n02"))
+    backend.execute([Grow("7", ("n01",), None)], T + 1)
+    assert slurm.commands()[-1] == ["scontrol", "release", "7_0"]

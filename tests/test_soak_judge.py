@@ -76,3 +76,23 @@ def test_quantile_and_fit(soak: ModuleType) -> None:
     assert soak.pct(xs, 0.5) == 50.0 and soak.pct(xs, 0.99) == 99.0
     assert soak.fit_growth([0.0, 10.0, 20.0], [1.0, 2.0, 3.0]) == pytest.approx(2.0)
     assert soak.fit_growth([5.0], [1.0]) == 0.0
+
+
+def test_reports_are_balanced_over_the_run_not_per_life(soak: ModuleType) -> None:
+    """A report sent during a restart and received by the next daemon is not lost: the per
+    life figures (1, -1) cancel; one that nobody received beyond the restart windows is."""
+    lives = [{"sent_at_start": 0, "sent_at_end": 100, "received": 99, "dropped": {}},
+             {"sent_at_start": 103, "sent_at_end": 200, "received": 98, "dropped": {}}]
+    log = ("x final intake counts: reports received 99, dropped {}\n"
+           "y final intake counts: reports received 100, dropped {\"bad signature\":1}\n")
+    finals = soak.final_counts(log)
+    assert finals == [(99, {}), (100, {"bad signature": 1})]
+    r = soak.report_balance(lives, finals)
+    assert r["counts_final"] and r["unaccounted_per_life"] == [1, -4]
+    assert (r["sent"], r["received"], r["not_received"], r["sent_while_restarting"]) == (
+        200, 199, 0, 3)
+    assert r["lost"] == 0
+    r = soak.report_balance(lives, finals[:1])  # a life killed: its last status counts
+    assert not r["counts_final"] and r["not_received"] == 3 and r["lost"] == 0
+    lives[1]["received"] = 90
+    assert soak.report_balance(lives, finals[:1])["lost"] == 8

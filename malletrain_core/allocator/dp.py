@@ -28,10 +28,14 @@ from ..model import Job, Objective, Problem
 from .objective import job_values
 
 _ITEM = np.dtype(np.float64).itemsize
-_CACHE_LIMIT = 4096
+_CACHE_LIMIT = 1024
+"""Job ids whose latest table is kept (cleared all at once beyond it)."""
+_STALE_LIMIT = 256
+"""Tables of jobs absent from the problem being solved (ended, or another engine's) that
+:func:`solve` keeps before it drops them all."""
 TAIL_STAGES = 2
 """The last stage is first computed on its top TAIL_STAGES × (largest useful count) columns."""
-_tables: dict[int, tuple[Job, float, Objective, int, np.ndarray]] = {}
+_tables: dict[str, tuple[Job, float, Objective, int, np.ndarray]] = {}
 
 
 def useful_top(table: np.ndarray) -> int:
@@ -128,10 +132,13 @@ def cached_values(job: Job, capacity: int, lookahead_s: float, objective: Object
     """``job_values(job, capacity, …)``, reused while the same Job object comes back.
 
     A table for a larger capacity serves a smaller one by its prefix (each entry depends on k
-    only). The cache holds the Job itself, so its id cannot be reused while it is cached.
+    only). One entry per job id, for its latest Job object: the engine builds a new Job
+    whenever a job's view changes, and keeping the superseded ones (keyed by object, as before)
+    held thousands of dead Jobs, curves and tables in a long-running daemon before each
+    clear.
     """
     kmax = job.max_nodes if job.max_nodes < capacity else capacity
-    hit = _tables.get(id(job))
+    hit = _tables.get(job.id)
     if hit is not None and hit[0] is job and hit[1] == lookahead_s and hit[2] is objective:
         if hit[3] == kmax:
             return hit[4]
@@ -139,9 +146,9 @@ def cached_values(job: Job, capacity: int, lookahead_s: float, objective: Object
             return hit[4][:kmax + 1]
     table = job_values(job, capacity, lookahead_s, objective)
     table.flags.writeable = False
-    if len(_tables) >= _CACHE_LIMIT:
+    if len(_tables) >= _CACHE_LIMIT and job.id not in _tables:
         _tables.clear()
-    _tables[id(job)] = (job, lookahead_s, objective, kmax, table)
+    _tables[job.id] = (job, lookahead_s, objective, kmax, table)
     return table
 
 
@@ -149,5 +156,9 @@ def solve(problem: Problem) -> tuple[dict[str, int], float]:
     """Exact optimum of the FreeTrain objective without side constraints."""
     tables = [cached_values(j, problem.nodes, problem.lookahead_s, problem.objective)
               for j in problem.jobs]
+    if len(_tables) > len(problem.jobs) + _STALE_LIMIT:
+        live = {j.id for j in problem.jobs}
+        for stale in [k for k in _tables if k not in live]:
+            del _tables[stale]
     counts, value = solve_counts(tables, problem.nodes)
     return {j.id: k for j, k in zip(problem.jobs, counts)}, value

@@ -249,6 +249,13 @@ class Daemon:
             except OSError:
                 pass
 
+    def hook_wake(self) -> None:
+        """A hook's datagram that calls for a poll, from a handler watched without ``wake``
+        (one that wakes for some datagrams only)."""
+        if self._hook_at is None:
+            self._hook_at = time.perf_counter()
+        self.wake()
+
     def wake(self) -> None:
         self._poke = True
         now = time.monotonic()

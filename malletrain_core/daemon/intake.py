@@ -60,6 +60,10 @@ makes the hooks' non-blocking sends fail."""
 
 _JOIN_TIMEOUT_S = 5.0
 
+OTHER_SUBMIT = b'"elastic":false'
+"""How job_submit.lua marks the datagram of a job it does not convert (a hint, looked for in
+the raw bytes on the reader thread; the drain validates the datagram as usual)."""
+
 
 def _raise_priority(what: str) -> None:
     """Best effort: :data:`READER_NICE` for the calling thread (Linux: per-thread nice)."""
@@ -271,6 +275,10 @@ class HookListener(_Queued):
         self.allowed_uids = set(allowed_uids)
         self.decode = decode
         self._counts = _Counts("hook datagram")
+        self.other_submits = 0
+        """Datagrams announcing a job that is not elastic (job_submit.lua's ``"elastic":false``),
+        counted on the reader thread as they arrive, before any drain: the Slurm backend holds
+        back the grows of a cycle during which one came (see ``slurm.unplanned_wait_s``)."""
         self.listener = protocol.HookSocket(Path(path), mode=SOCKET_PRIVATE).bind()
         self.path = self.listener.path
         try:
@@ -295,6 +303,8 @@ class HookListener(_Queued):
         if len(data) > protocol.MAX_DATAGRAM_BYTES:
             self._counts.drop("oversized datagram")
             return None
+        if OTHER_SUBMIT in data:
+            self.other_submits += 1  # one writer (this thread); readers only compare
         return data
 
     def drain(self) -> list[object]:

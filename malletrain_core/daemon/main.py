@@ -168,12 +168,18 @@ class Service:
             self._saved = text
 
     def close(self) -> None:
+        listeners = [item for item in self.closables
+                     if isinstance(item, (HookListener, ReportListener))]
         for item in reversed(self.closables):
             try:
                 item.close()
             except Exception:  # noqa: BLE001 - closing must go on
                 log.exception("closing %s failed", type(item).__name__)
         self.closables.clear()
+        for item in listeners:  # closed: the counts are final (a restart starts from zero)
+            what = "reports" if isinstance(item, ReportListener) else "hook datagrams"
+            log.info("final intake counts: %s received %d, dropped %s", what, item.received,
+                     json.dumps(dict(sorted(item.dropped.items())), separators=(",", ":")))
 
 
 def build(config: Config) -> Service:
@@ -212,9 +218,16 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
     service.closables.append(hooks)
 
     def on_hook() -> None:
-        hooks.drain()  # a hint: the woken poll reads the truth
+        # A hint: the woken poll reads the truth. Another job's submission does not wake
+        # (a site submits many): the backend holds back grows after it (submits_seen).
+        if any(not isinstance(m, protocol.JobSubmit) or m.elastic for m in hooks.drain()):
+            daemon.hook_wake()
 
-    daemon.watch(hooks, on_hook, wake=True)
+    inner: Any = getattr(service.bridge, "backend", None)
+    if inner is not None and hasattr(inner, "submits_seen"):
+        inner.submits_seen = lambda: hooks.other_submits
+
+    daemon.watch(hooks, on_hook)
     daemon.after_cycle.append(service.save)
     daemon.drain = Drain(daemon.store)
     if daemon.drain.drained:

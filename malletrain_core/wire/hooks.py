@@ -13,7 +13,9 @@ One JSON object per datagram, UTF-8, at most :data:`MAX_DATAGRAM_BYTES` bytes::
 * ``nodes_free`` — ``nodes``: a list of node names found free.
 * ``node_change`` — ``node`` and its new ``state`` (the batch system's word for it).
 * ``job_submit`` — an elastic job was submitted (its id is not known yet); optionally
-  ``user``. Sent by job_submit.lua so that a quiet daemon polls at once.
+  ``user``. Sent by job_submit.lua so that a quiet daemon polls at once. With ``"elastic":
+  false``: another job was submitted; the daemon holds back the grows it was about to make
+  (the job may need those nodes) and does not poll early for it.
 * ``job_queued`` — ``job``: an elastic job has just been queued (PBS's postqueuejob hook, which
   runs once the server holds the job, so the woken poll sees it).
 
@@ -91,11 +93,14 @@ class NodeChange:
 
 @dataclass(frozen=True)
 class JobSubmit:
-    """An elastic job was submitted (the hook runs before Slurm gives it an id)."""
+    """A job was submitted (the hook runs before Slurm gives it an id): an elastic one, or with
+    ``elastic`` false another (a production job), which only holds back the daemon's grows
+    until Slurm has planned it and does not wake the daemon."""
 
     src: str
     t: float
     user: str | None = None
+    elastic: bool = True
     kind: str = field(default="job_submit", init=False)
 
 
@@ -202,7 +207,11 @@ def decode(data: bytes) -> Message:
             raise ProtocolError("hook datagram: field 'nodes' must list non-empty node names")
         return NodesFree(src=src, t=t, nodes=tuple(names))
     if kind == "job_submit":
-        return JobSubmit(src=src, t=t, user=_name(obj, "user", required=False))
+        elastic = obj.get("elastic", True)
+        if not isinstance(elastic, bool):
+            raise ProtocolError("hook datagram: field 'elastic' must be true or false, got "
+                                f"{type(elastic).__name__}")
+        return JobSubmit(src=src, t=t, user=_name(obj, "user", required=False), elastic=elastic)
     if kind == "job_queued":
         return JobQueued(src=src, t=t, job=str(_name(obj, "job")))
     return NodeChange(src=src, t=t, node=str(_name(obj, "node")),
@@ -224,6 +233,8 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, JobSubmit):
         if msg.user is not None:
             obj["user"] = msg.user
+        if not msg.elastic:
+            obj["elastic"] = False
     elif isinstance(msg, JobQueued):
         obj["job"] = msg.job
     else:

@@ -32,7 +32,7 @@ NODES = int(os.environ.get("MALLETRAIN_TEST_NODES", "8"))
 # real fault fails twice); every rerun is reported in the summary (-ra).
 RERUN_ONCE = {"test_backend_live.py", "test_training_e2e.py", "test_faults.py", "test_faults_site.py",
               "test_daemon_live.py", "test_demo.py", "test_load.py", "test_byo_e2e.py",
-              "test_quiet_poll.py", "test_inplace_slurm.py"}
+              "test_quiet_poll.py", "test_inplace_slurm.py", "test_prod_race.py"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

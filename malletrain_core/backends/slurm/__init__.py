@@ -17,4 +17,5 @@ def from_config(config: Config) -> SlurmBackend:
     runner = with_bin_dir(s.bin_dir, s.command_timeout_s)
     return SlurmBackend(runner, partition=s.partition,
                         default_time_limit_s=s.default_time_limit_s,
+                        unplanned_wait_s=s.unplanned_wait_s,
                         source=source_for(s.pyslurm, runner))

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,11 @@ def _recoverable(row: sp.TaskRow) -> bool:
     return _code(row) in ("TIMEOUT", "TO")
 
 
+UNPLANNED_WAIT_S = 60.0
+"""How long a waiting job of another partition that Slurm has not planned yet (no start time
+and no SchedNodes in ``squeue --start``) holds back new grants, counted from the poll that
+first saw it (see :meth:`SlurmBackend._waiting_unplanned`); 0 turns the rule off."""
+
 HOLE_MARGIN_S = 60.0
 """Taken off a hole's remaining time: Slurm's backfill plans in bf_resolution steps (60 s by
 default) and starts the task at its next cycle, so a limit that ends just before the planned
@@ -110,7 +115,8 @@ class SlurmBackend(TaskBackend):
     def __init__(self, runner: CommandRunner, partition: str = "preemptable",
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
-                 hole_margin_s: float = HOLE_MARGIN_S, source: Any = None) -> None:
+                 hole_margin_s: float = HOLE_MARGIN_S, source: Any = None,
+                 unplanned_wait_s: float = UNPLANNED_WAIT_S) -> None:
         if default_time_limit_s < 60:
             raise ValidationError("SlurmBackend", "default_time_limit_s",
                                   f"{default_time_limit_s:g} s is under Slurm's one-minute unit")
@@ -128,9 +134,21 @@ class SlurmBackend(TaskBackend):
         self._rows: dict[str, sp.TaskRow] = {}           # task key (A_i) -> last seen row
         self._dropped: list[tuple[str, str]] = []         # workers lost, not stopped by us
         self._to_cancel: set[str] = set()                 # finished, scancel not yet done
+        self.unplanned_wait_s = float(unplanned_wait_s)
+        self._unplanned: dict[str, float] = {}            # other job -> first seen unplanned
+        self._hold_grants = False
+        self.submits_seen: Callable[[], int] | None = None
+        """The count of hook datagrams announcing a job of another partition (job_submit.lua
+        sends one per submission): one that arrives after the poll holds back that cycle's
+        grows too. None: only the poll's view counts."""
+        self._submits_at_poll = 0
 
     def _job_of(self, task: str) -> str:
         return task.split("_", 1)[0]
+
+    def busy(self) -> bool:
+        """Also while grants are held back: the poll that lifts the hold must come soon."""
+        return super().busy() or self._hold_grants
 
     # ------------------------------------------------------------------ commands
     def _query(self) -> tuple[dict[str, sp.NodeRow], list[sp.TaskRow], list[sp.PlanRow]]:
@@ -170,6 +188,7 @@ class SlurmBackend(TaskBackend):
     # ------------------------------------------------------------------ poll
     def poll(self, now: float) -> list[Event]:
         """Reconcile with Slurm and return what changed since the last poll."""
+        self._submits_at_poll = self.submits_seen() if self.submits_seen is not None else 0
         nodes, rows, plan = self._query()
         self._cancel()
         tagged: dict[str, list[sp.TaskRow]] = {}
@@ -179,6 +198,7 @@ class SlurmBackend(TaskBackend):
         current = {row.key: row for group in tagged.values() for row in group}
         out = _PollEvents()
         self._admit_arrays(tagged, now, out)
+        self._hold_grants = self._waiting_unplanned(plan, now)
         self._reconcile_workers(current, now, out)
         self._reconcile_tasks(current, now, out)
         self._reconcile_jobs(tagged, now, out)
@@ -261,14 +281,20 @@ class SlurmBackend(TaskBackend):
                 continue
             launch = self._launching.get(key)
             if launch is not None:
-                if row.state is TaskState.DONE or now >= launch.deadline:
+                late = now >= launch.deadline
+                if row.state is TaskState.DONE or late or (
+                        self._hold_grants and row.state is TaskState.PENDING):
                     del self._launching[key]
                     out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
                     self._dropped.append((launch.job_id, launch.node))
                     if row.state is not TaskState.DONE:
                         out.to_hold.append(key)
+                    if late and row.state is not TaskState.DONE:
                         log.warning("task %s did not start on %s within %g s: held again",
                                     key, launch.node, self.grow_timeout_s)
+                    elif row.state is not TaskState.DONE:
+                        log.info("task %s not started on %s yet: held again while a job of "
+                                 "another partition waits unplanned", key, launch.node)
             elif row.state is TaskState.PENDING and not row.held:
                 out.to_hold.append(key)  # requeued by Slurm before our hold: Slurm would
                 # restart it anywhere once the requeue delay is over
@@ -326,6 +352,8 @@ class SlurmBackend(TaskBackend):
                     continue
             elif row.usable and name not in just_lost and (
                     row.state is NodeState.IDLE or hole is not None):
+                if name not in self._offered and self._hold_grants:
+                    continue  # offered once no other job waits unplanned
                 if name not in self._offered or self._offered[name] != hole:
                     idle.append(IdleNode(name, hole))
                     self._offered[name] = hole
@@ -345,6 +373,40 @@ class SlurmBackend(TaskBackend):
             del self._offered[name]
             reclaimed.append(name)
         return idle
+
+    def _waiting_unplanned(self, plan: list[sp.PlanRow], now: float) -> bool:
+        """Whether a job of another partition waits that Slurm has not planned yet.
+
+        Such a job (a production job just submitted, or one whose plan Slurm dropped when it
+        preempted workers for it) may start on any idle node at Slurm's next scheduling pass,
+        and a task we release there first takes the node: the job then waits for a later
+        preemption round (seconds to tens of seconds). So while one waits, newly idle nodes
+        are not offered, grows are not carried out, and a task released for a grow that has
+        not started yet is held again (the grow failed: its node is offered again later). Once Slurm plans it, the nodes it will
+        take are holes (:func:`~.parse.hole_ends`) and grants go on elsewhere. A job that stays
+        unplanned (held, a dependency, a limit) holds grants back for at most
+        ``unplanned_wait_s`` after the poll that first saw it.
+        """
+        if self.unplanned_wait_s <= 0:
+            self._unplanned.clear()
+            return False
+        ours = set(self._jobs) | self._gone
+        seen: dict[str, float] = {}
+        for row in plan:
+            if (row.start is not None and row.nodes) or row.array_id in ours \
+                    or self.partition in row.partition.split(","):
+                continue
+            seen[row.job_id] = self._unplanned.get(row.job_id, now)
+        self._unplanned = seen
+        return any(now - first < self.unplanned_wait_s for first in seen.values())
+
+    def _grants_held(self) -> bool:
+        if self.unplanned_wait_s <= 0:
+            return False
+        if not self._hold_grants and self.submits_seen is not None \
+                and self.submits_seen() != self._submits_at_poll:
+            self._hold_grants = True  # announced after the poll: wait for the next one
+        return self._hold_grants
 
     def _cancel_revived(self, recycled: list[str]) -> None:
         """Time-limit recycling requeues a *finished* task, which the conditional requeue of a
@@ -419,6 +481,16 @@ class SlurmBackend(TaskBackend):
 
     def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
         released: list[str] = []
+        if grows and self._grants_held():
+            nodes = sorted({n for action in grows for n in action.nodes})
+            log.info("grows onto %s held back: a job of another partition waits unplanned",
+                     ",".join(nodes))
+            for action in grows:
+                events += [WorkerStopped(now, action.job_id, n) for n in action.nodes]
+            for node in nodes:  # offered again by the first poll without such a job
+                self._offered.pop(node, None)
+            events.append(NodesReclaimed(now, tuple(nodes)))
+            return
         for action in grows:
             if action.job_id not in self._jobs:
                 log.warning("grow of job %s: not a live elastic job", action.job_id)
