@@ -262,7 +262,7 @@ def test_poll_commands_are_filtered_and_formatted(slurm: FakeSlurm,
     assert slurm.calls == [
         ["sinfo", "-h", "-N", "-p", "preemptable", "-o", "%N|%T"],
         ["squeue", "-h", "-r", "-t", "all", "-p", "preemptable", "-O", SQUEUE_FORMAT],
-        ["squeue", "-h", "-t", "PD", "--start", "-o", "%i|%F|%S|%Y|%P"],
+        ["squeue", "-h", "-t", "PD", "--start", "-o", "%i|%F|%S|%Y|%P|%r|%V"],
     ]
 
 
@@ -512,3 +512,38 @@ def test_a_submission_announced_after_the_poll_holds_that_cycles_grows(
     assert of(backend.poll(T + 1), NodesIdle)[0].nodes == (IdleNode("n01"), IdleNode("n02"))
     backend.execute([Grow("7", ("n01",), None)], T + 1)
     assert slurm.commands()[-1] == ["scontrol", "release", "7_0"]
+
+
+def test_only_jobs_that_could_start_now_hold_grants_back(slurm: FakeSlurm) -> None:
+    """A site's queue is full of jobs that cannot start now (held, waiting on a dependency or
+    behind others, beyond the backfill's depth: never planned): they must not stop grants. A
+    job Slurm has not looked at yet (reason None) or that waits for nodes does, for at most
+    ``unplanned_wait_s`` after its submission time, whenever the daemon first saw it."""
+    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    slurm.squeue = held_array(7, 4)
+    slurm.sinfo = nodes(n01="idle")
+    cannot = "".join(f"{40 + i}|{40 + i}|N/A|(null)|prod|{reason}|{int(T) - 5}\n"
+                     for i, reason in enumerate(["JobHeldUser", "JobHeldAdmin", "Dependency",
+                                                 "Priority", "BeginTime",
+                                                 "QOSMaxNodePerUserLimit"]))
+    slurm.plan = cannot + f"50|50|N/A|(null)|prod|None|{int(T) - 31}\n"  # submitted 31 s ago
+    assert of(backend.poll(T), NodesIdle)[0].nodes == (IdleNode("n01"),)
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01",), None)], T) == []
+    assert slurm.commands()[-1] == ["scontrol", "release", "7_0"]
+    for reason in ("None", "Resources"):
+        fresh = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+        slurm.squeue, slurm.sinfo = held_array(7, 4), nodes(n01="idle")
+        slurm.plan = cannot + f"51|51|N/A|(null)|prod|{reason}|{int(T) - 25}\n"
+        assert of(fresh.poll(T), NodesIdle) == [], reason  # 25 s after its submission
+        assert of(fresh.poll(T + 6), NodesIdle)[0].nodes == (IdleNode("n01"),), reason
+
+
+def test_plan_rows_read_the_reason_and_submit_time() -> None:
+    from malletrain_core.backends.slurm.parse import parse_plan
+    old, new, odd = parse_plan("40|40|N/A|(null)|prod\n"
+                               "41|41|N/A|(null)|prod|Resources|1800000000\n"
+                               "42|42|N/A|(null)|prod|bad|description|1800000001\n")
+    assert (old.reason, old.submit) == ("", None)
+    assert (new.reason, new.submit) == ("Resources", 1.8e9)
+    assert (odd.reason, odd.submit) == ("bad|description", 1800000001.0)

@@ -203,7 +203,7 @@ def test_pyslurm_snapshot_in_the_commands_formats() -> None:
                     state="PENDING", allocated_nodes=None, time_limit=None, requeue_count=0,
                     priority=0, user_name="alice", state_reason="JobHeldUser",
                     admin_comment="malletrain:min=1,max=3", partition="preemptable",
-                    start_time=0, scheduled_nodes=None)
+                    start_time=0, scheduled_nodes=None, submit_time=1_700_000_000)
         return NS(**{**base, **kw})
 
     nodes = {"n02": NS(name="n02", state="IDLE+PLANNED", partitions=["prod", "preemptable"]),
@@ -224,6 +224,7 @@ def test_pyslurm_snapshot_in_the_commands_formats() -> None:
     assert rows["1_0"].time_limit_s == 3600 and rows["1_1"].time_limit_s is None
     plan = sp.parse_plan(got["plan"])
     assert [(r.job_id, r.array_id) for r in plan] == [("1_[1-2]", "1"), ("7", "7")]
+    assert [(r.reason, r.submit) for r in plan] == [("JobHeldUser", 1.7e9), ("Resources", 1.7e9)]
     assert sp.hole_ends(plan, exclude={"1"}) == {"n01": 1.8e9, "n02": 1.8e9}
 
 

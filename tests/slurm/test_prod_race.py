@@ -101,3 +101,34 @@ def test_a_prod_job_submitted_as_the_daemon_grows_starts_without_a_second_round(
     assert hits >= 1, "no round caught the daemon's grow in flight: nothing was tested"
     assert max(delays) <= START_BOUND_S, delays
 
+
+
+def test_jobs_that_cannot_start_do_not_hold_grants_back(cluster: LocalCluster,
+                                                        tmp_path: Path) -> None:
+    """A site's queue holds many jobs that are never planned and cannot start now: held ones,
+    ones waiting on a dependency. With 20 of them queued (and submitted as the daemon runs,
+    so each is announced by job_submit.lua) an elastic job still grows onto every node in
+    about the time it takes with an empty queue, far inside ``unplanned_wait_s``."""
+    n = len(cluster.node_names)
+    queued = [cluster.sbatch("--hold", "-p", "prod", "-N", "1", "-o", "/dev/null",
+                             "--wrap", "true") for _ in range(18)]
+    d = LocalDaemon(cluster, root=tmp_path / "malletraind",
+                    settings={"slurm": {"unplanned_wait_s": 600}})
+    d.start()
+    try:
+        queued += [cluster.sbatch("--hold", "-p", "prod", "-N", "1", "-o", "/dev/null",
+                                  "--wrap", "true"),
+                   cluster.sbatch(f"--dependency=afterok:{queued[0]}", "-p", "prod", "-N", "1",
+                                  "-o", "/dev/null", "--wrap", "true")]
+        reasons = cluster.run(["squeue", "-h", "-p", "prod", "-t", "PD", "-o", "%r"]).stdout
+        assert sorted(set(reasons.split())) == ["Dependency", "JobHeldUser"], reasons
+        t0 = time.monotonic()
+        job = elastic(cluster, f"1-{n}", "--comment=profile=no")
+        cluster.wait_for("the elastic job on every node",
+                         lambda: running_workers(cluster, job) == n, 120)
+        took = time.monotonic() - t0
+        print(f"grown onto {n} nodes in {took:.1f} s with {len(queued)} unstartable jobs queued")
+        assert took < 120
+    finally:
+        d.stop()
+        cluster.run(["scancel", *queued], check=False)

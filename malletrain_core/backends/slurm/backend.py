@@ -89,8 +89,16 @@ def _recoverable(row: sp.TaskRow) -> bool:
 
 UNPLANNED_WAIT_S = 60.0
 """How long a waiting job of another partition that Slurm has not planned yet (no start time
-and no SchedNodes in ``squeue --start``) holds back new grants, counted from the poll that
-first saw it (see :meth:`SlurmBackend._waiting_unplanned`); 0 turns the rule off."""
+and no SchedNodes in ``squeue --start``) holds back new grants, counted from its submission
+(see :meth:`SlurmBackend._waiting_unplanned`); 0 turns the rule off."""
+
+STARTABLE_REASONS = frozenset({"", "None", "Resources"})
+"""Pending reasons of a job that may start on an idle node at Slurm's next pass: ``None``
+(Slurm has not looked at it yet: a job just submitted), ``Resources`` (waiting for nodes, as
+one is while the preemption it asked for runs), and "" (not read: the plan's older five
+columns). A hold, a dependency, a begin time, a limit, a reservation or ``Priority`` (others
+come first: beyond the backfill's depth it is never planned) cannot start now, and a site has
+many such jobs: they must not hold grants back."""
 
 HOLE_MARGIN_S = 60.0
 """Taken off a hole's remaining time: Slurm's backfill plans in bf_resolution steps (60 s by
@@ -384,8 +392,10 @@ class SlurmBackend(TaskBackend):
         are not offered, grows are not carried out, and a task released for a grow that has
         not started yet is held again (the grow failed: its node is offered again later). Once Slurm plans it, the nodes it will
         take are holes (:func:`~.parse.hole_ends`) and grants go on elsewhere. A job that stays
-        unplanned (held, a dependency, a limit) holds grants back for at most
-        ``unplanned_wait_s`` after the poll that first saw it.
+        unplanned holds grants back for at most ``unplanned_wait_s`` after its submission
+        (after the poll that first saw it where the submit time is not known). Only jobs whose
+        pending reason says they could start now count (:data:`STARTABLE_REASONS`): a held job,
+        one waiting on a dependency, a limit or the jobs before it never holds grants back.
         """
         if self.unplanned_wait_s <= 0:
             self._unplanned.clear()
@@ -394,9 +404,11 @@ class SlurmBackend(TaskBackend):
         seen: dict[str, float] = {}
         for row in plan:
             if (row.start is not None and row.nodes) or row.array_id in ours \
-                    or self.partition in row.partition.split(","):
+                    or self.partition in row.partition.split(",") \
+                    or row.reason.split(",")[0].strip() not in STARTABLE_REASONS:
                 continue
-            seen[row.job_id] = self._unplanned.get(row.job_id, now)
+            seen[row.job_id] = row.submit if row.submit is not None else \
+                self._unplanned.get(row.job_id, now)
         self._unplanned = seen
         return any(now - first < self.unplanned_wait_s for first in seen.values())
 

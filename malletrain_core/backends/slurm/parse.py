@@ -41,8 +41,9 @@ SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEU
 SINFO_FORMAT = "%N|%T"
 """``sinfo -N -o`` argument: one line per node, the long state with its flag suffix."""
 
-PLAN_FORMAT = "%i|%F|%S|%Y|%P"
-"""``squeue -t PD --start -o`` argument: job, array job, planned start, SchedNodes, partition."""
+PLAN_FORMAT = "%i|%F|%S|%Y|%P|%r|%V"
+"""``squeue -t PD --start -o`` argument: job, array job, planned start, SchedNodes, partition,
+pending reason, submit time."""
 
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job requeued in held state",
                           "job_requeued_in_held_state"})
@@ -285,20 +286,27 @@ class PlanRow:
     start: float | None
     nodes: tuple[str, ...]
     partition: str
+    reason: str = ""
+    """Why it waits (``%r``): ``None`` before Slurm first looked at it; "" when unknown."""
+    submit: float | None = None
 
 
 def parse_plan(text: str) -> list[PlanRow]:
-    """Rows of ``squeue -h -t PD --start -o PLAN_FORMAT``."""
+    """Rows of ``squeue -h -t PD --start -o PLAN_FORMAT`` (also the five columns before the
+    reason and submit time were added: both unknown)."""
     rows = []
     for line in text.splitlines():
         if not line.strip():
             continue
         cols = [c.strip() for c in line.split("|")]
-        if len(cols) != 5:
+        if len(cols) != 5 and len(cols) < 7:
             warn_once(f"pl:{line[:60]}", "plan line not understood, skipped: %r", line[:200])
             continue
-        jid, aid, start, sched, part = cols
-        rows.append(PlanRow(jid, aid, parse_time(start), _nodes(sched), part))
+        jid, aid, start, sched, part = cols[:5]
+        # A reason with a "|" in it (a free-text description) spans several columns.
+        reason, submit = ("|".join(cols[5:-1]), parse_time(cols[-1])) if len(cols) > 5 \
+            else ("", None)
+        rows.append(PlanRow(jid, aid, parse_time(start), _nodes(sched), part, reason, submit))
     return rows
 
 

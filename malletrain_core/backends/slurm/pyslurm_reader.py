@@ -96,7 +96,8 @@ def _squeue_rows(jobs: Any, keep: Any) -> tuple[list[str], list[str]]:
             key = str(job.id) if aid is None else (
                 f"{aid}_{task}" if task is not None else f"{aid}_[{waiting}]")
             plan.append(f"{key}|{aid or job.id}|{_time(job.start_time)}|"
-                        f"{job.scheduled_nodes or NULL}|{job.partition}")
+                        f"{job.scheduled_nodes or NULL}|{job.partition}|"
+                        f"{job.state_reason or 'None'}|{_time(job.submit_time)}")
         if not keep(job):
             continue
         for index in indices:
