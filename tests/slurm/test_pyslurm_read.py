@@ -37,8 +37,9 @@ def parsed(texts: dict[str, str]) -> tuple[object, ...]:
     nodes = {n: r.state_code for n, r in sp.parse_sinfo(texts["sinfo"]).items()}
     tasks = sorted((r.key, r.state, r.nodes, r.time_limit_s, r.restarts, r.held, r.user,
                     r.reason, r.admin_comment) for r in sp.parse_squeue(texts["squeue"]))
-    ends = sp.hole_ends(sp.parse_plan(texts["plan"]))
-    return nodes, tasks, ends
+    plan = sp.parse_plan(texts["plan"])
+    waiting = sorted((r.partition, r.reason, r.submit) for r in plan)
+    return nodes, tasks, sp.hole_ends(plan), waiting
 
 
 def assert_same(cluster: LocalCluster, source: PyslurmSource) -> None:
