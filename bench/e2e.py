@@ -274,12 +274,15 @@ def path_rows(r: dict[str, Any]) -> list[str]:
         return (f"{p[f'{kind}_pause_s']:.2f} s ({', '.join(f'{x:.2f}' for x in p[f'{kind}_pause_s_all'])}); "
                 f"max {lost} step{'s' if lost != 1 else ''} lost")
 
-    loads = a["load_1min"] + b["load_1min"]
+    def load(p: dict[str, Any]) -> str:
+        return f"{min(p['load_1min']):.1f}-{max(p['load_1min']):.1f}"
+
     return [
         "",
         f"In place and restart side by side (phase 4, {r['path_rounds']} rounds per path, one "
         "job of 1-4 nodes each, the same script: tests/workers/inplace_train.py, steps of about "
-        f"50 ms; 1-min load {min(loads):.1f}-{max(loads):.1f} during it). Pause: the gap between "
+        f"50 ms; 1-min load {load(a)} during the in-place rounds, {load(b)} during the restart "
+        "ones). Pause: the gap between "
         "a member's last step timestamp before the change and its first after (median over the "
         "members that lived through it; the median over changes, then every change):",
         "",
