@@ -319,8 +319,8 @@ def section(r: dict[str, Any], base: dict[str, Any] | None = None) -> str:
         "(microseconds spent processing, summed). The budget is one plain `squeue` (all jobs) "
         f"every 10 s on the same queue, i.e. six a minute; one squeue cost {sizes}. Harvesting "
         "and churn tasks only sleep (no launcher), so the phases measure the batch-system "
-        "side alone. Slurm 22.05 and the commands path only: the pyslurm read path (24.11 "
-        "and 25.11, in the matrix's chroot) is not measured here.",
+        "side alone. Slurm 22.05 and the commands path: the newer releases and the pyslurm "
+        "path are in the next table.",
         "",
         "| nodes | phase | daemon RPCs / min | slurmctld ms / min | budget ms / min | "
         "/ budget | costliest now |",

@@ -87,6 +87,9 @@ def require_slurm() -> None:
 def start_cluster(root: Path, **kwargs: object) -> LocalCluster:
     require_slurm()
     cluster = LocalCluster(root=root, **kwargs)  # type: ignore[arg-type]
+    if kwargs.get("mode") == "accounting" and cluster.release.chrooted:
+        pytest.skip(f"accounting mode runs on the host's Slurm only (its slurmdbd and "
+                    f"MariaDB), not on {cluster.release.name}: `make test` runs it on 22.05")
     report = cluster.start()
     # In-process callers (admin check, the backend's runner) find this release's commands.
     os.environ["PATH"] = cluster.release.env(dict(os.environ))["PATH"]
