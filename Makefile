@@ -31,7 +31,7 @@ test-long: setup-full
 	MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q tests/slurm/test_faults_site.py -k "slurmd_hung or checkpoint_folder"
 
 ## The fault scenarios that change an epoch under the fault, on the in-place path
-## (malletrain-run --inplace; the others are skipped with why): about 8 minutes.
+## (malletrain-run --inplace; the others are skipped with why): about 3 minutes.
 test-faults-inplace: setup-full
 	MALLETRAIN_FAULTS_PATH=inplace MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q -rs tests/slurm/test_faults.py tests/slurm/test_faults_site.py
 

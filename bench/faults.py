@@ -12,6 +12,7 @@ between ``<!-- faults:begin -->`` and ``<!-- faults:end -->`` in BENCHMARKS.md (
 appended when the markers are absent).
 
     python bench/faults.py --run --write
+    python bench/faults.py --run --paths inplace --keep --results FILE --write  # one path again
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def load(path: Path) -> list[dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise SystemExit(f"faults: {path} is not JSON ({exc}); rerun the fault tests") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) and (
-            "scenario" in r or "not_run" in r) for r in rows):
+            "scenario" in r or "not_run" in r or "pass" in r) for r in rows):
         raise SystemExit(f"faults: {path} is not a list of scenario records; rerun the tests")
     return rows
 
@@ -93,6 +94,9 @@ def render(rows: list[dict[str, Any]], summary: str = "",
     of the restart pass, with the in-place pass's samples lost beside it (``failed``: the
     tests that failed on each path)."""
     failed = failed or {}
+    passes = [f"{r['pass']}: {r['summary']}" for r in rows if "pass" in r]
+    summary = "; ".join(passes) or summary
+    rows = [r for r in rows if "pass" not in r]
     inplace = {r["test"]: r for r in rows if r.get("path") == "inplace" and "test" in r}
     extra = [r for r in rows if r.get("path") == "inplace" and "scenario" in r
              and not any(s.get("test") == r.get("test") for s in rows
@@ -160,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", help="pytest -k selection (with --run)")
     parser.add_argument("--paths", default=",".join(PATHS), help="the paths to run, "
                         "comma-separated (with --run; default: restart,inplace)")
+    parser.add_argument("--keep", action="store_true", help="with --run and --results: keep "
+                        "that file's rows of the paths not run now (rerun one path only)")
     args = parser.parse_args(argv)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if not paths or any(p not in PATHS for p in paths):
@@ -173,15 +179,20 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("give --run, --results FILE or MALLETRAIN_FAULTS_RESULTS")
             results = Path(env)
         if args.run:
-            results.unlink(missing_ok=True)  # the test modules append to it
+            kept = [r for r in load(results) if r.get("path", r.get("pass")) not in paths] \
+                if args.keep and results.exists() else []
+            results.write_text(json.dumps(kept, indent=1) + "\n")  # the tests append to it
             told = []
             for path in paths:
                 code, took, said, bad = run_tests(results, ["-k", args.select] if args.select
                                                   else [], path)
-                said = f"{path}: {said.strip('= ')}, {took:.0f} s"
-                print(f"faults: {said}", file=sys.stderr)
-                told.append(said)
+                said = f"{said.strip('= ')}, {took:.0f} s"
+                print(f"faults: {path}: {said}", file=sys.stderr)
+                told.append(f"{path}: {said}")
                 failed[path] = set(bad)
+                rows = load(results)
+                results.write_text(json.dumps(rows + [{"pass": path, "summary": said}],
+                                              indent=1) + "\n")
                 if code not in (0, 1):
                     print(f"faults: pytest exited with {code}", file=sys.stderr)
                     return code

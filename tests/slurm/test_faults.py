@@ -351,9 +351,9 @@ def test_preemption_storm_under_training(
     record(f"preemption storm under training: {len(prods)} one-node prod jobs (sleep "
            f"{TRAINING_STORM_PROD_S} s), one every {TRAINING_STORM_GAP_S:g} s, each on a node "
            "the 4-node job trained on", f"back on {k} nodes, all prod jobs ran", lost,
-           f"{changes} epoch changes in {storm_s:.0f} s" + (
-               f" ({kinds.count('inplace')} in place, {kinds.count('disk')} from disk)"
-               if INPLACE else ""), paths)
+           f"the daemon started {len(kinds)} epochs in {storm_s:.0f} s "
+           f"({kinds.count('inplace')} in place, {kinds.count('disk')} from disk), the workers "
+           f"stepped in {changes} of them", paths)
 
 
 @pytest.mark.torch
