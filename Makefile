@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long check lint demo bench bench-quick soak soak-quick clean
+.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long test-faults-inplace check lint demo bench bench-quick soak soak-quick clean
 
 setup:
 	@bash scripts/setup-machine.sh
@@ -29,6 +29,11 @@ test-pbs: setup-pbs
 test-long: setup-full
 	MALLETRAIN_REVIVAL_CANCELS=200 $(PYTEST) -q -s tests/slurm/test_revival.py
 	MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q tests/slurm/test_faults_site.py -k "slurmd_hung or checkpoint_folder"
+
+## The fault scenarios that change an epoch under the fault, on the in-place path
+## (malletrain-run --inplace; the others are skipped with why): about 3 minutes.
+test-faults-inplace: setup-full
+	MALLETRAIN_FAULTS_PATH=inplace MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q -rs tests/slurm/test_faults.py tests/slurm/test_faults_site.py
 
 # Slurm 24.11 (Debian trixie in a chroot) and 25.11 (built from ../shared/vendor/slurm in it),
 # and a pyslurm for each, under build/slurm-matrix; a second run only checks the mounts.

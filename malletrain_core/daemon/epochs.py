@@ -120,6 +120,7 @@ class EpochCoordinator:
         self._random = random
         self._jobs: dict[str, JobState] = {}
         self._port_cursor = lo
+        self._since: float | None = None  # the first tick of this run (not persisted)
 
     # ----- the daemon's side -------------------------------------------------------------
     def add_job(self, job: str, uid: int, now: float) -> JobState:
@@ -163,9 +164,32 @@ class EpochCoordinator:
         self._plan(st, now)
 
     def tick(self, now: float) -> None:
-        """Apply the checkpoint and join timeouts."""
+        """Apply the checkpoint and join timeouts, and drop silent in-place members."""
+        if self._since is None:
+            self._since = now
         for st in self._jobs.values():
+            self._drop_silent(st, now)
             self._plan(st, now)
+
+    def _drop_silent(self, st: JobState, now: float) -> None:
+        """An in-place member whose launcher has not checked in for ``launcher_timeout_s``
+        (counted from this run's first tick at the earliest, so that launchers reconnect
+        after a daemon restart) is lost while another member still checks in: its peers'
+        processes live on (a restart-path worker exits and reports the failure; these wait
+        for the next membership), so nothing else would start one. Seen after the daemon
+        released such a member to the batch system and died before saving its new epoch."""
+        cur, since = st.epoch, self._since if self._since is not None else now
+        if cur is None or st.finished or st.failed_at is not None:
+            return
+        members = [st.launchers.get(n) for n in cur.members]
+        if not all(la is not None and la.inplace for la in members):
+            return
+        silent = [la.node for la in members
+                  if la is not None and now - max(la.seen, since) >= self.launcher_timeout_s]
+        if silent and len(silent) < len(members):
+            for node in silent:
+                st.launchers.pop(node, None)
+            self._restart(st, now)
 
     # ----- the launchers' side -----------------------------------------------------------
     def checkin(self, job: str, node: str, now: float, *, epoch: int | None = None,

@@ -4,6 +4,11 @@ Slurm's view, and the results table that ``bench/faults.py`` turns into BENCHMAR
 Every module of fault scenarios records one row per scenario that passed with
 :func:`record`; with ``MALLETRAIN_FAULTS_RESULTS=FILE`` set, :func:`write_results` (called by
 each module's autouse fixture) appends them to that JSON file.
+
+``MALLETRAIN_FAULTS_PATH`` picks the path the training jobs take: ``restart`` (the default,
+``make test``) or ``inplace`` (``malletrain-run --inplace``; ``bench/faults.py`` runs both).
+In place only the scenarios of :data:`IN_PLACE` run (those where the path matters); every
+other one is skipped with the reason :data:`NOT_IN_PLACE` gives, which is recorded too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inplace_logs import daemon_epochs
 from training_logs import JobLog, invariant_problems
 
 from malletrain_core.localcluster import LocalCluster
@@ -27,6 +33,29 @@ TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch",
          "--step-sleep-s", "0.1", "--checkpoint-every-s", "6", "--log-every", "1"]
 NO_PROFILING: dict[str, dict[str, Any]] = {"profiler": {"enabled": False}}
 RESULTS: list[dict[str, Any]] = []
+
+PATHS = ("restart", "inplace")
+PATH = os.environ.get("MALLETRAIN_FAULTS_PATH", "") or "restart"
+if PATH not in PATHS:
+    raise pytest.UsageError(f"MALLETRAIN_FAULTS_PATH={PATH!r}: set it to restart or inplace "
+                            "(or leave it unset for restart)")
+INPLACE = PATH == "inplace"
+IN_PLACE = frozenset({
+    "test_daemon_sigkilled_right_after_a_rescale", "test_node_failure_mid_training",
+    "test_every_node_of_a_job_preempted_at_once",
+    "test_daemon_sigkilled_in_the_middle_of_a_planned_shrink",
+    "test_preemption_storm_under_training"})
+"""The scenarios that also run in place: each changes an epoch under the fault."""
+NOT_IN_PLACE = {
+    "test_storm_of_preemptions_and_idle_events": "stand-in workers, no launcher: no path",
+    "test_hung_scontrol_times_out_and_recovers": "stand-in workers, no launcher: no path",
+    "test_locked_state_database_stops_the_second_daemon": "no job",
+    "test_full_disk_stops_the_daemon_cleanly": "stand-in workers, no launcher: no path",
+}
+"""Why a scenario is not run in place; every other one not in :data:`IN_PLACE` keeps its
+epoch through the fault (no change, so no path) or tests the checkpoint folder or the
+restart path's resume."""
+DEFAULT_WHY = "not run in place: the fault changes no epoch, or only the restart path's resume"
 
 
 def write_results() -> None:
@@ -41,9 +70,37 @@ def write_results() -> None:
     RESULTS.clear()
 
 
-def record(scenario: str, survived: str, lost: int | None, note: str = "") -> None:
-    RESULTS.append({"scenario": scenario, "outcome": survived, "samples_lost": lost,
-                    "note": note})
+def record(scenario: str, survived: str, lost: int | None, note: str = "",
+           paths: dict[int, tuple[int, str, bool]] | None = None) -> None:
+    """One row: the test's name (its id without the module) and path go with it; ``paths``
+    is the job's epoch history as the daemon logged it (epoch → world, path, abandon)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1].split(" ")[0]
+    row: dict[str, Any] = {"scenario": scenario, "outcome": survived, "samples_lost": lost,
+                           "note": note, "test": test, "path": PATH}
+    if paths is not None:
+        row["epochs"] = [[e, w, p, a] for e, (w, p, a) in sorted(paths.items())]
+    RESULTS.append(row)
+
+
+def path_fixture(request: pytest.FixtureRequest) -> None:
+    """Autouse in each fault module: in place, skip (and record why) every scenario that is
+    not in :data:`IN_PLACE`."""
+    name = getattr(request.node, "originalname", request.node.name)
+    if INPLACE and name not in IN_PLACE:
+        why = NOT_IN_PLACE.get(name, DEFAULT_WHY)
+        RESULTS.append({"test": request.node.name, "path": PATH, "not_run": why})
+        pytest.skip(f"MALLETRAIN_FAULTS_PATH=inplace: {why}")
+
+
+def history(daemon: LocalDaemon, job: str) -> dict[int, tuple[int, str, bool]]:
+    """The job's epochs as the daemon logged them (epoch → world, path, abandon)."""
+    return daemon_epochs(daemon.log_text(), job)
+
+
+def training_script(daemon: LocalDaemon, outdir: Path,
+                    command: list[str] | None = None) -> str:
+    """The batch script of a training job on the scenarios' path."""
+    return daemon.training_script(command or TRAIN, outdir, inplace=INPLACE)
 
 
 def daemons_fixture(request: pytest.FixtureRequest, cluster: LocalCluster,
@@ -94,7 +151,7 @@ def wait_running(cluster: LocalCluster, job: str, timeout_s: float = 30.0) -> No
 
 # ---------------------------------------------------------------------------- training
 def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path) -> str:
-    script = daemon.training_script(TRAIN, outdir)
+    script = training_script(daemon, outdir)
     return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append",
                           "-o", f"{outdir}/task-%A_%a.out", script=script)
 
@@ -111,8 +168,37 @@ def samples_lost(log: JobLog, fault_epoch: int) -> int:
     return max(0, step - resumed) * BATCH * world
 
 
+def samples_lost_since(log: JobLog, epoch: int) -> tuple[int, int]:
+    """Over every epoch change after ``epoch``: (the samples lost, summed as in
+    :func:`samples_lost` for each change, and the number of changes). A change loses what the
+    epochs before it trained beyond the step the new epoch starts from."""
+    lost = changes = 0
+    reached: list[tuple[int, int]] = [(step, world) for e, rows in log.steps.items()
+                                      if e <= epoch for step, world, _, _ in rows]
+    for e in sorted(x for x in set(log.starts) | set(log.steps) if x > epoch):
+        if log.starts.get(e) and reached:
+            step, world = max(reached)
+            lost += max(0, step - min(s for s, _, _ in log.starts[e])) * BATCH * world
+            changes += 1
+            reached = [(min(s for s, _, _ in log.starts[e]), world)]
+        reached += [(step, world) for step, world, _, _ in log.steps.get(e, [])]
+    return lost, changes
+
+
 def assert_invariants(log: JobLog) -> None:
+    """The training contract (training_logs.invariant_problems). In place a start line is a
+    re-form, which goes on from the step in memory: there an epoch may start anywhere from
+    the last checkpoint before it on, never further back."""
     problems = invariant_problems(log)
+    if INPLACE:
+        problems = [p for p in problems if "resumed at step" not in p]
+        for epoch, starts in sorted(log.starts.items()):
+            before = [s for e, s in log.checkpoints if e < epoch]
+            floor = max(before, default=0)
+            back = sorted({s for s, _, _ in starts if s < floor})
+            if back:
+                problems.append(f"epoch {epoch} started at step {back}, before the last "
+                                f"checkpoint {floor}")
     assert not problems, "\n".join(problems)
 
 

@@ -14,6 +14,7 @@ checkpoint); with ``MALLETRAIN_FAULTS_RESULTS`` set the table goes to that JSON 
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import subprocess
@@ -25,14 +26,18 @@ from typing import Any
 
 import pytest
 from faults_common import (
+    INPLACE,
     NO_PROFILING,
     assert_invariants,
     daemons_fixture,
     gone,
+    history,
     outdir_fixture,
+    path_fixture,
     prod,
     record,
     samples_lost,
+    samples_lost_since,
     submit,
     wait_running,
     write_results,
@@ -74,6 +79,7 @@ def results() -> Iterator[None]:
 
 daemons = pytest.fixture(daemons_fixture, name="daemons")
 outdir = pytest.fixture(outdir_fixture, name="outdir")
+on_path = pytest.fixture(path_fixture, name="on_path", autouse=True)
 
 
 # ---------------------------------------------------------------------------- scenarios
@@ -104,7 +110,7 @@ def test_daemon_sigkilled_right_after_a_rescale(
     how = ("the grow had not reached Slurm: dropped and planned again" if
            "no worker on" in after else "the grow had reached Slurm")
     record("malletraind SIGKILLed within 0.1 s of issuing a grow, restarted 3 s later",
-           f"recovered, trains on {k} nodes", lost, how)
+           f"recovered, trains on {k} nodes", lost, how, history(daemon, job))
 
 
 @pytest.mark.torch
@@ -135,7 +141,7 @@ def test_node_failure_mid_training(
     assert read_job(outdir, job).max_step() > progress
     assert_invariants(read_job(outdir, job))
     record("node failure (slurmd, stepd and workers killed, node DOWN)",
-           "recovered on 2 nodes, grew back after RESUME", lost)
+           "recovered on 2 nodes, grew back after RESUME", lost, "", history(daemon, job))
 
 
 @pytest.mark.torch
@@ -156,7 +162,7 @@ def test_every_node_of_a_job_preempted_at_once(
     log = read_job(outdir, job)
     assert_invariants(log)
     record("every node of a job preempted at once", "0 nodes, resumed from checkpoint",
-           samples_lost(log, before))
+           samples_lost(log, before), "", history(daemon, job))
 
 
 # ---------------------------------------------------------------------------- the storm
@@ -297,6 +303,57 @@ def test_storm_of_preemptions_and_idle_events(
            f"task running again: median {median(count.regrow_s):.2f} s, max "
            f"{max(count.regrow_s):.2f} s; daemon: {cycles} cycles, {events} events, "
            f"{failures} command failures" + (" (recovered)" if failures else ""))
+
+
+TRAINING_STORM = 8
+"""One-node prod jobs in the storm on a training job, one every :data:`TRAINING_STORM_GAP_S`."""
+TRAINING_STORM_GAP_S = 1.5
+TRAINING_STORM_PROD_S = 2
+LONG = os.environ.get("MALLETRAIN_LONG_FAULTS", "") not in ("", "0")
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not LONG and not INPLACE, reason="restart path: `bench/faults.py` and "
+                    "MALLETRAIN_LONG_FAULTS=1 run it (every change restarts torch: minutes)")
+def test_preemption_storm_under_training(
+        cluster: LocalCluster, daemons: Callable[..., LocalDaemon], outdir: Path) -> None:
+    """A training job on 4 nodes; a one-node prod job every 1.5 s, each pinned to a node the
+    job trains on then, each leaving it after 2 s: the job shrinks and grows back again and
+    again, changes landing in the middle of others. It must end training on 4 nodes with the
+    invariants kept, every prod job run, and the views equal; the samples lost are summed
+    over every change."""
+    daemon = daemons(NO_PROFILING)
+    blocker = prod(cluster, 4, 3000)
+    wait_running(cluster, blocker)
+    job = submit(cluster, daemon, "1-4", outdir)
+    _, before = wait_consistent(cluster, job, outdir, timeout_s=180, at_least=4)
+    prods = []
+    t0 = time.monotonic()
+    for i in range(TRAINING_STORM):
+        nodes = sorted(cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%N"]
+                                   ).stdout.split())
+        if nodes:
+            prods.append(cluster.sbatch("-p", "prod", "-N", "1", "-w", nodes[i % len(nodes)],
+                                        "-o", "/dev/null", "--wrap",
+                                        f"sleep {TRAINING_STORM_PROD_S}"))
+        time.sleep(TRAINING_STORM_GAP_S)
+    cluster.wait_for("every prod job done", lambda: all(gone(cluster, p) for p in prods), 90)
+    storm_s = time.monotonic() - t0
+    states = {p: cluster.show_jobs(p)[0].get("JobState") for p in prods}
+    assert set(states.values()) == {"COMPLETED"}, states
+    k, _ = wait_consistent(cluster, job, outdir, timeout_s=180, at_least=4, after_epoch=before)
+    wait_agree(cluster, daemon)
+    log = read_job(outdir, job)
+    assert_invariants(log)
+    lost, changes = samples_lost_since(log, before)
+    paths = history(daemon, job)
+    kinds = [p for e, (_, p, _) in paths.items() if e > before]
+    record(f"preemption storm under training: {len(prods)} one-node prod jobs (sleep "
+           f"{TRAINING_STORM_PROD_S} s), one every {TRAINING_STORM_GAP_S:g} s, each on a node "
+           "the 4-node job trained on", f"back on {k} nodes, all prod jobs ran", lost,
+           f"the daemon started {len(kinds)} epochs in {storm_s:.0f} s "
+           f"({kinds.count('inplace')} in place, {kinds.count('disk')} from disk), the workers "
+           f"stepped in {changes} of them", paths)
 
 
 @pytest.mark.torch

@@ -32,10 +32,13 @@ from faults_common import (
     assert_invariants,
     daemons_fixture,
     gone,
+    history,
     outdir_fixture,
+    path_fixture,
     prod,
     record,
     samples_lost,
+    training_script,
     wait_running,
     write_results,
 )
@@ -78,6 +81,7 @@ def results() -> Iterator[None]:
 
 daemons = pytest.fixture(daemons_fixture, name="daemons")
 outdir = pytest.fixture(outdir_fixture, name="outdir")
+on_path = pytest.fixture(path_fixture, name="on_path", autouse=True)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -467,7 +471,7 @@ def test_daemon_sigkilled_in_the_middle_of_a_planned_shrink(
     daemon = daemons(PROBING)
     blocker = prod(cluster, 5, 3000)
     wait_running(cluster, blocker)
-    script = daemon.training_script(TRAIN, outdir)
+    script = training_script(daemon, outdir)
     job = cluster.sbatch("--qos=malletrain", "-N", "1-3", "--open-mode=append",
                          "-o", f"{outdir}/task-%A_%a.out", script=script)
     decided = re.compile(rf"job[= ]{job}:? shrink ")
@@ -491,4 +495,5 @@ def test_daemon_sigkilled_in_the_middle_of_a_planned_shrink(
     what = ("while rank 0 checkpointed for a planned shrink" if moment == "checkpoint" else
             "right after Slurm carried out a planned shrink")
     record(f"malletraind SIGKILLed {what}, restarted 3 s later",
-           f"recovered, trains on {k} nodes", lost, f"prod job started {took:.1f} s after sbatch")
+           f"recovered, trains on {k} nodes", lost, f"prod job started {took:.1f} s after sbatch",
+           history(daemon, job))
