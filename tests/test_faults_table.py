@@ -4,26 +4,18 @@ daemon's epoch history in the notes; and bad paths refused with one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def faults() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("faults_bench", ROOT / "bench" / "faults.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["faults_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/faults.py", "faults_bench")
 
 
 ROWS: list[dict[str, Any]] = [

@@ -3,25 +3,16 @@ rank-0 counter file kept across restarts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 torch = pytest.importorskip("torch")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "nas_cell.py"
-
-
 @pytest.fixture(scope="module")
 def nas():
-    spec = importlib.util.spec_from_file_location("nas_cell", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nas_cell"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/nas_cell.py", "nas_cell")
 
 
 def reaches(matrix, src, dst):

@@ -3,26 +3,17 @@ journal's compaction sawtooth is judged by its peaks, and every target follows i
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak_bench", ROOT / "bench" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/soak.py", "soak_bench")
 
 
 def result(rss: Any, rows: Any, db: Any, p99: float = 0.5, lost: int = 0) -> dict[str, Any]:
