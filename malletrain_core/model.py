@@ -14,10 +14,9 @@ from enum import Enum
 
 import numpy as np
 
+# Defined in config, which the launcher imports without numpy; re-exported here.
+from .config import DEFAULT_LOOKAHEAD_S as DEFAULT_LOOKAHEAD_S
 from .errors import ValidationError
-
-DEFAULT_LOOKAHEAD_S = 120.0
-"""FreeTrain's look-ahead. The prototype used 10 s, shorter than one ~18 s scale-up."""
 
 
 class Objective(str, Enum):
