@@ -39,6 +39,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--root-dir", default=".")
     args = parser.parse_args()
@@ -49,7 +50,7 @@ def main():
                         num_nodes=args.num_nodes, strategy="ddp",
                         default_root_dir=args.root_dir, plugins=[mt.MalleTrainEnvironment()],
                         callbacks=[mt.MalleTrainCallback()])
-    trainer.fit(LitRegressor(), train_loader, ckpt_path=mt.last_checkpoint())
+    trainer.fit(LitRegressor(lr=args.lr), train_loader, ckpt_path=mt.last_checkpoint())
 
 
 if __name__ == "__main__":

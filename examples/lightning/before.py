@@ -38,6 +38,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--root-dir", default=".")
     args = parser.parse_args()
@@ -47,7 +48,7 @@ def main():
     trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1,
                         num_nodes=args.num_nodes, strategy="ddp",
                         default_root_dir=args.root_dir)
-    trainer.fit(LitRegressor(), train_loader)
+    trainer.fit(LitRegressor(lr=args.lr), train_loader)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,14 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 ENV = ["env", "MALLETRAIN_LOG_EVERY=1", "MALLETRAIN_MIN_STEP_S=0.15",
        "MALLETRAIN_CHECKPOINT_EVERY_S=6", "OMP_NUM_THREADS=1"]
+# lr 0.01, not the examples' 0.05: with momentum 0.9 and 8-sample batches, 0.05 makes the
+# logged loss bounce, and the loss check below then fails on short runs (a CPU simulation of
+# these world sizes over 40 seeds: 50-80 % passed at 0.05, all passed at 0.01).
 SCRIPTS = {
     "torchrun": [sys.executable, "examples/torchrun/after.py", "--epochs", "100000",
-                 "--batch-size", "8"],
+                 "--batch-size", "8", "--lr", "0.01"],
     "lightning": [sys.executable, "examples/lightning/after.py", "--epochs", "100000",
-                  "--batch-size", "8", "--num-nodes", "1", "--root-dir", "{out}"],
+                  "--batch-size", "8", "--lr", "0.01", "--num-nodes", "1", "--root-dir", "{out}"],
     # The Trainer's own sampler: positions in its step lines follow from the step and the
     # constant global batch (48 = 8 per device × 1, 2 or 3 processes × accumulation).
     "hf": [sys.executable, "examples/hf/after.py", "--output-dir", "{out}/hf", "--epochs",
