@@ -514,6 +514,33 @@ def test_a_submission_announced_after_the_poll_holds_that_cycles_grows(
     assert slurm.commands()[-1] == ["scontrol", "release", "7_0"]
 
 
+def test_a_submission_holds_released_tasks_at_once(slurm: FakeSlurm) -> None:
+    """job_submit.lua's datagram for another partition's job holds again, without waiting for
+    a poll, the tasks released for grows that have not started; the next poll ends those grows
+    (failed, their nodes offered again later); one that started before the hold is a worker."""
+    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    slurm.squeue = held_array(7, 3)
+    slurm.sinfo = nodes(n01="idle", n02="idle")
+    backend.poll(T)
+    assert backend.other_submitted() == 0  # nothing released: no command
+    backend.execute([Grow("7", ("n01", "n02"), None)], T)
+    slurm.calls.clear()
+    assert backend.other_submitted() == 2
+    assert backend.other_submitted() == 0  # already held
+    assert slurm.commands() == [["scontrol", "hold", "7_[0-1]"]]
+    # 7_0 started before the hold reached it; 7_1 waits, held
+    slurm.squeue = task(20, 7, 0, "RUNNING", "n01", prio=0, reason="None") + task(7, 7, 1) \
+        + task(7, 7, 2)
+    slurm.sinfo = nodes(n01="allocated", n02="idle")
+    slurm.plan = "40|40|1800000060|n02|prod|Resources|1800000000\n"
+    slurm.calls.clear()
+    ev = backend.poll(T + 2)
+    assert WorkerStarted(T + 2, "7", "n01") in ev and WorkerStopped(T + 2, "7", "n02") in ev
+    assert ["scontrol", "hold", "7_1"] not in slurm.commands()
+    unplanned_off = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=0)
+    assert unplanned_off.other_submitted() == 0
+
+
 def test_only_jobs_that_could_start_now_hold_grants_back(slurm: FakeSlurm) -> None:
     """A site's queue is full of jobs that cannot start now (held, waiting on a dependency or
     behind others, beyond the backfill's depth: never planned): they must not stop grants. A

@@ -107,6 +107,11 @@ class TaskBackend:
         return dict(self._workers)
 
     @property
+    def launching(self) -> dict[str, str]:
+        """Tasks told to start and not seen running yet: task id → node."""
+        return {key: launch.node for key, launch in self._launching.items()}
+
+    @property
     def offered(self) -> dict[str, float | None]:
         """Nodes the engine has been told it may use (idle or running a worker) → hole end."""
         return dict(self._offered)

@@ -217,15 +217,22 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
                          group=d.hook_group or None)
     service.closables.append(hooks)
 
-    def on_hook() -> None:
-        # A hint: the woken poll reads the truth. Another job's submission does not wake
-        # (a site submits many): the backend holds back grows after it (submits_seen).
-        if any(not isinstance(m, protocol.JobSubmit) or m.elastic for m in hooks.drain()):
-            daemon.hook_wake()
-
     inner: Any = getattr(service.bridge, "backend", None)
     if inner is not None and hasattr(inner, "submits_seen"):
         inner.submits_seen = lambda: hooks.other_submits
+    other_submitted = getattr(inner, "other_submitted", None)
+
+    def on_hook() -> None:
+        # A hint: the woken poll reads the truth. Another job's submission does not wake
+        # (a site submits many): the backend holds back grows after it (submits_seen) and
+        # holds again, at once, the tasks it released that have not started yet.
+        messages = hooks.drain()
+        if any(not isinstance(m, protocol.JobSubmit) or m.elastic for m in messages):
+            daemon.hook_wake()
+        if other_submitted is not None and any(
+                isinstance(m, protocol.JobSubmit) and not m.elastic for m in messages):
+            with daemon.lock:
+                other_submitted()
 
     daemon.watch(hooks, on_hook)
     daemon.after_cycle.append(service.save)

@@ -94,8 +94,9 @@ class NodeChange:
 @dataclass(frozen=True)
 class JobSubmit:
     """A job was submitted (the hook runs before Slurm gives it an id): an elastic one, or with
-    ``elastic`` false another (a production job), which only holds back the daemon's grows
-    until Slurm has planned it and does not wake the daemon."""
+    ``elastic`` false another (a production job), which does not wake the daemon: it holds
+    back the daemon's grows until Slurm has planned it, and the tasks released for grows that
+    have not started yet are held again at once."""
 
     src: str
     t: float

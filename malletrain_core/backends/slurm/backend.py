@@ -150,6 +150,9 @@ class SlurmBackend(TaskBackend):
         sends one per submission): one that arrives after the poll holds back that cycle's
         grows too. None: only the poll's view counts."""
         self._submits_at_poll = 0
+        self._reheld: set[str] = set()
+        """Released tasks held again by :meth:`other_submitted` before they started: the next
+        poll ends their grows (failed) if they are still waiting."""
 
     def _job_of(self, task: str) -> str:
         return task.split("_", 1)[0]
@@ -214,6 +217,7 @@ class SlurmBackend(TaskBackend):
             if aid in self._jobs:  # the engine drops that node: offer it again when usable
                 self._offered.pop(node, None)
         self._dropped.clear()
+        self._reheld &= set(self._launching)
         leaving = {row.node for key, row in current.items() if key in self._stopping
                    and key not in self._workers and row.node and row.state in _ACTIVE}
         idle = self._reconcile_nodes(nodes, plan, out.reclaimed, leaving)
@@ -290,19 +294,21 @@ class SlurmBackend(TaskBackend):
             launch = self._launching.get(key)
             if launch is not None:
                 late = now >= launch.deadline
-                if row.state is TaskState.DONE or late or (
+                reheld = key in self._reheld and row.state in (TaskState.PENDING,
+                                                               TaskState.HELD)
+                if row.state is TaskState.DONE or late or reheld or (
                         self._hold_grants and row.state is TaskState.PENDING):
                     del self._launching[key]
                     out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
                     self._dropped.append((launch.job_id, launch.node))
-                    if row.state is not TaskState.DONE:
+                    if row.state is not TaskState.DONE and not reheld:  # reheld: logged
                         out.to_hold.append(key)
-                    if late and row.state is not TaskState.DONE:
-                        log.warning("task %s did not start on %s within %g s: held again",
-                                    key, launch.node, self.grow_timeout_s)
-                    elif row.state is not TaskState.DONE:
-                        log.info("task %s not started on %s yet: held again while a job of "
-                                 "another partition waits unplanned", key, launch.node)
+                        if late:
+                            log.warning("task %s did not start on %s within %g s: held again",
+                                        key, launch.node, self.grow_timeout_s)
+                        else:
+                            log.info("task %s not started on %s yet: held again while a job "
+                                     "of another partition waits unplanned", key, launch.node)
             elif row.state is TaskState.PENDING and not row.held:
                 out.to_hold.append(key)  # requeued by Slurm before our hold: Slurm would
                 # restart it anywhere once the requeue delay is over
@@ -411,6 +417,26 @@ class SlurmBackend(TaskBackend):
                 self._unplanned.get(row.job_id, now)
         self._unplanned = seen
         return any(now - first < self.unplanned_wait_s for first in seen.values())
+
+    def other_submitted(self) -> int:
+        """A job of another partition was just submitted (job_submit.lua's datagram, on the
+        daemon's cycle thread): hold again, at once, every task released for a grow that has
+        not started yet, instead of at the next poll. Slurm's scheduling pass for the new job
+        would otherwise start such a task on an idle node the job could have taken, and the
+        job would wait for a preemption round. A task that started before the hold reached it
+        is a worker as usual (the poll holds running tasks anyway). Returns the tasks held."""
+        if self.unplanned_wait_s <= 0:
+            return 0
+        keys = sorted(k for k in self._launching if k not in self._reheld)
+        if not keys:
+            return 0
+        failed = self._run_quietly("hold", keys)
+        held = [k for k in keys if k not in failed]
+        self._reheld.update(held)
+        if held:
+            log.info("tasks %s released but not started: held again, a job of another "
+                     "partition was submitted", sp.fold_tasks(held))
+        return len(held)
 
     def _grants_held(self) -> bool:
         if self.unplanned_wait_s <= 0:
