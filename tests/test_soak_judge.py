@@ -41,6 +41,16 @@ def test_flat_memory_and_a_bounded_sawtooth_journal_pass(soak: ModuleType) -> No
     assert all(j["targets"].values()), j["targets"]
 
 
+def test_a_descriptor_peak_passes_a_descriptor_leak_fails(soak: ModuleType) -> None:
+    r = result(flat, sawtooth, lambda t: 1e6 + 400 * sawtooth(t))
+    for s in r["samples"]:  # launchers come and go: 45-52, one peak of 57 late in the window
+        s["fds"] = 57 if s["t"] == 2900 else 45 + int(s["t"] / 10) % 8
+    assert soak.judge(r)["fds_threads_flat"]
+    for s in r["samples"]:  # one descriptor more every 5 minutes: 5 over the window
+        s["fds"] = 45 + int(s["t"] / 300)
+    assert not soak.judge(r)["fds_threads_flat"]
+
+
 def test_growing_memory_fails(soak: ModuleType) -> None:
     # +1 MiB every 5 minutes: 5 MiB over the 25-minute window, 10 % of ~52 MiB.
     j = soak.judge(result(lambda t: 40 + t / 300, sawtooth, lambda t: 1e6 + 400 * sawtooth(t)))
