@@ -8,12 +8,15 @@ draws one such cell from a seed; :class:`Network` stacks it like the benchmark d
 conv, stacks of cells separated by down-sampling, global pooling, a linear classifier), shrunk
 so that one CPU step takes about 0.05–0.2 s.
 
-Run by ``malletrain-run`` (one ``torchrun`` per epoch) it trains with gloo DDP, resumes from the
-last checkpoint at any world size, reports progress through :class:`training.Session`,
-checkpoints periodically and when the daemon asks, and rank 0 keeps a counter file
-(``counters.json`` beside the checkpoint, replaced atomically about once a second) with the
-samples trained (every step computed, also those redone after resuming from an older
-checkpoint), the epochs and world sizes seen and the number of restarts. Every process appends
+Written on ``inplace.Elastic``: run by ``malletrain-run --inplace`` (examples/nas.sbatch) its
+process stays alive across membership changes and re-forms its gloo group in place (joiners get
+the model and optimizer from a member); run by ``malletrain-run`` without it (one ``torchrun``
+per epoch) it resumes from the last checkpoint at whatever world size the epoch has. Either way
+it reports progress through :class:`training.Session`, checkpoints periodically and when the
+daemon asks, and rank 0 keeps a counter file (``counters.json`` beside the checkpoint, replaced
+atomically about once a second) with the samples trained (every step computed, also those
+redone after resuming from an older checkpoint), the epochs and world sizes seen and the number
+of process starts (``restarts``: starts after the first; a change in place is not one). Every process appends
 the start and end of each step it completed to ``steps/<node>.log`` there (what the demo counts
 as harvested). Without MalleTrain it runs as a one-process training::
 
@@ -34,11 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from malletrain_core.worker import training  # noqa: E402
+from malletrain_core.worker import inplace, training  # noqa: E402
 
 INPUT, OUTPUT = "input", "output"
 OPS = ("conv3x3-bn-relu", "conv1x1-bn-relu", "maxpool3x3")
@@ -185,10 +187,13 @@ class Counters:
             pass
         self._last_write = 0.0
 
-    def started(self, epoch: int, world: int) -> None:
+    def started(self, epoch: int | None, world: int, fresh: bool = True) -> None:
+        """An epoch begins: ``fresh`` when this process is new (a start or a restart), not
+        when the group changed in place around it."""
         d = self.data
-        d["starts"] += 1
-        d["restarts"] = d["starts"] - 1
+        if fresh:
+            d["starts"] += 1
+            d["restarts"] = d["starts"] - 1
         if epoch not in d["epochs"]:
             d["epochs"].append(epoch)
         d["world_sizes"].append(world)
@@ -254,59 +259,56 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     session = training.Session(checkpoint_every_s=args.checkpoint_every_s)
-    rank, world = session.rank, session.world_size
-    if world > 1:
-        dist.init_process_group("gloo")
     spec = random_cell(args.cell_seed)
     torch.manual_seed(args.cell_seed)
     model = Network(spec)
-    lr = training.scale_lr(args.lr, global_batch=args.batch * world,
-                           reference_batch=args.reference_batch)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    step = 0
-    resumed = session.resume()
-    if resumed is not None:
-        model.load_state_dict(resumed["state"]["model"])
-        optimizer.load_state_dict(resumed["state"]["optimizer"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        step = int(resumed["step"])
-    counters = Counters(session.checkpoint_dir / COUNTERS_NAME, session.job_id, spec) \
-        if session.is_chief else None
-    if counters is not None:
-        counters.started(session.epoch, world)
-    print(f"start cell={args.cell_seed} {spec.describe()} step={step} epoch={session.epoch} "
-          f"world={world} rank={rank} resumed={'yes' if resumed is not None else 'no'}",
-          flush=True)
-    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # Elastic wraps DDP for each group, sets the learning rate for each world size, resumes
+    # from the last checkpoint when no member holds the state, and has rank 0 checkpoint at
+    # step boundaries (every --checkpoint-every-s, or when the daemon asks).
+    el = inplace.Elastic(session, model, optimizer, lr_for=lambda world: training.scale_lr(
+        args.lr, global_batch=args.batch * world, reference_batch=args.reference_batch))
     loss_fn = nn.CrossEntropyLoss()
     steps_log = StepLog(session.checkpoint_dir, node_name())
-    while args.steps <= 0 or step < args.steps:
+    counters: Counters | None = None
+    shown: object = ()  # no epoch is (): the first step shows one
+    for step in el.steps(args.steps):
+        if el.epoch != shown:  # this process's first epoch, or a change in place
+            shown = el.epoch
+            if el.rank == 0:
+                fresh = counters is None
+                if counters is None:
+                    counters = Counters(session.checkpoint_dir / COUNTERS_NAME,
+                                        session.job_id, spec)
+                counters.started(session.epoch, el.world, fresh=fresh)
+            else:
+                counters = None
+            print(f"start cell={args.cell_seed} {spec.describe()} step={step} "
+                  f"epoch={session.epoch} world={el.world} rank={el.rank} "
+                  f"resumed={'yes' if el.resumed_from is not None else 'no'}", flush=True)
         started = time.time()
-        x, y = batch(args.cell_seed, step, rank, args.batch)
-        loss = loss_fn(net(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        step += 1
+        done = False
+        with el.guard():  # a step failed by a lost peer is dropped and run again
+            x, y = batch(args.cell_seed, step, el.rank, args.batch)
+            loss = loss_fn(el.net(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            done = True
+        if not done:
+            continue
         steps_log.completed(started, time.time())
-        session.report(samples=args.batch * world)
+        session.report(samples=args.batch * el.world)
         if counters is not None:
-            counters.add(args.batch * world)
-        if step % args.log_every == 0:
-            print(f"step={step} epoch={session.epoch} world={world} rank={rank} "
+            counters.add(args.batch * el.world)
+        if (step + 1) % args.log_every == 0:
+            print(f"step={step + 1} epoch={session.epoch} world={el.world} rank={el.rank} "
                   f"loss={loss.item():.4f}", flush=True)
-        if session.should_checkpoint():
-            session.checkpoint({"model": model.state_dict(),
-                                "optimizer": optimizer.state_dict()}, step)
-    if session.is_chief:
-        session.checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                           step)
+    el.save()  # the last checkpoint (rank 0)
     if counters is not None:
         counters.write()
-    print(f"done step={step} world={world} rank={rank}", flush=True)
-    if world > 1:
-        dist.destroy_process_group()
+    print(f"done step={el.step} world={el.world} rank={el.rank}", flush=True)
+    el.close()
     return 0
 
 
