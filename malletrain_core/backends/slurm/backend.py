@@ -167,12 +167,15 @@ class SlurmBackend(TaskBackend):
             got = self.source.snapshot(self.partition)
             return (sp.parse_sinfo(got["sinfo"]), sp.parse_squeue(got["squeue"]),
                     sp.parse_plan(got["plan"]))
-        # sinfo first: a task that starts between the two calls then shows as ours, not as
-        # a foreign job on a node we offered.
+        # The plan first: a job of another partition that starts after it is read shows in
+        # sinfo as holding its nodes, instead of vanishing from the plan while sinfo still
+        # shows those nodes idle (they would be offered, and a grow would chase the job).
+        # Then sinfo before our tasks: a task that starts between the two calls shows as
+        # ours, not as a foreign job on a node we offered.
+        p = self.runner.run(["squeue", "-h", "-t", "PD", "--start", "-o", sp.PLAN_FORMAT])
         n = self.runner.run(["sinfo", "-h", "-N", "-p", self.partition, "-o", sp.SINFO_FORMAT])
         q = self.runner.run(["squeue", "-h", "-r", "-t", "all", "-p", self.partition,
                              "-O", sp.SQUEUE_FORMAT])
-        p = self.runner.run(["squeue", "-h", "-t", "PD", "--start", "-o", sp.PLAN_FORMAT])
         return sp.parse_sinfo(n.stdout), sp.parse_squeue(q.stdout), sp.parse_plan(p.stdout)
 
     def _scontrol_batch(self, verb: str, keys: Sequence[str]) -> set[str]:
