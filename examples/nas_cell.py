@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     shown: object = ()  # no epoch is (): the first step shows one
     for step in el.steps(args.steps):
         if el.epoch != shown:  # this process's first epoch, or a change in place
+            fresh = shown == ()
             shown = el.epoch
-            if el.rank == 0:
-                fresh = counters is None
+            if el.rank == 0:  # also a process that becomes rank 0 in place
                 if counters is None:
                     counters = Counters(session.checkpoint_dir / COUNTERS_NAME,
                                         session.job_id, spec)

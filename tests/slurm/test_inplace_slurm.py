@@ -13,6 +13,7 @@ examples/train_elastic.py unchanged in place.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -271,3 +272,59 @@ def test_the_example_script_runs_in_place(cluster: LocalCluster, daemon: LocalDa
                 if f"epoch {e1}: rank 0 of 1 in place" in p.read_text(errors="replace")]
     assert len(survivor) == 1 and survivor[0].read_text(errors="replace").count(
         "training process started ahead") == 1, "the survivor's process was restarted"
+
+
+NAS = [sys.executable, "examples/nas_cell.py", "--cell-seed", "3", "--batch", "4",
+       "--checkpoint-every-s", "5", "--log-every", "5"]
+NAS_START = re.compile(r"^start cell=.* epoch=(\d+) world=(\d+) rank=(\d+)", re.M)
+
+
+def nas_epochs(outdir: Path, job: str) -> dict[int, set[int]]:
+    """Epoch → the ranks whose ``start`` line (printed when an epoch begins) names it."""
+    out: dict[int, set[int]] = {}
+    for path in outdir.glob(f"task-{job}_*.out"):
+        for m in NAS_START.finditer(path.read_text(errors="replace")):
+            out.setdefault(int(m[1]), set()).add(int(m[3]))
+    return out
+
+
+def test_the_nas_example_runs_in_place(cluster: LocalCluster, daemon: LocalDaemon,
+                                       outdir: Path) -> None:
+    """examples/nas_cell.py (what examples/nas.sbatch runs, ``--inplace``) trains on two
+    nodes; a prod job preempts one; the survivor re-forms in place, is never restarted, and
+    its counters go on."""
+    prod(cluster, 6)
+    script = daemon.training_script(NAS, outdir, inplace=True)
+    job = cluster.sbatch("--qos=malletrain", "-N", "1-2", "--open-mode=append",
+                         "--comment=profile=no", "-o", f"{outdir}/task-%A_%a.out",
+                         script=script)
+    found: list[int] = []
+
+    def at(world: int, after: int = -1) -> bool:
+        hits = [e for e, ranks in nas_epochs(outdir, job).items()
+                if e > after and ranks == set(range(world))]
+        if hits and running(cluster, job) == world:
+            found.append(max(hits))
+            return True
+        return False
+
+    cluster.wait_for("the NAS job training on 2 nodes", lambda: at(2), 180, interval_s=0.5)
+    e0 = found[-1]
+    prod(cluster, 1, "-w", nodes_of(cluster, job)[-1])
+    cluster.wait_for("the NAS job training on 1 node", lambda: at(1, e0), 90, interval_s=0.5)
+    e1 = found[-1]
+    ckpt = next(outdir.glob(f"ckpt-{job}"))
+    before = json.loads((ckpt / "counters.json").read_text())["samples"]
+    cluster.wait_for("the survivor training on", lambda: json.loads(
+        (ckpt / "counters.json").read_text())["samples"] >= before + 5 * 4, 60, interval_s=0.5)
+    counters = json.loads((ckpt / "counters.json").read_text())
+    epochs = daemon_epochs(daemon.log_text(), job)
+    assert all(epochs[e][1] == "inplace" for e in epochs if e > min(epochs)), epochs
+    assert counters["restarts"] == 0 and e1 in counters["epochs"], counters
+    assert counters["world_sizes"][-1] == 1 and 2 in counters["world_sizes"], counters
+    survivor = [p for p in outdir.glob(f"task-{job}_*.out")
+                if f"epoch {e1}: rank 0 of 1 in place" in p.read_text(errors="replace")]
+    assert len(survivor) == 1 and survivor[0].read_text(errors="replace").count(
+        "training process started ahead") == 1, "the survivor's process was restarted"
+    print(f"\nNAS example in place: epochs {e0} (2 nodes) -> {e1} (1 node), "
+          f"samples {counters['samples']}, world sizes {counters['world_sizes']}")

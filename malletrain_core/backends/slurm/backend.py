@@ -437,8 +437,9 @@ class SlurmBackend(TaskBackend):
         held = [k for k in keys if k not in failed]
         self._reheld.update(held)
         if held:
-            log.info("tasks %s released but not started: held again, a job of another "
-                     "partition was submitted", sp.fold_tasks(held))
+            log.info("tasks %s released and not seen running yet: held again, a job of "
+                     "another partition was submitted (one that has started stays a worker)",
+                     sp.fold_tasks(held))
         return len(held)
 
     def _grants_held(self) -> bool:
