@@ -16,9 +16,9 @@ it reports progress through :class:`training.Session`, checkpoints periodically 
 daemon asks, and rank 0 keeps a counter file (``counters.json`` beside the checkpoint, replaced
 atomically about once a second) with the samples trained (every step computed, also those
 redone after resuming from an older checkpoint), the epochs and world sizes seen and the number
-of process starts (``restarts``: starts after the first; a change in place is not one). Every process appends
-the start and end of each step it completed to ``steps/<node>.log`` there (what the demo counts
-as harvested). Without MalleTrain it runs as a one-process training::
+of process starts (``restarts``: starts after the first; a change in place is not one). Every
+process appends the start and end of each step it completed to ``steps/<node>.log`` there
+(what the demo counts as harvested). Without MalleTrain it runs as a one-process training::
 
     python examples/nas_cell.py --cell-seed 3 --steps 20
 """
