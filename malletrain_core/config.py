@@ -85,6 +85,9 @@ class SlurmConfig:
     bin_dir: str = ""
     pyslurm: str = "off"
     unplanned_wait_s: float = 60.0
+    hole_margin_s: float = 60.0
+    """Taken off a planned hole: at least the backfill's bf_resolution (Slurm's default 60 s);
+    a cluster that plans in finer steps fills shorter holes with a smaller margin."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,9 @@ class Config:
         if not self.slurm.unplanned_wait_s >= 0 or not math.isfinite(self.slurm.unplanned_wait_s):
             raise ConfigError(f"slurm.unplanned_wait_s: {self.slurm.unplanned_wait_s!r} must "
                               "be a finite number ≥ 0 (0: grants never wait for other jobs)")
+        if not self.slurm.hole_margin_s >= 0 or not math.isfinite(self.slurm.hole_margin_s):
+            raise ConfigError(f"slurm.hole_margin_s: {self.slurm.hole_margin_s!r} must be a "
+                              "finite number ≥ 0 (bf_resolution + bf_interval of slurm.conf)")
         for name, port in (("daemon.api_port", d.api_port), ("daemon.metrics_port", d.metrics_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name}: {port!r} is not a port number (0 turns it off)")

@@ -102,17 +102,35 @@ end
 -- Lua's socket module, if installed: without it the daemon finds the job at its next poll.
 local have_unix, unix = pcall(require, "socket.unix")
 
+-- A count Slurm leaves unset reads NO_VAL (0xfffffffe): only smaller ones are sent.
+local function count_field(name, value)
+	if type(value) ~= "number" or value < 0 or value >= 2147483647 then return "" end
+	return string.format(',"%s":%d', name, value)
+end
+
 -- elastic false: a job MalleTrain does not convert (a production job): the daemon then grants
--- no node until Slurm has planned it (daemon side: slurm.unplanned_wait_s).
-local function wake_daemon(elastic)
+-- no node until Slurm has planned it (daemon side: slurm.unplanned_wait_s). Its requested
+-- nodes (-w) and node counts go along: a job that can run only on the nodes it names (as many
+-- as it asks for) makes the daemon hold back only the tasks it was starting there.
+local function wake_daemon(elastic, job_desc)
 	if not have_unix or type(unix) ~= "table" or unix.dgram == nil then return end
 	pcall(function()
+		local extra = ""
+		if not elastic then
+			extra = ',"elastic":false'
+			local req = job_desc and job_desc.req_nodes
+			if type(req) == "string" and req ~= "" and #req <= 1024 and
+					string.find(req, "^[%w%-%.%[%],_]+$") then
+				extra = extra .. ',"nodes":"' .. req .. '"' ..
+					count_field("min_nodes", job_desc.min_nodes) ..
+					count_field("max_nodes", job_desc.max_nodes)
+			end
+		end
 		local sock = unix.dgram()
 		if sock == nil then return end
 		sock:settimeout(0)
 		sock:sendto(string.format(
-			'{"v":1,"src":"slurm-job-submit","kind":"job_submit","t":%d%s}', os.time(),
-			elastic and "" or ',"elastic":false'),
+			'{"v":1,"src":"slurm-job-submit","kind":"job_submit","t":%d%s}', os.time(), extra),
 			HOOK_SOCKET)
 		sock:close()
 	end)
@@ -174,7 +192,7 @@ end
 -- error code of a refusal (the user sees the message).
 local function job_submit(job_desc, part_list, submit_uid)
 	if job_desc.qos ~= QOS_NAME then
-		wake_daemon(false)
+		wake_daemon(false, job_desc)
 		return slurm.SUCCESS
 	end
 	local err, code = convert(job_desc)

@@ -18,10 +18,12 @@ from malletrain_core.cli import main
 from malletrain_core.cli.admin import (
     Check,
     SlurmChecker,
+    check_hole_margin,
     format_checks,
     lua_settings,
     parse_records,
     parse_show_config,
+    scheduler_parameter,
 )
 from malletrain_core.config import Config
 from malletrain_core.runner import CommandRunner
@@ -114,7 +116,7 @@ def test_a_good_site_passes_every_check(site):
                              "JobSubmitPlugins", "job_submit.lua",
                              "EpilogSlurmctld", "PrologSlurmctld", "PreemptType",
                              "PreemptMode", "partition", "higher tier", "MaxArraySize",
-                             "MaxJobCount"]
+                             "MaxJobCount", "hole margin"]
     text = format_checks(checks).replace(str(site.etc), "ETC")
     text = text.replace(f"{pwd.getpwuid(os.getuid()).pw_name}", "USER")
     golden = GOLDEN / "admin_check.txt"
@@ -130,6 +132,8 @@ def test_what_is_missing_or_wrong(site):
               .replace("PrologSlurmctld         = (null)", "PrologSlurmctld         = /bin/true")
               .replace("MaxArraySize            = 1001", "MaxArraySize            = 500")
               .replace("MaxJobCount             = 10000", "MaxJobCount             = 1001")
+              .replace("SchedulerParameters     = bf_interval=1,batch_sched_delay=0",
+                       "SchedulerParameters     = bf_interval=1,bf_resolution=120")
               .replace("PreemptMode             = REQUEUE", "PreemptMode             = OFF"))
     (site.etc / "slurm.conf").write_text("PreemptMode=OFF\nMaxArraySize=500\n")
     by_name, checks = site.checks(broken)
@@ -140,7 +144,7 @@ def test_what_is_missing_or_wrong(site):
         "JobSubmitPlugins": "MISSING",
         "job_submit.lua": "OK", "EpilogSlurmctld": "OK", "PrologSlurmctld": "WRONG",
         "PreemptType": "OK", "PreemptMode": "WRONG", "partition": "OK", "higher tier": "OK",
-        "MaxArraySize": "WRONG", "MaxJobCount": "WRONG"}
+        "MaxArraySize": "WRONG", "MaxJobCount": "WRONG", "hole margin": "WRONG"}
     assert "set MaxArraySize=1001" in by_name["MaxArraySize"].fix
     assert "1001 with 2 jobs and tasks queued" in by_name["MaxJobCount"].detail
     assert all(c.fix for c in checks if not c.ok)
@@ -261,7 +265,7 @@ def test_cli_exit_codes_and_json(site, capsys, monkeypatch):
     cfg.write_text("")
     assert main(["admin", "check", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
-    assert len(out.splitlines()) == 14 and all(line.startswith("OK ") for line in out.splitlines())
+    assert len(out.splitlines()) == 15 and all(line.startswith("OK ") for line in out.splitlines())
     config_text = site.config.replace("MaxArraySize            = 1001",
                                       "MaxArraySize            = 64")
     assert main(["admin", "check", "--json", "--config", str(cfg)]) == 1
@@ -299,3 +303,14 @@ def test_the_slurm_path_is_the_daemons_choice(site):
     path = by_name["Slurm path"]
     assert path.status == "WRONG" and "build a pyslurm" in path.fix
     assert path.detail.startswith("commands (no pyslurm in helper '/nonexistent/python3': ")
+
+
+def test_the_hole_margin_follows_the_backfill_step():
+    assert scheduler_parameter("bf_interval=1,bf_resolution=5,batch_sched_delay=0",
+                               "bf_resolution", 60) == 5
+    assert scheduler_parameter("(null)", "bf_resolution", 60) == 60
+    ok = check_hole_margin("bf_interval=1,bf_resolution=1", 3.0)
+    assert ok.ok and "bf_resolution=1" in ok.detail
+    low = check_hole_margin("bf_interval=30", 30.0)  # Slurm's default step: 60 s
+    assert not low.ok and "bf_resolution=60" in low.detail
+    assert "slurm.hole_margin_s = 91" in low.fix

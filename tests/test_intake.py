@@ -75,6 +75,31 @@ def test_other_jobs_submissions_are_counted_as_they_arrive(tmp_path):
     hook.close()
 
 
+def test_a_submission_confined_to_its_nodes_names_them():
+    """job_submit.lua sends a production job's -w nodes and node counts: the job can run only
+    on those nodes when it may take no more than it names."""
+    from malletrain_core.wire import hooks as protocol
+
+    def only(extra: str) -> tuple[str, ...]:
+        msg = protocol.decode(b'{"v":1,"src":"slurm-job-submit","kind":"job_submit","t":1,'
+                              b'"elastic":false' + extra.encode() + b"}")
+        assert isinstance(msg, protocol.JobSubmit) and not msg.elastic
+        assert protocol.decode(protocol.encode(msg)) == msg
+        return msg.only_nodes
+
+    assert only(',"nodes":"n[01-02]"') == ("n01", "n02")
+    assert only(',"nodes":"n[01-02]","min_nodes":2,"max_nodes":2') == ("n01", "n02")
+    assert only(',"nodes":"n01","min_nodes":1,"max_nodes":4') == ()  # may take 3 others
+    assert only(',"nodes":"n01","min_nodes":3') == ()
+    assert only("") == ()
+    elastic = protocol.decode(b'{"v":1,"src":"s","kind":"job_submit","t":1,"nodes":"n01"}')
+    assert isinstance(elastic, protocol.JobSubmit) and elastic.only_nodes == ()
+    with pytest.raises(protocol.ProtocolError, match="min_nodes"):
+        only(',"nodes":"n01","min_nodes":-1')
+    with pytest.raises(protocol.ProtocolError, match="hostlist|node"):
+        only(',"nodes":"n[02-01]"')
+
+
 def test_hook_datagrams_from_other_uid_are_dropped(tmp_path):
     hook = HookListener(tmp_path / "hook.sock", allowed_uids={12345})
     send_unix(hook.path, b"{}")

@@ -45,7 +45,7 @@ def test_partition_mode_config(tmp_path: Path) -> None:
     assert conf["JobSubmitPlugins"] == "lua"
     assert conf["EpilogSlurmctld"] == str(tmp_path.resolve() / "etc" / "epilog_slurmctld")
     assert "PrologSlurmctld" not in conf
-    assert conf["SchedulerParameters"] == "bf_interval=1,batch_sched_delay=0"
+    assert conf["SchedulerParameters"] == "bf_interval=1,bf_resolution=1,batch_sched_delay=0"
     assert conf["AuthInfo"].endswith(f",cred_expire={TEST_TIMINGS.cred_expire_s}")
     assert conf["KillWait"] == str(TEST_TIMINGS.kill_wait_s)
     assert "CPUs=2" in conf["NodeName"]
@@ -59,7 +59,7 @@ def test_site_defaults_and_accounting(tmp_path: Path) -> None:
     cluster = LocalCluster(nodes=2, mode="accounting", site_defaults=True, root=tmp_path,
                            port_base=26000)
     conf = conf_lines(cluster)
-    assert conf["SchedulerParameters"] == "bf_interval=30,batch_sched_delay=3"
+    assert conf["SchedulerParameters"] == "bf_interval=30,bf_resolution=60,batch_sched_delay=3"
     assert conf["AuthInfo"].endswith(f",cred_expire={SITE_TIMINGS.cred_expire_s}")
     assert conf["PreemptType"] == "preempt/qos"
     assert conf["AccountingStorageType"] == "accounting_storage/slurmdbd"

@@ -542,6 +542,21 @@ def test_a_submission_holds_released_tasks_at_once(slurm: FakeSlurm) -> None:
     assert unplanned_off.other_submitted() == 0
 
 
+def test_a_submission_confined_to_its_nodes_holds_only_tasks_there(slurm: FakeSlurm) -> None:
+    """A production job that can run only on the nodes it names (sbatch -w) takes none of the
+    others: the tasks released onto those go on starting."""
+    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    slurm.squeue = held_array(7, 3)
+    slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01", "n02", "n03"), None)], T)
+    slurm.calls.clear()
+    assert backend.other_submitted(("n02", "n09")) == 1
+    assert slurm.commands() == [["scontrol", "hold", "7_1"]]
+    assert backend.other_submitted() == 2  # one that may run anywhere: every other one
+    assert slurm.commands()[-1] == ["scontrol", "hold", "7_[0,2]"]
+
+
 def test_only_jobs_that_could_start_now_hold_grants_back(slurm: FakeSlurm) -> None:
     """A site's queue is full of jobs that cannot start now (held, waiting on a dependency or
     behind others, beyond the backfill's depth: never planned): they must not stop grants. A

@@ -277,6 +277,29 @@ def check_release(version: str) -> Check:
                   f"run make test-matrix against it first, or use Slurm {', '.join(TESTED)}")
 
 
+def scheduler_parameter(params: str, key: str, default: int) -> int:
+    """One integer of ``SchedulerParameters`` (``bf_interval=30,bf_resolution=60,...``)."""
+    for item in params.split(","):
+        name, _, value = item.strip().partition("=")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return default
+
+
+def check_hole_margin(params: str, margin_s: float) -> Check:
+    """``slurm.hole_margin_s`` against the backfill's step: a task whose time limit ends within
+    one bf_resolution of the planned start does not start on the planned node."""
+    resolution = scheduler_parameter(params, "bf_resolution", 60)
+    interval = scheduler_parameter(params, "bf_interval", 30)
+    if margin_s < resolution:
+        return _wrong("hole margin", f"slurm.hole_margin_s = {margin_s:g} s is under "
+                      f"bf_resolution={resolution}: tasks fitted to a planned hole may stay "
+                      "pending", f"set slurm.hole_margin_s = {resolution + interval + 1} "
+                      "in malletrain.toml")
+    return _ok("hole margin", f"{margin_s:g} s off every planned hole (bf_resolution="
+                              f"{resolution}, bf_interval={interval})")
+
+
 class SlurmChecker:
     """Runs the checks against the slurmctld the runner's environment points at."""
 
@@ -353,6 +376,8 @@ class SlurmChecker:
             "remove PrologSlurmctld from slurm.conf (MalleTrain needs none)"))
         out.extend(self._preemption(conf, lua))
         out.extend(self._headroom(conf, lua))
+        out.append(check_hole_margin(conf.get("SchedulerParameters", ""),
+                                     self.config.slurm.hole_margin_s))
         return out
 
     def _path(self) -> Check:

@@ -229,10 +229,13 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
         messages = hooks.drain()
         if any(not isinstance(m, protocol.JobSubmit) or m.elastic for m in messages):
             daemon.hook_wake()
-        if other_submitted is not None and any(
-                isinstance(m, protocol.JobSubmit) and not m.elastic for m in messages):
+        others = [m for m in messages if isinstance(m, protocol.JobSubmit) and not m.elastic]
+        if other_submitted is not None and others:
+            # A job confined to the nodes it names (-w) can only take those.
+            only = () if any(not m.only_nodes for m in others) else \
+                tuple(sorted({n for m in others for n in m.only_nodes}))
             with daemon.lock:
-                other_submitted()
+                other_submitted(only)
 
     daemon.watch(hooks, on_hook)
     daemon.after_cycle.append(service.save)

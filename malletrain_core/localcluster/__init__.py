@@ -62,9 +62,20 @@ class Timings:
     bf_interval_s: int
     batch_sched_delay_s: int
     kill_wait_s: int
+    bf_resolution_s: int = 60
+    """The backfill plan's time step (Slurm's default 60 s)."""
+
+    @property
+    def hole_margin_s(self) -> int:
+        """What the daemon must take off a planned hole (``slurm.hole_margin_s``): a task that
+        fits the hole starts at a backfill cycle (up to ``bf_interval`` after its release),
+        and the plan's times are rounded to ``bf_resolution``; one second more for the clock
+        ticking between the daemon's read of the plan and its order."""
+        return self.bf_resolution_s + self.bf_interval_s + 1
 
 
-TEST_TIMINGS = Timings(cred_expire_s=10, bf_interval_s=1, batch_sched_delay_s=0, kill_wait_s=2)
+TEST_TIMINGS = Timings(cred_expire_s=10, bf_interval_s=1, batch_sched_delay_s=0, kill_wait_s=2,
+                       bf_resolution_s=1)
 SITE_TIMINGS = Timings(cred_expire_s=120, bf_interval_s=30, batch_sched_delay_s=3,
                        kill_wait_s=30)
 """Slurm's own defaults (cred_expire, bf_interval, KillWait) and a common batch_sched_delay."""

@@ -88,6 +88,9 @@ class LocalDaemon:
             "epochs": {"checkpoint_timeout_s": 20.0, "join_timeout_s": 6.0,
                        "port_min": lo, "port_max": lo + EPOCH_PORT_SPAN - 1},
             "munge": {"socket": str(cluster.munge_socket)},
+            # The cluster's backfill plans in bf_resolution steps: a finer plan, a thinner
+            # margin, and holes from about a minute on take a task.
+            "slurm": {"hole_margin_s": float(cluster.timings.hole_margin_s)},
         }
         for name, table in (settings or {}).items():
             sections.setdefault(name, {}).update(table)

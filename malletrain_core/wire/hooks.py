@@ -15,7 +15,10 @@ One JSON object per datagram, UTF-8, at most :data:`MAX_DATAGRAM_BYTES` bytes::
 * ``job_submit`` — an elastic job was submitted (its id is not known yet); optionally
   ``user``. Sent by job_submit.lua so that a quiet daemon polls at once. With ``"elastic":
   false``: another job was submitted; the daemon holds back the grows it was about to make
-  (the job may need those nodes) and does not poll early for it.
+  (the job may need those nodes) and does not poll early for it. Such a datagram may carry the
+  job's requested nodes, ``nodes`` (hostlist string, ``sbatch -w``), and its ``min_nodes`` /
+  ``max_nodes`` where set: a job that names at least as many nodes as it may take can run
+  only there (:attr:`JobSubmit.only_nodes`).
 * ``job_queued`` — ``job``: an elastic job has just been queued (PBS's postqueuejob hook, which
   runs once the server holds the job, so the woken poll sees it).
 
@@ -102,6 +105,9 @@ class JobSubmit:
     t: float
     user: str | None = None
     elastic: bool = True
+    only_nodes: tuple[str, ...] = ()
+    """The nodes the job can run on, where its request confines it to them (``-w`` naming
+    every node it may take); empty: any node."""
     kind: str = field(default="job_submit", init=False)
 
 
@@ -212,7 +218,15 @@ def decode(data: bytes) -> Message:
         if not isinstance(elastic, bool):
             raise ProtocolError("hook datagram: field 'elastic' must be true or false, got "
                                 f"{type(elastic).__name__}")
-        return JobSubmit(src=src, t=t, user=_name(obj, "user", required=False), elastic=elastic)
+        only: tuple[str, ...] = ()
+        requested = _name(obj, "nodes", required=False)
+        counts = [_count(obj, "min_nodes"), _count(obj, "max_nodes")]
+        if requested is not None and not elastic:
+            named = expand_hostlist(requested)
+            if all(c is None or c <= len(named) for c in counts):
+                only = named  # -w names all it takes (-N above the list takes others too)
+        return JobSubmit(src=src, t=t, user=_name(obj, "user", required=False), elastic=elastic,
+                         only_nodes=only)
     if kind == "job_queued":
         return JobQueued(src=src, t=t, job=str(_name(obj, "job")))
     return NodeChange(src=src, t=t, node=str(_name(obj, "node")),
@@ -236,6 +250,8 @@ def encode(msg: Message) -> bytes:
             obj["user"] = msg.user
         if not msg.elastic:
             obj["elastic"] = False
+            if msg.only_nodes:
+                obj["nodes"] = hostlist.fold(msg.only_nodes)
     elif isinstance(msg, JobQueued):
         obj["job"] = msg.job
     else:

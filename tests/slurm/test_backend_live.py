@@ -26,6 +26,7 @@ from malletrain_core.events import (
     WorkerStopped,
 )
 from malletrain_core.localcluster import LocalCluster
+from malletrain_core.runner import CommandRunner
 
 
 def poll_until(backend: SlurmBackend, done: Callable[[list[Event]], bool],
@@ -137,3 +138,48 @@ def test_backend_reads_hole_ends_from_the_backfill_plan(cluster: LocalCluster,
     ends = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%e"]).stdout.strip()
     assert time.mktime(time.strptime(ends, "%Y-%m-%dT%H:%M:%S")) <= planned
     assert cluster.run(["squeue", "-h", "-j", wide, "--start", "-o", "%S"]).stdout.strip() == start
+
+
+def test_a_hole_of_about_a_minute_takes_a_task(cluster: LocalCluster) -> None:
+    """The local cluster plans in 1 s steps (bf_resolution=1) and its daemons take
+    ``timings.hole_margin_s`` (3 s) off a hole, not Slurm's default step of 60 s: a planned
+    hole ending about 65 s ahead takes a one-minute task, which starts on the planned node
+    and leaves the plan as it was. With the default margin the same hole takes none."""
+    margin = cluster.timings.hole_margin_s
+    assert cluster.timings.bf_resolution_s == 1 and margin == 3
+    backend = SlurmBackend(CommandRunner(env=cluster.env), grow_timeout_s=30,
+                           hole_margin_s=margin)
+    backend.poll(time.time())
+    first = cluster.sbatch("-p", "prod", "-w", "n01", "-t", "2", "-o", "/dev/null",
+                           script=SCRIPT)
+    wait_task(cluster, first, "RUNNING")
+    wide = cluster.sbatch("-p", "prod", "-N", str(len(cluster.node_names)), "-t", "5",
+                          "-o", "/dev/null", script=SCRIPT)
+    job = elastic(cluster, "1-2")
+    poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
+
+    def planned_start() -> str:
+        return cluster.run(["squeue", "-h", "-j", wide, "--start", "-o", "%S"]).stdout.strip()
+    cluster.wait_for("the wide job planned", lambda: planned_start()[:2] == "20", 30)
+    start = planned_start()
+    planned = time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
+    while planned - time.time() > 60 + margin + 4:  # about 50 s: the first job's 2 minutes
+        time.sleep(0.5)
+    hole = planned - time.time()
+    assert hole > 60 + margin, f"the hole shrank to {hole:.1f} s before the grow"
+    default = SlurmBackend(CommandRunner(env=cluster.env))
+    default.poll(time.time())
+    refused = default.execute([Grow(job, ("n02",), hole)], time.time())
+    assert [(type(e), e.node) for e in refused] == [(WorkerStopped, "n02")]
+
+    backend.poll(time.time())  # sees the wide job planned: grants are not held back
+    assert backend.execute([Grow(job, ("n02",), planned - time.time())], time.time()) == []
+    ev = poll_until(backend, lambda ev: any(isinstance(e, WorkerStarted) for e in ev),
+                    timeout_s=20)
+    assert [e.node for e in ev if isinstance(e, WorkerStarted)] == ["n02"]
+    limit, ends = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o",
+                               "%l|%e"]).stdout.strip().split("|")
+    assert limit == "1:00"
+    assert time.mktime(time.strptime(ends, "%Y-%m-%dT%H:%M:%S")) <= planned
+    assert planned_start() == start, "the task moved the planned start"
+    print(f"a {hole:.1f} s hole took a one-minute task on the planned node")

@@ -5,7 +5,9 @@ minus what slurmd/slurmstepd send); everything else the test does runs as the te
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from slurm_helpers import elastic, elastic_nodes
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.localcluster import LocalCluster
 from malletrain_core.localcluster.daemon import LocalDaemon
+from malletrain_core.wire.hooks import HookSocket, JobSubmit
 
 
 def _lua_socket() -> bool:
@@ -84,3 +87,27 @@ def test_quiet_daemon_costs_no_rpcs_and_hooks_wake_it(quiet_daemon: LocalDaemon,
     log = quiet_daemon.log_text()
     assert " ERROR " not in log
     cluster.run(["scancel", job])
+
+
+def test_a_production_submission_names_the_nodes_it_is_confined_to(
+        cluster: LocalCluster, hook_listener: HookSocket) -> None:
+    """job_submit.lua's datagram for a job it does not convert carries its -w nodes and node
+    counts; the daemon reads the job as confined to them only when it may take no others."""
+    if cluster.release.name != "22.05":
+        pytest.skip("lua-socket is installed for the host's Slurm only")
+
+    def submitted(*args: str) -> JobSubmit:
+        cluster.sbatch("-p", "prod", "-H", "-o", "/dev/null", *args, "--wrap", "true")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(socket.timeout):
+                got = hook_listener.receive(timeout_s=1.0).message
+                if isinstance(got, JobSubmit):
+                    return got
+        raise AssertionError("no job_submit datagram within 10 s")
+
+    pinned = submitted("-w", "n[02-03]")
+    assert (pinned.elastic, pinned.only_nodes) == (False, ("n02", "n03"))
+    assert submitted("-N", "2", "-w", "n02,n03").only_nodes == ("n02", "n03")
+    assert submitted("-N", "3", "-w", "n02").only_nodes == ()  # may take two others
+    assert submitted("-N", "1").only_nodes == ()

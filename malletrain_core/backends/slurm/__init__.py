@@ -18,4 +18,5 @@ def from_config(config: Config) -> SlurmBackend:
     return SlurmBackend(runner, partition=s.partition,
                         default_time_limit_s=s.default_time_limit_s,
                         unplanned_wait_s=s.unplanned_wait_s,
+                        hole_margin_s=s.hole_margin_s,
                         source=source_for(s.pyslurm, runner))

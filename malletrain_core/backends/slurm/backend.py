@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,9 +101,9 @@ come first: beyond the backfill's depth it is never planned) cannot start now, a
 many such jobs: they must not hold grants back."""
 
 HOLE_MARGIN_S = 60.0
-"""Taken off a hole's remaining time: Slurm's backfill plans in bf_resolution steps (60 s by
-default) and starts the task at its next cycle, so a limit that ends just before the planned
-start would keep the task pending on the planned node."""
+"""Taken off a hole's remaining time (``slurm.hole_margin_s``): Slurm's backfill plans in
+bf_resolution steps (60 s by default) and starts the task at one of its cycles, so a limit that
+ends just before the planned start would keep the task pending on the planned node."""
 
 
 @dataclass
@@ -421,16 +421,20 @@ class SlurmBackend(TaskBackend):
         self._unplanned = seen
         return any(now - first < self.unplanned_wait_s for first in seen.values())
 
-    def other_submitted(self) -> int:
+    def other_submitted(self, only_nodes: Collection[str] = ()) -> int:
         """A job of another partition was just submitted (job_submit.lua's datagram, on the
         daemon's cycle thread): hold again, at once, every task released for a grow that has
         not started yet, instead of at the next poll. Slurm's scheduling pass for the new job
         would otherwise start such a task on an idle node the job could have taken, and the
         job would wait for a preemption round. A task that started before the hold reached it
-        is a worker as usual (the poll holds running tasks anyway). Returns the tasks held."""
+        is a worker as usual (the poll holds running tasks anyway). ``only_nodes``: the job can
+        run only there (``-w``), so only the tasks released onto them are held; empty: every
+        one. Returns the tasks held."""
         if self.unplanned_wait_s <= 0:
             return 0
-        keys = sorted(k for k in self._launching if k not in self._reheld)
+        only = set(only_nodes)
+        keys = sorted(k for k, launch in self._launching.items()
+                      if k not in self._reheld and (not only or launch.node in only))
         if not keys:
             return 0
         failed = self._run_quietly("hold", keys)
