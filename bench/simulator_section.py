@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from malletrain_core.sim.costs import INPLACE
+
 BEGIN, END = "<!-- simulator:begin -->", "<!-- simulator:end -->"
 SETUP_KEYS = ("trace", "workload", "seeds", "lookahead_s", "node_order", "perf_model")
 ORDER = ("malletrain", "malletrain-lifetime", "malletrain-clairvoyant", "freetrain-exact",
@@ -404,14 +406,21 @@ def section(head: dict[str, Any], arrivals: list[dict[str, Any]],
             "### Both rescale-cost models",
             "",
             "The same setup replayed under `--rescale-cost inplace` (`malletrain_core/sim/"
-            "costs.py`, the figures measured on the in-place path in docs/inplace.md): a grow "
-            "keeps the members training at the old size while the joiners start (5 s: torch "
-            "import 4.3 s measured, build and check-in), then pauses them 0.62 s; a shrink or a "
-            "preemption that leaves survivors loses the step in flight (taken as 1 s) and "
-            "pauses 0.06 s; a change that leaves no process alive still costs the disk restart "
-            "(Tcdw at the rate before). The first report after a change comes 2 s after "
-            "training resumes (the worker's report interval), so the engine measures a grow "
-            "at ≈ 7.6 s and a shrink at ≈ 3 s. Under `inplace` net samples are exactly what "
+            "costs.py`, the in-place path's pauses as `bench/e2e.py` measured them on a real "
+            "Slurm cluster, section \"End to end\"): a grow keeps the members training at the "
+            f"old size while the joiners start ({INPLACE.joiner_start_s:g} s: node idle → "
+            "training measured, less the pause), then pauses them "
+            f"{INPLACE.grow_pause_s:g} s; a shrink or a preemption that leaves survivors loses "
+            f"the step in flight (taken as {INPLACE.lost_step_s:g} s) and pauses "
+            f"{INPLACE.shrink_pause_s:g} s (shrink) or {INPLACE.preempt_pause_s:g} s "
+            "(preemption); a change that leaves no process alive still costs the disk restart "
+            "(Tcdw at the rate before). The first report after a change comes "
+            f"{INPLACE.first_report_s:g} s after training resumes (the worker's report "
+            "interval), so the engine measures a grow at ≈ "
+            f"{INPLACE.joiner_start_s + INPLACE.grow_pause_s + (INPLACE.first_report_s or 0):.1f}"
+            " s and a shrink at ≈ "
+            f"{INPLACE.lost_step_s + INPLACE.shrink_pause_s + (INPLACE.first_report_s or 0):.1f}"
+            " s. Under `inplace` net samples are exactly what "
             "was trained, less the disk-restart charge; under `restart` they follow the "
             "prototype's ledger (Tcup/Tcdw at the rate before).",
             "",

@@ -117,11 +117,14 @@ class Counters:
 
 def startup_line(imported_t: float, first_t: float, el: inplace.Elastic) -> None:
     """One stderr line on where this process's start-up went (the task's start is its
-    launcher's, the parent process, when psutil can tell)."""
+    launcher's, the parent process, when psutil can tell). psutil's start times count from the
+    boot time in whole seconds, off by up to a second; their difference is exact (a clock tick),
+    so the launcher's start is taken as this process's exec less that difference."""
     try:
         import psutil
 
-        task_t = psutil.Process(os.getppid()).create_time()
+        task_t = EXEC_T - max(0.0, psutil.Process().create_time()
+                              - psutil.Process(os.getppid()).create_time())
     except Exception:  # psutil missing or the parent gone: start at the exec
         task_t = EXEC_T
     first = el.changes[0] if el.changes else {}

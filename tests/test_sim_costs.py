@@ -54,22 +54,28 @@ def test_inplace_losses_per_change_by_hand() -> None:
     got = _scenario(m)
     # Start from 0 is free: 100 s at 18/s.
     assert got[0] == pytest.approx((1800.0, 1800.0, 0.0, 0.0))
-    # Grow 2→4: the joiners start for 5 s while the members train at 18/s (90 samples), then
-    # 0.62 s of pause, then 30/s. Against an instant change: 30 × 5.62 − 90 = 78.6 lost.
-    assert got[1] == pytest.approx((1800 + 90 + 30 * (100 - 5.62), 4800 - 78.6, 78.6, 0.0))
-    # Planned shrink 4→2: the step in flight (1 s at 30/s) and a 0.06 s pause at 18/s.
-    shrink = 30.0 + 18 * 0.06
-    p2 = got[1][0] - 30.0 + 18 * (100 - 0.06)
-    assert got[2] == pytest.approx((p2, 6600 - 78.6 - shrink, 78.6 + shrink, 0.0))
-    # One of two nodes preempted: the step in flight at 18/s and a 0.06 s pause at 10/s.
-    preempt = 18.0 + 10 * 0.06
-    p3 = p2 - 18.0 + 10 * (100 - 0.06)
-    assert got[3] == pytest.approx((p3, 7600 - 78.6 - shrink - preempt, 78.6 + shrink,
+    j, g, sp, pp = (INPLACE.joiner_start_s, INPLACE.grow_pause_s, INPLACE.shrink_pause_s,
+                    INPLACE.preempt_pause_s)
+    assert (j, g, sp, pp) == (7.3, 0.13, 0.20, 0.29)  # bench/e2e.py's in-place medians
+    # Grow 2→4: the joiners start for 7.3 s while the members train at 18/s (131.4 samples),
+    # then 0.13 s of pause, then 30/s. Against an instant change: 30 × 7.43 − 131.4 = 91.5.
+    grow = 30 * (j + g) - 18 * j
+    assert grow == pytest.approx(91.5)
+    assert got[1] == pytest.approx((1800 + 18 * j + 30 * (100 - j - g), 4800 - grow, grow,
+                                    0.0))
+    # Planned shrink 4→2: the step in flight (1 s at 30/s) and a 0.2 s pause at 18/s.
+    shrink = 30.0 + 18 * sp
+    p2 = got[1][0] - 30.0 + 18 * (100 - sp)
+    assert got[2] == pytest.approx((p2, 6600 - grow - shrink, grow + shrink, 0.0))
+    # One of two nodes preempted: the step in flight at 18/s and a 0.29 s pause at 10/s.
+    preempt = 18.0 + 10 * pp
+    p3 = p2 - 18.0 + 10 * (100 - pp)
+    assert got[3] == pytest.approx((p3, 7600 - grow - shrink - preempt, grow + shrink,
                                     preempt))
     # Every node lost: a restart from the disk checkpoint, charged Tcdw (10 s) at 10/s as
     # under restart; continuous checkpoints roll nothing back.
-    assert got[4] == pytest.approx((p3, 7600 - 78.6 - shrink - preempt - 100.0,
-                                    78.6 + shrink, preempt + 100.0))
+    assert got[4] == pytest.approx((p3, 7600 - grow - shrink - preempt - 100.0,
+                                    grow + shrink, preempt + 100.0))
     assert m.rescales == 2 and m.preemptions == 2
     assert m.net == pytest.approx(m.progress - 100.0)  # only the disk restart is a convention
 
@@ -93,13 +99,13 @@ def test_grow_keeps_the_old_size_training_until_the_joiners_are_ready() -> None:
     m.rescale(0.0, 1)
     m.advance(10.0)
     m.rescale(10.0, 2)
-    m.advance(14.0)                                   # joiner starting: members train on
-    assert m.restarting and m.progress == pytest.approx(140.0)
-    assert m.node_s == pytest.approx(10 + 2 * 4)      # the joiner's node is held
-    m.advance(15.5)                                   # 15 … 15.62: the pause
-    assert m.progress == pytest.approx(150.0)
-    m.advance(16.0)
-    assert not m.restarting and m.progress == pytest.approx(150.0 + 18 * 0.38)
+    m.advance(16.0)                                   # joiner starting: members train on
+    assert m.restarting and m.progress == pytest.approx(160.0)
+    assert m.node_s == pytest.approx(10 + 2 * 6)      # the joiner's node is held
+    m.advance(17.35)                                  # 17.3 … 17.43: the pause
+    assert m.progress == pytest.approx(173.0)
+    m.advance(18.0)
+    assert not m.restarting and m.progress == pytest.approx(173.0 + 18 * 0.57)
 
 
 def test_cost_models_are_named_and_declared() -> None:
@@ -109,9 +115,9 @@ def test_cost_models_are_named_and_declared() -> None:
     with pytest.raises(ConfigError):
         PerfParams(rescale_cost="cheap")
     assert RESTART.declared(18.0, 12.0) == (18.0, 12.0)
-    assert INPLACE.declared(18.0, 12.0) == pytest.approx((5.62, 1.06))
+    assert INPLACE.declared(18.0, 12.0) == pytest.approx((7.43, 1.29))
     reqs = job_requests("freetrain-exact", [_job(18.0, 12.0)], 0, costs=INPLACE)
-    assert (reqs[0].scale_up_s, reqs[0].scale_down_s) == pytest.approx((5.62, 1.06))
+    assert (reqs[0].scale_up_s, reqs[0].scale_down_s) == pytest.approx((7.43, 1.29))
 
 
 def test_first_report_comes_when_training_resumes_in_place() -> None:
@@ -128,10 +134,10 @@ def test_first_report_comes_when_training_resumes_in_place() -> None:
     backend.execute([Grow(job.id, (names[0],))], t0)          # a start: no pause
     first = _next_report(backend)
     assert (first.time, first.world_size) == (pytest.approx(t0 + 2.0), 1)
-    backend.execute([Grow(job.id, (names[1],))], first.time)  # joiners 5 s, pause 0.62 s
+    backend.execute([Grow(job.id, (names[1],))], first.time)  # joiners 7.3 s, pause 0.13 s
     second = _next_report(backend)
     assert second.world_size == 2
-    assert second.time == pytest.approx(first.time + 5.0 + 0.62 + 2.0)
+    assert second.time == pytest.approx(first.time + 7.3 + 0.13 + 2.0)
 
 
 def _next_report(backend: SimBackend) -> ProgressReport:

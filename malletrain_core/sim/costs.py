@@ -10,25 +10,28 @@ profiled scale-up time ``Tcup`` (≈ 18 s in the ImageNet profiles), a shrink or
 scale-down time ``Tcdw`` (≈ 12 s), charged at the rate before the change.
 
 ``inplace`` — the in-place path (``malletrain-run --inplace``, :mod:`malletrain_core.worker.inplace`):
-survivors keep their processes and state and re-form the group. Sources of the figures
-(docs/inplace.md, "Measured"; torch 2.13 CPU, gloo, 2 shared cores, medians of 8 runs):
+survivors keep their processes and state and re-form the group. The figures are the ones
+``bench/e2e.py`` measured on a real Slurm cluster (BENCHMARKS.md, "End to end", in place and
+restart side by side: a 1–4-node job under ``malletrain-run --inplace`` driven by the daemon,
+torch 2.13 CPU, gloo, 2 shared cores, medians of the members' pauses):
 
-* ``grow_pause_s`` 0.62 s — members' pause on a grow, the larger of the two measured medians
-  (grow 2→3: 0.62 s, grow 1→2: 0.47 s);
-* ``shrink_pause_s`` 0.06 s — planned shrink 3→1, median 0.059 s;
-* ``preempt_pause_s`` 0.06 s — a peer SIGKILLed (what a batch-system preemption does to the
-  worker), median 0.051 s, rounded up to the shrink figure;
+* ``grow_pause_s`` 0.13 s — members' pause on a grow (3 → 4, 2 → 4);
+* ``shrink_pause_s`` 0.20 s — a planned shrink (4 → 2);
+* ``preempt_pause_s`` 0.29 s — Slurm preempting one node (4 → 3);
 * ``lost_step_s`` 1.0 s — the step in flight, lost on a shrink and on a preemption that leaves
   survivors. The measured runs lost no completed step (a planned shrink stops at a step
-  boundary, a killed peer's step is run again); the model charges one step anyway, and the
-  profiles carry no step time, so one step is taken as 1 s at the rate before the change;
-* ``joiner_start_s`` 5.0 s — a joiner's start (torch import, 4.3 s measured; the model build
-  and the check-in are not measured separately and are given 0.7 s) during which the members
-  keep training at the old size: the joiner's node is held but not productive;
+  boundary, a preempted peer's step is dropped and run again); the model charges one step
+  anyway, and the profiles carry no step time, so one step is taken as 1 s at the rate before
+  the change;
+* ``joiner_start_s`` 7.3 s — node idle → training at the larger size measured 7.4 s (median of
+  6 grows: Slurm starting the task, torch's import, the check-in), less the grow pause; the
+  members keep training at the old size meanwhile: the joiner's node is held but not
+  productive. (The loopback figures this model used before: grow 0.62 s, shrink and preemption
+  0.06 s, joiner 5.0 s.)
 * ``first_report_s`` 2.0 s — the first progress report after a change comes this long after
   training resumes (the worker's report interval, ``training.Session(report_interval_s=2.0)``),
   so the engine's monitor, which measures a change's cost as the time from the order to the
-  first report at the new size, sees joiner start + pause + report delay (≈ 7.6 s for a grow).
+  first report at the new size, sees joiner start + pause + report delay (≈ 9.4 s for a grow).
 
 Under ``inplace`` a change that leaves no process alive — a preemption that takes every node of
 a job, or a shrink to 0 — still costs a restart from the disk checkpoint, charged as under
@@ -68,8 +71,8 @@ class RescaleCosts:
 
 
 RESTART = RescaleCosts("restart", inplace=False)
-INPLACE = RescaleCosts("inplace", inplace=True, grow_pause_s=0.62, shrink_pause_s=0.06,
-                       preempt_pause_s=0.06, lost_step_s=1.0, joiner_start_s=5.0,
+INPLACE = RescaleCosts("inplace", inplace=True, grow_pause_s=0.13, shrink_pause_s=0.20,
+                       preempt_pause_s=0.29, lost_step_s=1.0, joiner_start_s=7.3,
                        first_report_s=2.0)
 COST_MODELS = {c.name: c for c in (RESTART, INPLACE)}
 DEFAULT_COST_MODEL = RESTART.name
