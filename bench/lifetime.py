@@ -306,7 +306,7 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
         f"Built {stamp} from {len(recs)} replays on {_cpu()}, {os.cpu_count()} cores "
         f"(1-min load {load:.2f}), Python {platform.python_version()}, with "
         "`python3 bench/lifetime.py --results DIR --workers 2 --plan …` (restart cost model), "
-        "`python3 bench/lifetime.py --results DIR --workers 1 --rescale-cost inplace --plan …`"
+        "`python3 bench/lifetime.py --results DIR --workers 2 --rescale-cost inplace --plan …`"
         " (in-place cost model, malletrain_core/sim/costs.py) then "
         "`python3 bench/lifetime.py --results DIR --markdown BENCHMARKS.md`.",
         "",

@@ -231,6 +231,8 @@ class Demo:
                                    self.args.nodes,
                                    summary.count_preemptions_in_log(log_text) if log_text
                                    else None, cap_per_job=self.args.max_nodes, steps=steps)
+        result["startups"] = summary.startup_summary(summary.read_startups(
+            sorted(self.jobs_dir.glob("nas-*.out"))))
         plan = self.plan
         result.update({"compute": self.args.compute, "steps_read_at": round(steps_read_at, 3),
                        "compute_note": COMPUTE_NOTE[self.args.compute],

@@ -193,6 +193,9 @@ def test_harvest_counts_only_time_inside_completed_steps(samples, tmp_path):
     assert out["harvested_node_seconds"] == pytest.approx(12.0, abs=0.1)
     assert out["harvested_share"] == pytest.approx(12 / 22, abs=1e-3)
     assert out["harvest_counted_from"].startswith("workers' step logs")
+    assert (out["idle_not_held_node_seconds"], out["held_not_training_node_seconds"]) == (
+        2.0, pytest.approx(8.0, abs=0.1))  # idle = harvested + both
+    assert "where the rest went    2 node-seconds idle" in summary.format_summary(out)
     # a node in prod work or down counts nothing, whatever its log says
     write_steps(job, "n01", [(0.0, 10.0)])
     steps = summary.read_step_logs(sorted(tmp_path.glob("checkpoints-*/steps/*.log")))
@@ -209,3 +212,26 @@ def test_step_logs_read_as_they_were(tmp_path):
     assert len(summary.read_step_logs(paths)["n02"]) == 3
     assert summary.read_step_logs(paths, until=T0 + 1.0)["n02"] == [(T0, T0 + 0.5),
                                                                     (T0 + 0.5, T0 + 1.0)]
+
+
+def test_worker_start_ups_are_read_from_the_tasks_output(tmp_path):
+    line = ("standin: node n{n:02d} first step {t:.2f} s after the task started: launcher "
+            "{a:.2f} s, torch and model {b:.2f} s, ready to placed and formed {c:.2f} s "
+            "(re-form 0.01 s)\n")
+    (tmp_path / "nas-17_0.out").write_text(
+        "malletrain-run: training process started ahead of its epoch\n"
+        + line.format(n=1, t=1.2, a=0.1, b=0.9, c=0.2) + line.format(n=2, t=3.0, a=0.2, b=2.5,
+                                                                     c=0.3))
+    (tmp_path / "nas-17_1.out").write_text(line.format(n=3, t=2.0, a=0.1, b=1.7, c=0.2)
+                                           + "standin: node n04 first step 1.0 s after")
+    got = summary.read_startups(sorted(tmp_path.glob("nas-*.out")) + [tmp_path / "gone.out"])
+    assert [s["total"] for s in got] == [1.2, 3.0, 2.0]  # the cut line is skipped
+    st = summary.startup_summary(got)
+    assert st == {"count": 3, "median_s": 2.0, "p90_s": 3.0,
+                  "parts_median_s": {"launcher": 0.1, "torch_and_model": 1.7,
+                                     "placed_and_formed": 0.2}}
+    assert summary.startup_summary([]) == {"count": 0}
+    text = summary.format_summary({**summary.summarize([], [], {}, 4), "startups": st})
+    assert "worker start-ups       3, task start → first step median 2.00 s" in text
+    assert "torch import and model 1.70 s" in summary.markdown(
+        {**summary.summarize([], [], {}, 4), "startups": st}, "make demo")

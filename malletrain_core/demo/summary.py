@@ -167,6 +167,38 @@ def stepping_node_seconds(samples: Sequence[Sample],
     return total
 
 
+_STARTUP = re.compile(r"first step ([0-9.]+) s after the task started: launcher ([0-9.]+) s, "
+                      r"torch and model ([0-9.]+) s, ready to placed and formed ([0-9.]+) s")
+STARTUP_PARTS = ("launcher", "torch_and_model", "placed_and_formed")
+
+
+def read_startups(paths: Iterable[Path]) -> list[dict[str, float]]:
+    """Every worker start-up the tasks' output names (``examples/standin_nas.py`` writes one
+    line to stderr at its first completed step): ``total`` from the task's start to the first
+    step, and its parts (:data:`STARTUP_PARTS`). Unreadable files and other lines are skipped."""
+    out = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        for m in _STARTUP.finditer(text):
+            values = [float(v) for v in m.groups()]
+            out.append({"total": values[0], **dict(zip(STARTUP_PARTS, values[1:]))})
+    return out
+
+
+def startup_summary(startups: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """Count, median and p90 of the start-ups' totals, and the median of each part."""
+    if not startups:
+        return {"count": 0}
+    totals = [s["total"] for s in startups]
+    return {"count": len(startups), "median_s": round(statistics.median(totals), 2),
+            "p90_s": round(_percentile(totals, 0.9), 2),
+            "parts_median_s": {k: round(statistics.median(s[k] for s in startups), 2)
+                               for k in STARTUP_PARTS}}
+
+
 def idle_within_cap(samples: Sequence[Sample], nodes: int, cap_per_job: int) -> float:
     """Idle node-seconds the elastic jobs in the queue could hold at most (each job capped at
     ``cap_per_job`` nodes): the ceiling of the harvested node-seconds."""
@@ -315,6 +347,8 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
         "harvest_counted_from": "squeue (elastic task RUNNING)" if steps is None else
         "workers' step logs (time inside completed steps)",
         "held_node_seconds": round(held, 1),
+        "idle_not_held_node_seconds": round(max(0.0, idle - held), 1),
+        "held_not_training_node_seconds": round(max(0.0, held - harvested), 1),
         **({} if cap_per_job is None else {
             "idle_node_seconds_within_cap": round(idle_within_cap(samples, nodes,
                                                                   cap_per_job), 1)}),
@@ -335,6 +369,17 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         f"{summary.get('harvest_counted_from', 'squeue')}; held by elastic tasks "
         f"{summary.get('held_node_seconds', summary['harvested_node_seconds']):.0f})",
         f"samples trained        {summary['samples']}",
+        *([f"where the rest went    {summary['idle_not_held_node_seconds']:.0f} node-seconds "
+           "idle with no task running, "
+           f"{summary['held_not_training_node_seconds']:.0f} held by a task not inside a "
+           "completed step (start-up, re-forms, steps cut short)"]
+          if "idle_not_held_node_seconds" in summary and summary.get("held_node_seconds")
+          != summary.get("harvested_node_seconds") else []),
+        *([f"worker start-ups       {st['count']}, task start → first step median "
+           f"{st['median_s']:.2f} s (p90 {st['p90_s']:.2f}): "
+           + ", ".join(f"{k.replace('_', ' ')} {v:.2f} s"
+                       for k, v in st["parts_median_s"].items())]
+          if (st := summary.get("startups") or {}).get("count") else []),
         f"rescales / preemptions {summary['rescales']} / {summary['preemptions']}",
         "prod start delay       " + ("n/a (no prod job started)" if delay is None else
                                      f"median {delay:.1f} s, p90 "
@@ -369,6 +414,22 @@ def markdown(summary: Mapping[str, Any], command: str) -> str:
     held = summary.get("held_node_seconds")
     if held is not None:
         rows.insert(3, ("node-seconds elastic tasks held (RUNNING in squeue)", f"{held:.0f}"))
+    if "idle_not_held_node_seconds" in summary:
+        idle = summary["idle_node_seconds"] or 1.0
+        rows += [("idle, no elastic task running (node-seconds)",
+                  f"{summary['idle_not_held_node_seconds']:.0f} "
+                  f"({100 * summary['idle_not_held_node_seconds'] / idle:.1f} %)"),
+                 ("held, not inside a completed step (start-up, re-forms, cut steps)",
+                  f"{summary['held_not_training_node_seconds']:.0f} "
+                  f"({100 * summary['held_not_training_node_seconds'] / idle:.1f} %)")]
+    st = summary.get("startups") or {}
+    if st.get("count"):
+        parts = st["parts_median_s"]
+        rows.append(("worker start-ups: task start → first step, median (p90)",
+                     f"{st['median_s']:.2f} s ({st['p90_s']:.2f} s) over {st['count']}: "
+                     f"launcher {parts['launcher']:.2f} s, torch import and model "
+                     f"{parts['torch_and_model']:.2f} s, placed and group formed "
+                     f"{parts['placed_and_formed']:.2f} s"))
     capped = summary.get("idle_node_seconds_within_cap")
     if capped and not standin:
         rows.insert(2, ("idle node-seconds the queued elastic jobs could hold (node caps)",

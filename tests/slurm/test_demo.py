@@ -53,6 +53,8 @@ def test_demo_end_to_end(tmp_path):
     assert saved["harvested_node_seconds"] == pytest.approx(recount(out, saved["steps_read_at"]),
                                                               abs=0.11)
     assert 0 < saved["harvested_node_seconds"] <= 1.02 * saved["held_node_seconds"] + 1.0
+    # every worker that completed a step wrote its start-up line, and the summary read them
+    assert saved["startups"]["count"] > 0 and 0 < saved["startups"]["median_s"] < 60
     counters = list((out / "jobs").glob("checkpoints-*/counters.json"))
     assert counters and sum(json.loads(p.read_text())["samples"] for p in counters) \
         >= saved["samples"]
