@@ -298,10 +298,21 @@ class Demo:
         return result
 
 
-def write_markdown(path: Path, body: str, wall_s: float) -> None:
+def _load() -> float | None:
+    """The 1-min load average (None where the system has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def write_markdown(path: Path, body: str, wall_s: float,
+                   load: tuple[float | None, float | None] = (None, None)) -> None:
     """Replace the text between the demo markers of ``path`` (appended when missing)."""
-    section = (f"{BEGIN}\n{body}\n\nMeasured once on the development machine (2 CPU cores "
-               f"shared with other work); the whole demo took {wall_s:.0f} s.\n{END}")
+    cores = os.cpu_count() or "?"
+    seen = "" if None in load else f"; 1-min load {load[0]:g} at the start, {load[1]:g} at the end"
+    section = (f"{BEGIN}\n{body}\n\nMeasured once on the development machine ({cores} CPU "
+               f"cores{seen}); the whole demo took {wall_s:.0f} s.\n{END}")
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
@@ -370,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     log = sys.stderr if args.json else sys.stdout
     t0 = time.monotonic()
+    load_start = _load()
     demo: Demo | None = None
     try:
         demo = Demo(args, log)
@@ -388,11 +400,14 @@ def main(argv: list[str] | None = None) -> int:
         if demo is not None:
             demo.stop()
     wall_s = time.monotonic() - t0
+    result["load_1min"] = {"start": load_start, "end": _load()}
+    (demo.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.markdown:
         command = "bash scripts/demo.sh" + ("" if args.seed == 0 else f" --seed {args.seed}") \
             + ("" if args.duration_s == 150 else f" --duration-s {args.duration_s:g}") \
             + ("" if args.compute == "standin" else f" --compute {args.compute}")
-        write_markdown(args.markdown, summary.markdown(result, command), wall_s)
+        write_markdown(args.markdown, summary.markdown(result, command), wall_s,
+                       (result["load_1min"]["start"], result["load_1min"]["end"]))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
