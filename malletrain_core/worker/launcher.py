@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import logging
 import os
 import random
@@ -90,7 +91,8 @@ class Workers:
 
     def __init__(self, argv: list[str], env: dict[str, str], epoch: int) -> None:
         self.epoch = epoch
-        self.proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(argv, env=env, start_new_session=True,
+                                     preexec_fn=_die_with_parent(os.getpid()))
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -123,6 +125,27 @@ class Workers:
             return self.proc.wait(5.0)
         except subprocess.TimeoutExpired:
             return -9
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """For the child, between fork and exec (Linux): SIGKILL it when the launcher dies, so a
+    launcher killed without warning (SIGKILL: no chance to stop its tree) takes torchrun or
+    the in-place process with it; the workers under torchrun watch the launcher themselves
+    (:func:`training.watch_launcher`). None where ``prctl`` is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the call: nothing would come
+            os._exit(1)
+    return set_death_signal
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
@@ -167,6 +190,8 @@ class Launcher:
         self.node_addr = node_addr
         self.torchrun = tuple(torchrun)
         self.base_env = dict(os.environ if base_env is None else base_env)
+        # the training processes end themselves once this process is gone (training.py)
+        self.base_env[training.ENV_LAUNCHER_PID] = str(os.getpid())
         self.sleep = sleep
         self.workers: Workers | None = None
         self.state = "idle"

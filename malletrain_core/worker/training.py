@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -39,6 +40,7 @@ ENV_REPORT_KEY = "MALLETRAIN_REPORT_KEY"
 ENV_CHECKPOINT_DIR = "MALLETRAIN_CHECKPOINT_DIR"
 ENV_CONTROL_DIR = "MALLETRAIN_CONTROL_DIR"
 ENV_INPLACE = "MALLETRAIN_INPLACE"
+ENV_LAUNCHER_PID = "MALLETRAIN_LAUNCHER_PID"
 CHECKPOINT_NAME = "checkpoint.pt"
 REQUEST_NAME = "checkpoint-request"
 REPORT_CHANNEL_NAME = "report-channel"   # "ADDR KEYHEX", for a process started before its key
@@ -49,6 +51,57 @@ def scale_lr(base_lr: float, global_batch: int, reference_batch: int) -> float:
     if reference_batch <= 0 or global_batch <= 0:
         raise ValueError("batch sizes must be positive")
     return base_lr * global_batch / reference_batch
+
+
+def _start_ticks(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), which
+    tells it apart from a later process given the same pid; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # the name, in parentheses, may hold spaces
+    return fields[19] if len(fields) > 19 else None
+
+
+def watch_launcher(env: Mapping[str, str], poll_s: float = 1.0) -> threading.Thread | None:
+    """End this process soon after the node's launcher is gone.
+
+    ``malletrain-run`` starts the training command in a session of its own and stops the whole
+    tree itself when the batch system ends the job with SIGTERM. A batch system that kills the
+    job's processes without one (PBS's ``qdel -Wforce``, a kill after the grace time) ends the
+    launcher alone: its torchrun and workers would go on training on a node the job no longer
+    holds. So every process with ``MALLETRAIN_LAUNCHER_PID`` in its environment watches that
+    process (pid and start time) and leaves with exit code 1 once it has ended. Returns the
+    daemon thread, or None where there is nothing to watch (no launcher, or no ``/proc``)."""
+    global _watching
+    try:
+        pid = int(env.get(ENV_LAUNCHER_PID, ""))
+    except ValueError:
+        return None
+    if _watching is not None and _watching.is_alive():
+        return _watching  # one watch per process, however many sessions it makes
+    ticks = _start_ticks(pid)
+    if pid <= 1 or ticks is None:
+        if pid > 1 and Path("/proc/self/stat").exists():  # gone before we looked
+            print(f"malletrain: the launcher (pid {pid}) has ended: exiting", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
+        return None
+
+    def watch() -> None:
+        while _start_ticks(pid) == ticks:
+            time.sleep(poll_s)
+        print(f"malletrain: the launcher (pid {pid}) has ended: exiting", file=sys.stderr,
+              flush=True)
+        os._exit(1)
+
+    _watching = threading.Thread(target=watch, name="malletrain-launcher-watch", daemon=True)
+    _watching.start()
+    return _watching
+
+
+_watching: threading.Thread | None = None
 
 
 def exit_on_sigterm() -> None:
@@ -104,6 +157,8 @@ class Session:
         self._open_reports()
         if handle_sigterm:
             exit_on_sigterm()
+        if env is os.environ:  # a real process, not a test's environment
+            watch_launcher(env)
 
     def _open_reports(self) -> None:
         """The chief (rank 0) sends reports; other ranks hold no socket."""

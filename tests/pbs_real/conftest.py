@@ -10,15 +10,17 @@ the checkout. A build that fails is an error, not a skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pbs_real_helpers import complex_root
+from pbs_real_helpers import complex_root, worker_processes
 
 from malletrain_core.localcluster.pbs import BUILD_SCRIPT, PbsComplex
 
@@ -120,3 +122,13 @@ def clear(cx: PbsComplex) -> None:
     for node in cx.node_names:  # a test may leave a node offline
         cx.run(["qmgr", "-c", f"set node {node} state = free"], check=False)
     cx.wait_free(60)
+    # A job PBS has finished leaves no process behind (a launcher killed without SIGTERM
+    # takes its training processes with it): else they would train on through later tests.
+    deadline = time.monotonic() + 15
+    while (left := worker_processes(cx)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        for line in left:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        raise AssertionError("processes outlived their PBS jobs by 15 s:\n" + "\n".join(left))

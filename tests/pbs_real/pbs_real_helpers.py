@@ -221,3 +221,19 @@ def wait_agree(cx: PbsComplex, daemon: Daemon, timeout_s: float = 30.0) -> None:
         time.sleep(0.5)
     raise AssertionError(f"the daemon's view never matched PBS's within {timeout_s:g} s: "
                          f"{last}")
+
+
+def worker_processes(pbs: PbsComplex) -> list[str]:
+    """Command lines of MalleTrain launchers, torchrun agents and training processes alive on
+    any mom ("PID: CMD")."""
+    found = []
+    for ns in pbs.mom_ns.values():
+        for pid in pbs.ns_pids(ns):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue  # gone meanwhile
+            if any(w in cmd for w in ("train_elastic.py", "malletrain_core.worker.launcher",
+                                      "torch.distributed.run")):
+                found.append(f"{pid}: {cmd.strip()}")
+    return found

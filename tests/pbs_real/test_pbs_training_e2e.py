@@ -36,6 +36,7 @@ from pbs_real_helpers import (
     views_differ,
     wait_agree,
     wait_state,
+    worker_processes,
 )
 
 from malletrain_core.localcluster.pbs import REPO, PbsComplex
@@ -194,20 +195,6 @@ def test_elastic_torch_grows_is_preempted_recovers_and_grows_back(
     final = read_job(outdir, number)
     assert not invariant_problems(final), "\n".join(invariant_problems(final))
     pbs.run(["qdel", array])
-
-
-def worker_processes(pbs: PbsComplex) -> list[str]:
-    """Command lines of launchers and trainers alive on any mom (only this test trains)."""
-    found = []
-    for ns in pbs.mom_ns.values():
-        for pid in pbs.ns_pids(ns):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue  # gone meanwhile
-            if "train_elastic.py" in cmd or "malletrain_core.worker.launcher" in cmd:
-                found.append(f"{pid}: {cmd.strip()}")
-    return found
 
 
 def left_of(pbs: PbsComplex, array: str) -> dict[str, str]:

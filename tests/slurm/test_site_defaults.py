@@ -57,9 +57,12 @@ def backfill_cycles(cluster: LocalCluster) -> int:
 def test_site_timings_are_in_force(site: LocalCluster) -> None:
     config = site.run(["scontrol", "show", "config"]).stdout
     assert f"cred_expire={SITE_TIMINGS.cred_expire_s}" in config
-    assert (f"bf_interval={SITE_TIMINGS.bf_interval_s},"
-            f"batch_sched_delay={SITE_TIMINGS.batch_sched_delay_s}") in config
     conf = parse_show_config(config)
+    params = conf["SchedulerParameters"].split(",")
+    for item in (f"bf_interval={SITE_TIMINGS.bf_interval_s}",
+                 f"bf_resolution={SITE_TIMINGS.bf_resolution_s}",
+                 f"batch_sched_delay={SITE_TIMINGS.batch_sched_delay_s}"):
+        assert item in params, conf["SchedulerParameters"]
     assert conf["EpilogSlurmctld"].endswith("epilog_slurmctld")
     # 22.05 prints "PrologSlurmctld = (null)"; 24.11 on leave an unset script out
     assert conf.get("PrologSlurmctld", "(null)") == "(null)"
