@@ -266,6 +266,7 @@ class Demo:
             shutil.rmtree(self.work, ignore_errors=True)
 
     def run(self) -> dict[str, Any]:
+        load_start = _load()
         plan = self.plan = workload.plan(self.cluster.node_names, self.args.duration_s,
                                          seed=self.args.seed, compress=self.args.compress)
         (self.out).mkdir(parents=True, exist_ok=True)
@@ -289,6 +290,7 @@ class Demo:
                           f"examples/{NAS_SBATCH[self.args.compute].name})")
         self.replay(plan, rest)
         result = self.collect()
+        result["load_1min"] = {"start": load_start, "end": _load()}
         (self.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
         timeline.draw(self.samples, self.args.nodes, self.out / "timeline.png",
                       title=f"MalleTrain demo: {self.args.nodes} nodes, seed {self.args.seed}")
@@ -381,7 +383,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     log = sys.stderr if args.json else sys.stdout
     t0 = time.monotonic()
-    load_start = _load()
     demo: Demo | None = None
     try:
         demo = Demo(args, log)
@@ -400,8 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         if demo is not None:
             demo.stop()
     wall_s = time.monotonic() - t0
-    result["load_1min"] = {"start": load_start, "end": _load()}
-    (demo.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.markdown:
         command = "bash scripts/demo.sh" + ("" if args.seed == 0 else f" --seed {args.seed}") \
             + ("" if args.duration_s == 150 else f" --duration-s {args.duration_s:g}") \

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..backends.slurm.backend import hole_margin_for
 from ..backends.slurm.pyslurm_reader import choose
 from ..backends.slurm.release import TESTED, SlurmRelease
 from ..config import Config, load
@@ -294,7 +295,7 @@ def check_hole_margin(params: str, margin_s: float) -> Check:
     if margin_s < resolution:
         return _wrong("hole margin", f"slurm.hole_margin_s = {margin_s:g} s is under "
                       f"bf_resolution={resolution}: tasks fitted to a planned hole may stay "
-                      "pending", f"set slurm.hole_margin_s = {resolution + interval + 1} "
+                      "pending", f"set slurm.hole_margin_s = {hole_margin_for(resolution, interval)} "
                       "in malletrain.toml")
     return _ok("hole margin", f"{margin_s:g} s off every planned hole (bf_resolution="
                               f"{resolution}, bf_interval={interval})")

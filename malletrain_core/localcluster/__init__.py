@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..backends.slurm.backend import hole_margin_for
 from ..backends.slurm.parse import parse_scontrol_show_job
 from ..errors import CommandError, ConfigError, MalleTrainError
 from ..runner import CommandRunner, Result
@@ -67,11 +68,8 @@ class Timings:
 
     @property
     def hole_margin_s(self) -> int:
-        """What the daemon must take off a planned hole (``slurm.hole_margin_s``): a task that
-        fits the hole starts at a backfill cycle (up to ``bf_interval`` after its release),
-        and the plan's times are rounded to ``bf_resolution``; one second more for the clock
-        ticking between the daemon's read of the plan and its order."""
-        return self.bf_resolution_s + self.bf_interval_s + 1
+        """What the daemon must take off a planned hole (``slurm.hole_margin_s``)."""
+        return hole_margin_for(self.bf_resolution_s, self.bf_interval_s)
 
 
 TEST_TIMINGS = Timings(cred_expire_s=10, bf_interval_s=1, batch_sched_delay_s=0, kill_wait_s=2,

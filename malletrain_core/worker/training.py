@@ -82,19 +82,20 @@ def watch_launcher(env: Mapping[str, str], poll_s: float = 1.0) -> threading.Thr
     if _watching is not None and _watching.is_alive():
         return _watching  # one watch per process, however many sessions it makes
     ticks = _start_ticks(pid)
+    def leave() -> None:
+        print(f"malletrain: the launcher (pid {pid}) has ended: exiting", file=sys.stderr,
+              flush=True)
+        os._exit(1)
+
     if pid <= 1 or ticks is None:
         if pid > 1 and Path("/proc/self/stat").exists():  # gone before we looked
-            print(f"malletrain: the launcher (pid {pid}) has ended: exiting", file=sys.stderr,
-                  flush=True)
-            os._exit(1)
+            leave()
         return None
 
     def watch() -> None:
         while _start_ticks(pid) == ticks:
             time.sleep(poll_s)
-        print(f"malletrain: the launcher (pid {pid}) has ended: exiting", file=sys.stderr,
-              flush=True)
-        os._exit(1)
+        leave()
 
     _watching = threading.Thread(target=watch, name="malletrain-launcher-watch", daemon=True)
     _watching.start()

@@ -106,6 +106,14 @@ bf_resolution steps (60 s by default) and starts the task at one of its cycles, 
 ends just before the planned start would keep the task pending on the planned node."""
 
 
+def hole_margin_for(bf_resolution_s: int, bf_interval_s: int) -> int:
+    """The ``slurm.hole_margin_s`` a cluster's backfill settings call for: a task that fits a
+    hole starts at a backfill cycle (up to ``bf_interval`` after its release), and the plan's
+    times are rounded to ``bf_resolution``; one second more for the clock ticking between the
+    daemon's read of the plan and its order."""
+    return bf_resolution_s + bf_interval_s + 1
+
+
 @dataclass
 class _PollEvents(PollEvents):
     to_hold: list[str] = field(default_factory=list)
