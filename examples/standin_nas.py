@@ -195,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             done = True
         if not done:
             continue
+        # a step kept across a lost peer: its re-form is not training time
+        for paused_t, resumed_t in el.step_pauses:
+            log.completed(start, paused_t)
+            start = resumed_t
         log.completed(start, time.time())
         if imported_t:
             startup_line(imported_t, start, el)

@@ -2,7 +2,8 @@
 # Install what MalleTrain needs on a fresh Debian 12 machine, as root; idempotent.
 #   Debian: Slurm 22.05 (slurmctld, slurmd, client, basic plugins with job_submit/lua), munge,
 #           lua-socket (the job_submit.lua datagram), lua5.1 (tests of job_submit.lua's logic),
-#           faketime (libfaketime: the fault test of a node whose clock jumps).
+#           faketime (libfaketime: the fault test of a node whose clock jumps),
+#           gdb (a test counts which threads of a training process take the GIL).
 #           With MALLETRAIN_ACCOUNTING=1 also MariaDB + slurmdbd (the local cluster's
 #           accounting mode, `slurm_conf/local/start.sh --accounting`).
 #           With MALLETRAIN_PBS=1 also OpenPBS's build and run dependencies (PostgreSQL for its
@@ -15,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-apt_pkgs=(slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins lua-socket lua5.1 faketime)
+apt_pkgs=(slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins lua-socket lua5.1 faketime
+          gdb)
 if [ "${MALLETRAIN_ACCOUNTING:-0}" = 1 ]; then
   apt_pkgs+=(mariadb-server slurmdbd slurm-wlm-mysql-plugin)
 fi

@@ -6,8 +6,10 @@ joiners. The training processes (tests/workers/inplace_train.py) print one JSON 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -38,7 +40,8 @@ def free_port() -> int:
 class Proc:
     """One training process with its control folder and its step log."""
 
-    def __init__(self, tmp: Path, name: str, steps: int = 0, sleep: float = 0.02) -> None:
+    def __init__(self, tmp: Path, name: str, steps: int = 0, sleep: float = 0.02,
+                 args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.control = tmp / name
         self.control.mkdir()
@@ -50,7 +53,8 @@ class Proc:
         env[training.ENV_CHECKPOINT_DIR] = str(tmp / "checkpoints")
         with open(self.log, "w") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, str(WORKER), "--steps", str(steps), "--sleep", str(sleep)],
+                [sys.executable, str(WORKER), "--steps", str(steps), "--sleep", str(sleep),
+                 *args],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def records(self) -> list[dict]:
@@ -102,8 +106,8 @@ class Driver:
         self.all: list[Proc] = []
         self.change_t: dict[int, float] = {}
 
-    def start(self, name: str) -> Proc:
-        p = Proc(self.tmp, name)
+    def start(self, name: str, args: tuple[str, ...] = ()) -> Proc:
+        p = Proc(self.tmp, name, args=args)
         self.all.append(p)
         wait_for(lambda: inplace.is_ready(p.control), 60, f"{name} ready", self.all)
         return p
@@ -271,6 +275,50 @@ def test_grow_shrink_grow_and_peer_loss_in_place(driver):
     assert max(gaps["peer killed"]) < 5 and max(gaps["peer hung"]) < 10
 
 
+def kill_in_compute(victim: Proc, watch: Proc, after_s: float = 0.1) -> None:
+    """SIGKILL ``victim`` ``after_s`` into a step: just after ``watch`` printed its last one."""
+    n = len(watch.steps())
+    wait_for(lambda: len(watch.steps()) > n, 30, f"a step of {watch.name}", [watch])
+    time.sleep(after_s)
+    os.kill(victim.popen.pid, signal.SIGKILL)
+
+
+def test_survivors_keep_the_step_in_flight_without_ddp(driver):
+    """Without DDP (Elastic.average_gradients), a peer SIGKILLed while the others compute: the
+    survivors re-form inside the step and finish it over the new group, so no step is lost
+    and every global step is trained once, with equal state. With a joiner in the new group
+    the step is dropped instead, and training goes on."""
+    d = driver
+    args = ("--no-ddp", "--compute-s", "0.3")
+    a, b, c = d.start("a", args), d.start("b", args), d.start("c", args)
+    e1 = d.epoch_change([a, b, c])
+    d.wait_trained(e1, 3)
+    kill_in_compute(c, a)
+    e2 = d.epoch_change([a, b], abandon=True)
+    d.wait_trained(e2, 3)
+    assert_equal_state([a, b], e2)
+    for p in (a, b):
+        change = [r["change"] for r in p.records() if "change" in r][-1]
+        assert change["epoch"] == e2 and change["kind"] == "lost", change
+        assert change.get("kept_step") is True, change
+        steps = [r["step"] for r in p.steps()]
+        assert not any(r["failed"] for r in p.steps()), p.name
+        assert steps == list(range(steps[0], steps[-1] + 1)), (p.name, steps)
+        first = [r for r in p.steps() if r["epoch"] == e2][0]
+        assert first["world"] == 2 and first["lr"] == pytest.approx(0.02)
+
+    j = d.start("j", args)                             # ready while a and b train
+    kill_in_compute(b, a)
+    e3 = d.epoch_change([a, j], abandon=True)
+    d.wait_trained(e3, 3)
+    assert_equal_state([a, j], e3)
+    change = [r["change"] for r in a.records() if "change" in r][-1]
+    assert change["epoch"] == e3 and "kept_step" not in change, change
+    steps_a = [r["step"] for r in a.steps() if not r["failed"]]
+    assert all(y >= x for x, y in zip(steps_a, steps_a[1:])), "the global step went back"
+    assert any(r["failed"] for r in a.steps()), "the step with a joiner was not dropped"
+
+
 def test_repeated_reforms_leak_nothing(driver):
     """Twenty re-forms of the same two processes on fresh ports: threads and open file
     descriptors stay flat, and the re-form time is printed."""
@@ -306,3 +354,120 @@ def test_same_script_runs_without_malletrain(tmp_path):
     assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 6]
     assert {(r["world"], r["rank"], r["epoch"]) for r in recs} == {(1, 0, None)}
     assert recs[-1]["lr"] == pytest.approx(0.01)
+
+
+GIL_PROBE = """
+import collections
+import gdb
+
+counts = collections.Counter()
+
+
+class Probe(gdb.Breakpoint):
+    def stop(self):
+        counts[gdb.selected_thread().name] += 1
+        return False
+
+
+gdb.execute("set pagination off")
+gdb.execute("set breakpoint pending on")
+Probe("PyEval_AcquireThread")
+gdb.events.exited.connect(lambda _: print("GIL-TAKEN-BY", dict(counts), flush=True))
+"""
+
+
+def test_no_gloo_thread_ever_takes_the_gil(driver, tmp_path):
+    """A member's gloo threads never take the GIL over five re-forms (gdb counts the calls of
+    PyEval_AcquireThread per thread). One that did could deadlock with the main thread, which
+    holds the GIL while the group's destructor joins those threads; before the fix they took
+    it 143 to 941 times here (finishing Python callbacks and freeing works)."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        pytest.skip("gdb is not installed (scripts/setup-machine.sh installs it)")
+    d = driver
+    a, b = d.start("a"), d.start("b")
+    d.wait_trained(d.epoch_change([a, b]), 2)
+    probe = tmp_path / "probe.py"
+    probe.write_text(GIL_PROBE)
+    g = subprocess.Popen([gdb, "-p", str(b.popen.pid), "-batch", "-x", str(probe),
+                          "-ex", "continue"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    try:
+        n = len(b.steps())
+        wait_for(lambda: len(b.steps()) > n + 5 or g.poll() is not None, 60,
+                 "b training under gdb", [a, b])
+        if g.poll() is not None:
+            pytest.skip(f"gdb could not attach (ptrace not permitted?): {g.stdout.read()[-500:]}")
+        for _ in range(5):
+            d.wait_trained(d.epoch_change([a, b]), 2)
+        d.epoch += 1
+        for p in (a, b):
+            p.tell(inplace.Membership(epoch=d.epoch))
+        out, _ = g.communicate(timeout=120)
+    finally:
+        if g.poll() is None:
+            g.kill()
+    line = [x for x in out.splitlines() if x.startswith("GIL-TAKEN-BY")]
+    assert line, out[-2000:]
+    counts = ast.literal_eval(line[-1].split(" ", 1)[1])
+    assert counts.get("python", 0) > 0, counts     # the probe sees the Python threads
+    assert not {k: v for k, v in counts.items() if "gloo" in k}, counts
+
+
+EXCEPTHOOK_SCRIPT = r"""
+import socket, sys
+import torch
+from malletrain_core.worker import inplace, training
+
+def port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+el = inplace.Elastic(training.Session(handle_sigterm=False), torch.nn.Linear(2, 2), None,
+                     control_dir=sys.argv[1], collective_timeout_s=10)
+for epoch in range(6):
+    el._teardown()
+    assert el._form(inplace.Membership(epoch=epoch, rank=0, world=1, master="127.0.0.1",
+                                       port=port()))
+raise RuntimeError("the script's own error")
+"""
+
+
+def test_a_crash_after_many_reforms_prints_one_rank_prefix(tmp_path):
+    """torch wraps sys.excepthook at every group it forms; re-forming must not stack the
+    wrappers (a traceback's lines prefixed "[rank0]: " once per epoch)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
+    out = subprocess.run([sys.executable, "-c", EXCEPTHOOK_SCRIPT, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    last = [line for line in out.stderr.splitlines() if "the script's own error" in line][-1]
+    assert last.startswith("[rank0]: RuntimeError"), out.stderr[-2000:]
+    assert last.count("[rank0]") == 1, last
+
+
+REFORM_ROUNDS = int(os.environ.get("MALLETRAIN_REFORM_ROUNDS", "0"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(REFORM_ROUNDS <= 0, reason="set MALLETRAIN_REFORM_ROUNDS (make test-long)")
+def test_many_pairs_reform_without_deadlock(tmp_path):
+    """MALLETRAIN_REFORM_ROUNDS fresh pairs of processes, each re-formed 21 times, with two
+    busy processes beside them: no re-form may hang. Before the fix about one round in 45
+    hung (a gloo thread freeing a finished work waited for the GIL that the main thread held
+    while joining that thread, in the group's destructor)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for rnd in range(REFORM_ROUNDS):
+            d = Driver(tmp_path / f"round{rnd}")
+            d.tmp.mkdir()
+            try:
+                a, b = d.start("a"), d.start("b")
+                for _ in range(21):
+                    d.wait_trained(d.epoch_change([a, b]), 2, timeout=40)
+            finally:
+                d.stop()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()

@@ -51,6 +51,7 @@ from . import training
 MEMBERSHIP_NAME = "membership.json"
 READY_NAME = "ready"
 MAX_COLLECTIVE_TIMEOUT_S = 60.0
+KEEP_WORKS_S = 60.0  # how long a finished collective stays referenced (see _Pending)
 
 
 @dataclass(frozen=True)
@@ -110,16 +111,52 @@ class StepAbandoned(RuntimeError):
 
 
 class _Pending:
-    """The operations in flight that the control thread may fail (comm-hook futures, waits)."""
+    """The operations in flight on the current group, which the control thread may fail.
+
+    No Python code ever runs on gloo's threads, and this process keeps a reference to every
+    work it issued until the group's threads are joined (:meth:`release`). Either would let a
+    gloo thread need the GIL while the main thread, holding it, joins that thread in the
+    group's destructor: a deadlock seen about once in 900 re-forms under load (a gloo thread
+    freeing a finished work's tensors waited for the GIL; the main thread, freeing the old DDP
+    and with it the group, waited for that thread). So DDP's comm-hook futures are completed
+    by a thread of this process that polls the works (:meth:`_complete`), not by callbacks."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.futures: list[Any] = []
         self.reason: str | None = None
+        self.works: list[tuple[float, Any]] = []  # (issued at, work) on the current group
+        self._prune_at = 256
+        self._inflight: list[tuple[Any, Any, Any, int]] = []  # (work future, out, bucket, world)
+        self._wake = threading.Condition(self.lock)
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     def reset(self) -> None:
         with self.lock:
-            self.futures, self.reason = [], None
+            self.futures, self.reason, self._inflight = [], None, []
+
+    def release(self) -> list[Any]:
+        """Hand over this group's works (the caller drops them once the group's threads are
+        joined, or keeps them with an abandoned group)."""
+        with self.lock:
+            works, self.works, self._prune_at = self.works, [], 256
+        return [w for _, w in works]
+
+    def _keep(self, work: Any) -> None:
+        """Hold ``work`` (under the lock); works finished over a minute ago are let go, since
+        gloo's threads let go of a work as soon as it finishes."""
+        now = time.monotonic()
+        self.works.append((now, work))
+        if len(self.works) > self._prune_at:
+            self.works = [(t, w) for t, w in self.works
+                          if now - t < KEEP_WORKS_S or not w.is_completed()]
+            self._prune_at = max(256, 2 * len(self.works))
+
+    def close(self) -> None:
+        with self.lock:
+            self._closed = True
+            self._wake.notify_all()
 
     def abandon(self, reason: str) -> None:
         with self.lock:
@@ -127,7 +164,7 @@ class _Pending:
             for fut in self.futures:
                 if not fut.done():
                     fut.set_exception(StepAbandoned(reason))
-            self.futures = []
+            self.futures, self._inflight = [], []
 
     def hook(self, _state: object, bucket: Any) -> Any:
         """A DDP comm hook (average all-reduce) whose result the control thread can fail."""
@@ -141,26 +178,53 @@ class _Pending:
             if self.reason is not None:
                 out.set_exception(StepAbandoned(self.reason))
                 return out
+            work = dist.all_reduce(buf, async_op=True)
+            self._keep(work)
             self.futures = [f for f in self.futures if not f.done()] + [out]
-
-        def done(fut: Any) -> None:
-            try:
-                fut.value()
-                if not out.done():
-                    out.set_result(buf.div_(world))
-            except Exception as exc:  # the peer's failure reaches the step
-                if not out.done():
-                    out.set_exception(exc)
-
-        dist.all_reduce(buf, async_op=True).get_future().then(done)
+            self._inflight.append((work.get_future(), out, buf, world))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._complete, daemon=True,
+                                                name="malletrain-allreduce")
+                self._thread.start()
+            self._wake.notify()
         return out
+
+    def _complete(self) -> None:
+        """Complete each hook's future once its all-reduce is done (polled, see the class)."""
+        nap = 5e-5
+        while True:
+            with self.lock:
+                while not self._inflight and not self._closed:
+                    self._wake.wait()
+                    nap = 5e-5
+                if self._closed:
+                    return
+                finished = [i for i in self._inflight if i[0].done()]
+                for item in finished:
+                    self._inflight.remove(item)
+                    fut, out, buf, world = item
+                    if out.done():  # abandoned meanwhile
+                        continue
+                    try:
+                        fut.value()
+                        out.set_result(buf.div_(world))
+                    except Exception as exc:  # the peer's failure reaches the step
+                        out.set_exception(exc)
+            if finished:
+                nap = 5e-5
+            else:
+                time.sleep(nap)
+                nap = min(nap * 2, 2e-3)
+
+    def track(self, work: Any) -> Any:
+        with self.lock:
+            self._keep(work)
+        return work
 
     def wait(self, work: Any) -> None:
         """Wait for ``work``; raise :class:`StepAbandoned` if the control thread abandons it.
 
-        Polls instead of attaching a Python callback to the work's future: a callback runs on
-        gloo's thread and needs the GIL, and a group torn down right after the wait could then
-        block in its destructor while that thread still finishes the callback."""
+        Polls instead of attaching a Python callback to the work's future (see the class)."""
         fut = work.get_future()
         nap = 5e-5
         while not fut.done():
@@ -301,9 +365,14 @@ class Elastic:
         self.checkpoints: list[int] = []       # steps saved to disk by this process
         self.resumed_from: int | None = None   # the step loaded from disk, if one was
         self.holds_abandoned = False
+        self.step_pauses: list[tuple[float, float]] = []  # this step's re-forms (start, end)
+        self._holding_step = False   # re-forming inside a step, its gradients kept
+        self._keep_step = False      # the new group agreed to finish that step
+        self._reformed_in_step = False
         self._pending = _Pending()
-        self._graveyard: list[tuple[Any, Any, Any]] = []
+        self._graveyard: list[tuple[Any, ...]] = []
         self._store: Any = None
+        self._torch_hook: tuple[Any, Any] = (None, None)  # (what it wrapped, torch's hook)
         self._latest: Membership | None = None
         self._latest_lock = threading.Lock()
         self._step_failed = False
@@ -355,6 +424,7 @@ class Elastic:
         import torch.distributed as dist
 
         old_net, self.net = self.net, self.model
+        works = self._pending.release()
         if not dist.is_initialized():
             self._store = None
             return
@@ -373,9 +443,14 @@ class Elastic:
             if not self.holds_abandoned:
                 self.holds_abandoned = True
                 self._watch_for_crash()
-            self._graveyard.append((dist.group.WORLD, self._store, old_net))
+            self._graveyard.append((dist.group.WORLD, self._store, old_net, works))
+            works = []
             _forget_default_group()
         self._store = None
+        # The old DDP holds the group: freeing it joins the group's threads. Only then go the
+        # works they ran (their tensors need the GIL when freed, see _Pending).
+        del old_net
+        works.clear()
 
     @property
     def _device(self) -> Any:
@@ -417,9 +492,15 @@ class Elastic:
                 store = None
             time.sleep(self.poll_s / 4)
         self._store = store
+        if sys.excepthook is self._torch_hook[1]:
+            # torch wraps sys.excepthook at every init_process_group to prefix "[rankN]: ";
+            # unwrapped, twenty re-forms would prefix a traceback's lines twenty times
+            sys.excepthook = self._torch_hook[0]
+        before = sys.excepthook
         dist.init_process_group(self.backend,
                                 store=dist.PrefixStore(f"malletrain/{m.epoch}", store),
                                 rank=m.rank, world_size=m.world, timeout=timeout)
+        self._torch_hook = (before, sys.excepthook)
         return True
 
     def _wrap(self) -> None:
@@ -435,26 +516,57 @@ class Elastic:
             self.net = self.model
 
     def _collective(self, op: Callable[..., Any], *args: Any) -> None:
-        self._pending.wait(op(*args, async_op=True))
+        self._pending.wait(self._pending.track(op(*args, async_op=True)))
 
     def average_gradients(self) -> None:
         """With ``ddp=False``: average the model's gradients over the group (one all-reduce of
-        all of them, abandonable like DDP's), between ``backward()`` and the optimizer step."""
+        all of them, abandonable like DDP's), between ``backward()`` and the optimizer step.
+
+        When a peer is lost in that all-reduce (a preemption, a crash), the survivors keep the
+        step: they re-form at once, inside the step, and if every member of the new group holds
+        this step's gradients (no joiner, nobody ahead) they average them over the new group
+        and the step completes, with the lost node's samples left out. Otherwise the step is
+        dropped as with DDP (:class:`StepAbandoned` reaches :meth:`guard`)."""
         import torch
         import torch.distributed as dist
 
-        if self.world <= 1:
-            return
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
+        if self.world <= 1 or not grads:
             return
-        flat = torch.cat([g.reshape(-1) for g in grads]).to(self._device)
-        self._collective(dist.all_reduce, flat)
+        while True:
+            flat = torch.cat([g.reshape(-1) for g in grads]).to(self._device)
+            if self.world <= 1:
+                break
+            try:
+                self._collective(dist.all_reduce, flat)
+                break
+            except Exception as exc:
+                if not (self.inplace and self._is_peer_failure(exc)):
+                    raise
+                self._reform_holding_step()
         flat /= self.world
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
+
+    def _reform_holding_step(self) -> None:
+        """Re-form after a peer was lost in this step's all-reduce, telling the new group that
+        this process holds the step's gradients; raise :class:`StepAbandoned` unless every
+        member does (see :meth:`average_gradients`)."""
+        lost_t = time.time()
+        self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+        self._holding_step = True
+        try:
+            self._apply(self._await_epoch((self.epoch or 0) + 1), "lost")
+        finally:
+            self._holding_step = False
+            self._reformed_in_step = True
+            self.step_pauses.append((lost_t, time.time()))
+        if not self._keep_step:
+            raise StepAbandoned(f"epoch {self.epoch}: a member of the new group does not hold "
+                                f"step {self.step}'s gradients; the step is dropped")
+        self.changes[-1]["kept_step"] = True
 
     # ----- the state ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -514,9 +626,11 @@ class Elastic:
         import torch
         import torch.distributed as dist
 
+        self._keep_step = False
         if self.world == 1:
             if not self.has_state:
                 self._resume()
+            self._keep_step = self._holding_step
             return {"source": 0, "sent_bytes": 0, "digest": self.digest()}
         dev = self._device
         flag = torch.tensor([1 if self.has_state else 0], dtype=torch.int64, device=dev)
@@ -524,13 +638,16 @@ class Elastic:
         if int(flag[0]) == 0:
             self._resume()  # nobody holds a state in memory: every rank reads the checkpoint
         mine = self.digest()
-        info = torch.tensor([self.step if self.has_state else -1,
-                             int(mine[:15], 16)], dtype=torch.int64, device=dev)
-        rows = [torch.zeros(2, dtype=torch.int64, device=dev) for _ in range(self.world)]
+        # (step held, digest, step whose gradients are held or -1): see average_gradients
+        info = torch.tensor([self.step if self.has_state else -1, int(mine[:15], 16),
+                             self.step if self._holding_step else -1],
+                            dtype=torch.int64, device=dev)
+        rows = [torch.zeros(3, dtype=torch.int64, device=dev) for _ in range(self.world)]
         self._collective(dist.all_gather, rows, info)
         steps = [int(r[0]) for r in rows]
         src = max(range(self.world), key=lambda r: (steps[r], -r))
         need = any(int(r[0]) != steps[src] or int(r[1]) != int(rows[src][1]) for r in rows)
+        self._keep_step = not need and all(int(r[2]) == steps[src] >= 0 for r in rows)
         sent = 0
         if need:
             size = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -637,12 +754,18 @@ class Elastic:
         self._start()
         while total <= 0 or self.step < total:
             self._step_failed = False
+            self.step_pauses = []
             yield self.step
+            reformed, self._reformed_in_step = self._reformed_in_step, False
             if not self._step_failed:
                 self.step += 1
                 self.has_state = True
                 self._checkpoint()
             if not self.inplace:
+                continue
+            if reformed and self._step_failed:
+                # re-formed inside the step, which was then dropped: the new group's members
+                # all start the next step now (as after a re-form here), no agreement first
                 continue
             target = self.epoch
             try:
@@ -683,6 +806,7 @@ class Elastic:
     def close(self, code: int = 0) -> None:
         """Leave the group; a process holding an abandoned collective exits at once."""
         self._stop.set()
+        self._pending.close()
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()

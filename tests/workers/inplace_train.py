@@ -41,6 +41,10 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--digest-every", type=int, default=1)
     p.add_argument("--checkpoint-every-s", type=float, default=300.0)
+    p.add_argument("--no-ddp", action="store_true",
+                   help="no DDP: Elastic.average_gradients() after backward()")
+    p.add_argument("--compute-s", type=float, default=0.0,
+                   help="a wait inside the step, before its all-reduce")
     args = p.parse_args()
     torch.set_num_threads(1)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -51,7 +55,8 @@ def main() -> int:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
     pos = Position()
     el = inplace.Elastic(session, model, opt, scheduler=sched, extra={"sampler": pos},
-                         lr_for=lambda world: 0.01 * world, collective_timeout_s=20)
+                         lr_for=lambda world: 0.01 * world, collective_timeout_s=20,
+                         ddp=not args.no_ddp)
     shown = saved = 0
     for step in el.steps(args.steps):
         for change in el.changes[shown:]:
@@ -62,12 +67,16 @@ def main() -> int:
             print(json.dumps({"checkpoint": ckpt, "t": time.time()}), flush=True)
         saved = len(el.checkpoints)
         with el.guard():
+            if args.compute_s:
+                time.sleep(args.compute_s)
             g = torch.Generator().manual_seed(step * 1009 + el.rank)
             x, y = torch.randn(args.batch, 32, generator=g), torch.randint(0, 4, (args.batch,),
                                                                          generator=g)
             loss = nn.functional.cross_entropy(el.net(x), y)
             opt.zero_grad()
             loss.backward()
+            if args.no_ddp:
+                el.average_gradients()
             opt.step()
             pos.pos += args.batch * el.world
         session.report(samples=0 if el._step_failed else args.batch * el.world)
