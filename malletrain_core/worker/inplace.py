@@ -114,8 +114,8 @@ class _Pending:
     """The operations in flight on the current group, which the control thread may fail.
 
     No Python code ever runs on gloo's threads, and this process keeps a reference to every
-    work it issued until the group's threads are joined (:meth:`release`). Either would let a
-    gloo thread need the GIL while the main thread, holding it, joins that thread in the
+    work it issued until the group's threads are joined (:meth:`release`). Without both, a
+    gloo thread could need the GIL while the main thread, holding it, joins that thread in the
     group's destructor: a deadlock seen about once in 900 re-forms under load (a gloo thread
     freeing a finished work's tensors waited for the GIL; the main thread, freeing the old DDP
     and with it the group, waited for that thread). So DDP's comm-hook futures are completed
