@@ -52,6 +52,7 @@ MEMBERSHIP_NAME = "membership.json"
 READY_NAME = "ready"
 MAX_COLLECTIVE_TIMEOUT_S = 60.0
 KEEP_WORKS_S = 60.0  # how long a finished collective stays referenced (see _Pending)
+NAP_S = (5e-5, 2e-3)  # polling a collective: the first nap, doubled up to the last
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,6 @@ class _Pending:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.futures: list[Any] = []
         self.reason: str | None = None
         self.works: list[tuple[float, Any]] = []  # (issued at, work) on the current group
         self._prune_at = 256
@@ -134,7 +134,7 @@ class _Pending:
 
     def reset(self) -> None:
         with self.lock:
-            self.futures, self.reason, self._inflight = [], None, []
+            self.reason, self._inflight = None, []
 
     def release(self) -> list[Any]:
         """Hand over this group's works (the caller drops them once the group's threads are
@@ -161,10 +161,10 @@ class _Pending:
     def abandon(self, reason: str) -> None:
         with self.lock:
             self.reason = reason
-            for fut in self.futures:
-                if not fut.done():
-                    fut.set_exception(StepAbandoned(reason))
-            self.futures, self._inflight = [], []
+            for _, out, _, _ in self._inflight:
+                if not out.done():
+                    out.set_exception(StepAbandoned(reason))
+            self._inflight = []
 
     def hook(self, _state: object, bucket: Any) -> Any:
         """A DDP comm hook (average all-reduce) whose result the control thread can fail."""
@@ -180,7 +180,6 @@ class _Pending:
                 return out
             work = dist.all_reduce(buf, async_op=True)
             self._keep(work)
-            self.futures = [f for f in self.futures if not f.done()] + [out]
             self._inflight.append((work.get_future(), out, buf, world))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._complete, daemon=True,
@@ -191,12 +190,12 @@ class _Pending:
 
     def _complete(self) -> None:
         """Complete each hook's future once its all-reduce is done (polled, see the class)."""
-        nap = 5e-5
+        nap = NAP_S[0]
         while True:
             with self.lock:
                 while not self._inflight and not self._closed:
                     self._wake.wait()
-                    nap = 5e-5
+                    nap = NAP_S[0]
                 if self._closed:
                     return
                 finished = [i for i in self._inflight if i[0].done()]
@@ -211,10 +210,10 @@ class _Pending:
                     except Exception as exc:  # the peer's failure reaches the step
                         out.set_exception(exc)
             if finished:
-                nap = 5e-5
+                nap = NAP_S[0]
             else:
                 time.sleep(nap)
-                nap = min(nap * 2, 2e-3)
+                nap = min(nap * 2, NAP_S[1])
 
     def track(self, work: Any) -> Any:
         with self.lock:
@@ -226,12 +225,12 @@ class _Pending:
 
         Polls instead of attaching a Python callback to the work's future (see the class)."""
         fut = work.get_future()
-        nap = 5e-5
+        nap = NAP_S[0]
         while not fut.done():
             if self.reason is not None:
                 raise StepAbandoned(self.reason)
             time.sleep(nap)
-            nap = min(nap * 2, 2e-3)
+            nap = min(nap * 2, NAP_S[1])
         fut.value()  # raises the collective's own error (a peer lost)
 
 
@@ -368,7 +367,6 @@ class Elastic:
         self.step_pauses: list[tuple[float, float]] = []  # this step's re-forms (start, end)
         self._holding_step = False   # re-forming inside a step, its gradients kept
         self._keep_step = False      # the new group agreed to finish that step
-        self._reformed_in_step = False
         self._pending = _Pending()
         self._graveyard: list[tuple[Any, ...]] = []
         self._store: Any = None
@@ -555,13 +553,12 @@ class Elastic:
         this process holds the step's gradients; raise :class:`StepAbandoned` unless every
         member does (see :meth:`average_gradients`)."""
         lost_t = time.time()
-        self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+        self._note_abandoned()
         self._holding_step = True
         try:
             self._apply(self._await_epoch((self.epoch or 0) + 1), "lost")
         finally:
             self._holding_step = False
-            self._reformed_in_step = True
             self.step_pauses.append((lost_t, time.time()))
         if not self._keep_step:
             raise StepAbandoned(f"epoch {self.epoch}: a member of the new group does not hold "
@@ -694,7 +691,7 @@ class Elastic:
             except Exception as exc:  # a member lost during the hand-over: the next epoch
                 if not self._is_peer_failure(exc):
                     raise
-                self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+                self._note_abandoned()
                 m = self._await_epoch(m.epoch + 1)
         self._wrap()
         if self.lr_for is not None:
@@ -756,14 +753,13 @@ class Elastic:
             self._step_failed = False
             self.step_pauses = []
             yield self.step
-            reformed, self._reformed_in_step = self._reformed_in_step, False
             if not self._step_failed:
                 self.step += 1
                 self.has_state = True
                 self._checkpoint()
             if not self.inplace:
                 continue
-            if reformed and self._step_failed:
+            if self.step_pauses and self._step_failed:
                 # re-formed inside the step, which was then dropped: the new group's members
                 # all start the next step now (as after a re-form here), no agreement first
                 continue
@@ -775,11 +771,15 @@ class Elastic:
                     raise
                 self._step_failed = True
             if self._step_failed:
-                self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+                self._note_abandoned()
                 m = self._await_epoch((self.epoch or 0) + 1)
                 self._apply(m, "lost")
             elif self.epoch is not None and target is not None and target > self.epoch:
                 self._apply(self._await_epoch(target), "planned")
+
+    def _note_abandoned(self) -> None:
+        """Remember that this process holds an operation the control thread abandoned."""
+        self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
 
     def _is_peer_failure(self, exc: BaseException) -> bool:
         import torch.distributed as dist
@@ -799,7 +799,7 @@ class Elastic:
             if not (self.inplace and self.world > 1 and self._is_peer_failure(exc)):
                 raise
             self._step_failed = True
-            self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+            self._note_abandoned()
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
 
