@@ -105,3 +105,24 @@ def test_off_by_default_and_when_not_longer_than_the_poll(tmp_path: Path) -> Non
         for _ in range(3):
             d.cycle()
         assert backend.polls == 3
+
+
+def test_a_wake_after_a_quiet_spell_runs_the_cycle_at_once_a_burst_is_paced(
+        tmp_path: Path) -> None:
+    """The first hook datagram after a quiet spell brings the cycle within wake_lead_s (a
+    node that fell idle is granted at once); wakes right after a cycle wait for wake_delay_s
+    after it, so a burst of datagrams costs one cycle per wake_delay_s."""
+    engine, backend = Engine(), Backend()
+    d = Daemon(engine, backend, Store(tmp_path / "state"), poll_interval_s=60.0,
+               wake_delay_s=0.5, wake_lead_s=0.01)
+    d.run_once(timeout_s=0.0)  # the first cycle (due at once)
+    assert backend.polls == 1
+    d.wake()                   # right after that cycle: paced
+    assert d._next_cycle >= d._last_cycle_end + 0.5 - 1e-6
+    d._last_cycle_end -= 10.0  # ten seconds of quiet since the cycle
+    d._next_cycle = time.monotonic() + 60.0
+    t = time.monotonic()
+    d.wake()
+    assert d._next_cycle - t <= 0.01 + 1e-3
+    d.run_once(timeout_s=1.0)
+    assert backend.polls == 2 and time.monotonic() - t < 0.5

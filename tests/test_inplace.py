@@ -287,9 +287,11 @@ def test_survivors_keep_the_step_in_flight_without_ddp(driver):
     """Without DDP (Elastic.average_gradients), a peer SIGKILLed while the others compute: the
     survivors re-form inside the step and finish it over the new group, so no step is lost
     and every global step is trained once, with equal state. With a joiner in the new group
-    the step is dropped instead, and training goes on."""
+    the step is dropped instead, and training goes on. The model has a BatchNorm layer, whose
+    running statistics each rank's forward pass moves: they are averaged with the gradients,
+    and the kept step's members compare their states without them."""
     d = driver
-    args = ("--no-ddp", "--compute-s", "0.3")
+    args = ("--no-ddp", "--compute-s", "0.3", "--batchnorm")
     a, b, c = d.start("a", args), d.start("b", args), d.start("c", args)
     e1 = d.epoch_change([a, b, c])
     d.wait_trained(e1, 3)
@@ -317,6 +319,36 @@ def test_survivors_keep_the_step_in_flight_without_ddp(driver):
     steps_a = [r["step"] for r in a.steps() if not r["failed"]]
     assert all(y >= x for x, y in zip(steps_a, steps_a[1:])), "the global step went back"
     assert any(r["failed"] for r in a.steps()), "the step with a joiner was not dropped"
+
+
+def gloo_loops(p: Proc) -> int:
+    """How many gloo transport event loops (one per group's device) ``p`` runs."""
+    n = 0
+    for tid in os.listdir(f"/proc/{p.popen.pid}/task"):
+        try:
+            n += Path(f"/proc/{p.popen.pid}/task/{tid}/comm").read_text().strip() \
+                == "gloo_tcp_loop"
+        except OSError:
+            pass
+    return n
+
+
+@pytest.mark.parametrize("ddp", [False, True], ids=["average_gradients", "ddp"])
+def test_abandoned_groups_are_shut_down_once_their_operations_end(driver, ddp):
+    """A group the survivors abandoned when a peer was lost is kept only while an operation
+    on it may still be pending: once they have all failed, the survivors free it (its event
+    loop thread ends), so no abandoned group lingers (one spun a CPU core in the demo)."""
+    d = driver
+    args = ("--compute-s", "0.2") + (() if ddp else ("--no-ddp",))
+    a, b, c = d.start("a", args), d.start("b", args), d.start("c", args)
+    d.wait_trained(d.epoch_change([a, b, c]), 2)
+    kill_in_compute(c, a)
+    e2 = d.epoch_change([a, b], abandon=True)
+    d.wait_trained(e2, 2)
+    wait_for(lambda: gloo_loops(a) == 1 and gloo_loops(b) == 1, 45,
+             "the abandoned group's loop to end", [a, b])
+    d.wait_trained(d.epoch_change([a, b]), 2)      # and training goes on after
+    assert gloo_loops(a) == 1 and gloo_loops(b) == 1
 
 
 def test_repeated_reforms_leak_nothing(driver):

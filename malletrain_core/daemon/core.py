@@ -3,7 +3,8 @@
 One cycle thread, one selector; the hook and report sockets are drained by reader threads
 (:mod:`.intake`) into bounded queues whose pipes the selector watches, so the kernel's small
 datagram queue does not fill while a cycle computes. Hook datagrams only wake the cycle
-early (coalesced over ``wake_delay_s``); the poll of the batch system is the truth. Every
+early (at once after a quiet spell, then at most one cycle per ``wake_delay_s`` while they
+keep coming); the poll of the batch system is the truth. Every
 batch of events is journalled before the engine sees it, so a restarted daemon replays the
 journal into a fresh engine and then reconciles with the batch system. Batch-system command
 failures skip one cycle (the next poll reconciles); only :class:`~malletrain_core.daemon.store.StateError` stops the
@@ -78,6 +79,7 @@ class Daemon:
 
     def __init__(self, engine: EngineLike, backend: Backend, store: Store, *,
                  poll_interval_s: float = 5.0, wake_delay_s: float = 0.2,
+                 wake_lead_s: float = 0.01,
                  tick_interval_s: float = 5.0, idle_poll_interval_s: float | None = None,
                  clock: Callable[[], float] = time.time,
                  on_actions: Callable[[list[Action], float], None] | None = None,
@@ -97,7 +99,13 @@ class Daemon:
         self.polls = 0
         # The administrator's drain switch (:mod:`.drain`); None: never drained.
         self.drain: Drain | None = None
+        # A wake runs the cycle wake_lead_s later (datagrams sent together are read by one
+        # poll), but no sooner than wake_delay_s after the previous cycle: the first datagram
+        # after a quiet spell is acted on at once (a node that fell idle is granted in tens of
+        # milliseconds, not after a fixed delay), a burst costs one cycle per wake_delay_s.
         self.wake_delay_s = wake_delay_s
+        self.wake_lead_s = wake_lead_s
+        self._last_cycle_end = float("-inf")
         self.tick_interval_s = tick_interval_s
         self._last_tick = float("-inf")
         self.clock = clock
@@ -258,8 +266,8 @@ class Daemon:
 
     def wake(self) -> None:
         self._poke = True
-        now = time.monotonic()
-        self._next_cycle = min(self._next_cycle, now + self.wake_delay_s)
+        due = max(time.monotonic() + self.wake_lead_s, self._last_cycle_end + self.wake_delay_s)
+        self._next_cycle = min(self._next_cycle, due)
 
     # -- the cycle --------------------------------------------------------------------------
     def poll_due(self) -> bool:
@@ -377,7 +385,8 @@ class Daemon:
         if time.monotonic() >= self._next_cycle:
             with self.lock:
                 self.cycle()
-            self._next_cycle = time.monotonic() + self.poll_interval_s
+            self._last_cycle_end = time.monotonic()
+            self._next_cycle = self._last_cycle_end + self.poll_interval_s
 
     def run(self) -> None:
         """Until :meth:`stop` (a signal handler calls it)."""

@@ -234,6 +234,22 @@ class _Pending:
         fut.value()  # raises the collective's own error (a peer lost)
 
 
+@dataclass(eq=False)
+class _Abandoned:
+    """A group left with an operation pending (see :meth:`Elastic._teardown`): kept
+    referenced, so that no destructor waits for that operation, until :meth:`ended`."""
+
+    group: Any
+    store: Any
+    net: Any
+    works: list[Any]
+
+    def ended(self) -> bool:
+        """Whether every operation issued on the group has ended (done, failed by a lost
+        peer, or timed out): shutting it down then waits for nothing."""
+        return all(w.is_completed() for w in self.works)
+
+
 def _accepts(host: str, port: int) -> bool:
     """Whether something listens on ``host:port`` (a store's host, before c10d connects)."""
     try:
@@ -368,7 +384,7 @@ class Elastic:
         self._holding_step = False   # re-forming inside a step, its gradients kept
         self._keep_step = False      # the new group agreed to finish that step
         self._pending = _Pending()
-        self._graveyard: list[tuple[Any, ...]] = []
+        self._graveyard: list[_Abandoned] = []
         self._store: Any = None
         self._torch_hook: tuple[Any, Any] = (None, None)  # (what it wrapped, torch's hook)
         self._latest: Membership | None = None
@@ -441,7 +457,7 @@ class Elastic:
             if not self.holds_abandoned:
                 self.holds_abandoned = True
                 self._watch_for_crash()
-            self._graveyard.append((dist.group.WORLD, self._store, old_net, works))
+            self._graveyard.append(_Abandoned(dist.group.WORLD, self._store, old_net, works))
             works = []
             _forget_default_group()
         self._store = None
@@ -449,6 +465,23 @@ class Elastic:
         # works they ran (their tensors need the GIL when freed, see _Pending).
         del old_net
         works.clear()
+
+    def _reap(self) -> None:
+        """Shut down the abandoned groups whose operations have all ended (failed when their
+        peer was lost, or timed out). Kept, such a group costs a CPU core: its peers' data for
+        the operation it gave up stays unread in its sockets, and gloo's event loop wakes for
+        it without pause (one thread spun at 100 % for 40 s in the demo, until its process was
+        preempted). Freeing it closes those sockets and joins its threads, which are idle."""
+        ended = [g for g in self._graveyard if g.ended()]
+        if not ended:
+            return
+        self._graveyard = [g for g in self._graveyard if g not in ended]
+        for g in ended:
+            works, g.works = g.works, []
+            g.group = g.store = g.net = None  # frees the group: joins its threads
+            works.clear()                     # then the works they ran (see _Pending)
+        ended.clear()
+        self.holds_abandoned = bool(self._graveyard) or self._pending.reason is not None
 
     @property
     def _device(self) -> Any:
@@ -518,7 +551,9 @@ class Elastic:
 
     def average_gradients(self) -> None:
         """With ``ddp=False``: average the model's gradients over the group (one all-reduce of
-        all of them, abandonable like DDP's), between ``backward()`` and the optimizer step.
+        all of them, abandonable like DDP's), between ``backward()`` and the optimizer step;
+        the model's floating-point buffers (BatchNorm's running statistics) are averaged in
+        the same all-reduce.
 
         When a peer is lost in that all-reduce (a preemption, a crash), the survivors keep the
         step: they re-form at once, inside the step, and if every member of the new group holds
@@ -528,11 +563,15 @@ class Elastic:
         import torch
         import torch.distributed as dist
 
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.world <= 1 or not grads:
+        tensors = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.world <= 1 or not tensors:
             return
+        # and the floating-point buffers (BatchNorm's running statistics), averaged as well:
+        # each rank's forward pass moved them with its own batch, and without DDP (which
+        # broadcasts rank 0's) nothing else keeps them equal between ranks
+        tensors += [b for b in self.model.buffers() if b.is_floating_point()]
         while True:
-            flat = torch.cat([g.reshape(-1) for g in grads]).to(self._device)
+            flat = torch.cat([t.reshape(-1) for t in tensors]).to(self._device)
             if self.world <= 1:
                 break
             try:
@@ -544,9 +583,9 @@ class Elastic:
                 self._reform_holding_step()
         flat /= self.world
         offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
 
     def _reform_holding_step(self) -> None:
         """Re-form after a peer was lost in this step's all-reduce, telling the new group that
@@ -575,6 +614,14 @@ class Elastic:
 
     def digest(self) -> str:
         return digest(self.state())
+
+    def _digest(self, buffers: bool = True) -> str:
+        """:meth:`digest`, or without ``buffers`` that of the state less the model's buffers."""
+        state = self.state()
+        if not buffers:
+            params = {name for name, _ in self.model.named_parameters()}
+            state["model"] = {k: v for k, v in state["model"].items() if k in params}
+        return digest(state)
 
     def _load(self, payload: dict[str, Any]) -> None:
         import torch
@@ -635,8 +682,12 @@ class Elastic:
         if int(flag[0]) == 0:
             self._resume()  # nobody holds a state in memory: every rank reads the checkpoint
         mine = self.digest()
+        # Holding a step, the members compare their states less the model's buffers: the
+        # forward pass has put this rank's batch into BatchNorm's running statistics, which
+        # the step's all-reduce then averages (see average_gradients).
+        agree = self._digest(buffers=False) if self._holding_step else mine
         # (step held, digest, step whose gradients are held or -1): see average_gradients
-        info = torch.tensor([self.step if self.has_state else -1, int(mine[:15], 16),
+        info = torch.tensor([self.step if self.has_state else -1, int(agree[:15], 16),
                              self.step if self._holding_step else -1],
                             dtype=torch.int64, device=dev)
         rows = [torch.zeros(3, dtype=torch.int64, device=dev) for _ in range(self.world)]
@@ -750,6 +801,8 @@ class Elastic:
         steps when the membership changes."""
         self._start()
         while total <= 0 or self.step < total:
+            if self._graveyard:
+                self._reap()
             self._step_failed = False
             self.step_pauses = []
             yield self.step

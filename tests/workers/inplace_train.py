@@ -45,12 +45,15 @@ def main() -> int:
                    help="no DDP: Elastic.average_gradients() after backward()")
     p.add_argument("--compute-s", type=float, default=0.0,
                    help="a wait inside the step, before its all-reduce")
+    p.add_argument("--batchnorm", action="store_true",
+                   help="a BatchNorm layer: running statistics that each rank's batch moves")
     args = p.parse_args()
     torch.set_num_threads(1)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     session = training.Session(handle_sigterm=False, checkpoint_every_s=args.checkpoint_every_s)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    model = nn.Sequential(nn.Linear(32, 64), *([nn.BatchNorm1d(64)] if args.batchnorm else []),
+                          nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
     pos = Position()
