@@ -126,3 +126,27 @@ def test_a_wake_after_a_quiet_spell_runs_the_cycle_at_once_a_burst_is_paced(
     assert d._next_cycle - t <= 0.01 + 1e-3
     d.run_once(timeout_s=1.0)
     assert backend.polls == 2 and time.monotonic() - t < 0.5
+
+
+def test_a_hook_whose_change_the_poll_does_not_show_yet_is_looked_at_again_soon(
+        tmp_path: Path) -> None:
+    """Slurm runs a preempted task's EpilogSlurmctld while the task is still completing: the
+    poll right after the datagram may show nothing new. The daemon then polls again
+    wake_delay_s later, not a whole poll interval later (once: a quiet hook costs one poll)."""
+    engine, backend = Engine(), Backend()
+    d = Daemon(engine, backend, Store(tmp_path / "state"), poll_interval_s=60.0,
+               wake_delay_s=0.2, wake_lead_s=0.0)
+    d.run_once(timeout_s=0.0)
+    assert backend.polls == 1
+    d._last_cycle_end -= 10.0
+    d.hook_wake()                       # the datagram: its cycle sees nothing new
+    d.run_once(timeout_s=1.0)
+    assert backend.polls == 2
+    assert d._next_cycle - d._last_cycle_end <= 0.2 + 1e-6
+    backend.next = [NodesIdle(1.0, (IdleNode("n1", None),))]
+    engine.reply = [Grow("7", ("n1",), None)]
+    t = time.monotonic()
+    d.run_once(timeout_s=1.0)           # ... the next poll does, soon
+    assert backend.polls == 3 and time.monotonic() - t < 0.5
+    d.run_once(timeout_s=0.3)           # that cycle acted and no hook came: no third look
+    assert backend.polls == 3

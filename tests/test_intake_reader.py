@@ -242,7 +242,8 @@ def test_a_flood_during_a_slow_daemon_cycle_is_not_refused(tmp_path: Path, poll_
                                                            ) -> None:
     store = Store(tmp_path / "state")
     backend = SlowBackend(poll_s)
-    daemon = Daemon(Engine(), backend, store, poll_interval_s=60.0, wake_delay_s=0.0)
+    daemon = Daemon(Engine(), backend, store, poll_interval_s=60.0, wake_delay_s=0.0,
+                    wake_lead_s=0.0)
     hook = HookListener(tmp_path / "hook.sock", {os.getuid()}, decode=protocol.decode)
     heard: list[object] = []
     daemon.watch(hook, lambda: heard.extend(hook.drain()), wake=True)

@@ -383,10 +383,18 @@ class Daemon:
                     self._hook_at = time.perf_counter()
                 self.wake()
         if time.monotonic() >= self._next_cycle:
+            hooked = self._hook_at is not None
             with self.lock:
-                self.cycle()
+                executed = self.cycle()
             self._last_cycle_end = time.monotonic()
             self._next_cycle = self._last_cycle_end + self.poll_interval_s
+            if hooked and not executed:
+                # A datagram can come before the batch system shows its change (Slurm runs
+                # the EpilogSlurmctld of a preempted task while the task still completes):
+                # look again wake_delay_s later rather than a whole poll interval.
+                self._poke = True
+                self._next_cycle = min(self._next_cycle,
+                                       self._last_cycle_end + self.wake_delay_s)
 
     def run(self) -> None:
         """Until :meth:`stop` (a signal handler calls it)."""
