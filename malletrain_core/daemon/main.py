@@ -192,9 +192,11 @@ def _build(config: Config, store: Store) -> Service:
     d = config.daemon
     coordinator = make_coordinator(config, store)
     engine = make_engine(config)
-    bridge = EpochBridge(make_backend(config), coordinator)
+    backend = make_backend(config)
+    bridge = EpochBridge(backend, coordinator)
     daemon = Daemon(engine, bridge, store, poll_interval_s=d.poll_interval_s,
                     idle_poll_interval_s=d.idle_poll_interval_s,
+                    wake_lead_s=getattr(backend, "wake_lead_s", 0.01),
                     tick_interval_s=max(1.0, min(config.profiler.window_s / 4, 10.0)),
                     journal_max_events=d.journal_max_events)
     admins = admin_uids(d.admin_users)

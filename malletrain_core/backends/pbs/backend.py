@@ -90,6 +90,13 @@ class PbsBackend(TaskBackend):
 
     name = "pbs"
 
+    wake_lead_s = 0.2
+    """How long the daemon waits after a hook datagram that follows a quiet spell (Slurm's
+    backend: 10 ms). A grant here is ``qrun -H``, which runs the subjob on the vnode even when
+    PBS has just picked that vnode for a job that is preempting ours and not running yet (seen:
+    a worker and the preempting job on one vnode, ncpus -2/2, when the daemon acted 10 ms after
+    the requeue's datagram); waiting as long as a burst does gives that job time to start."""
+
     def __init__(self, runner: CommandRunner, queue: str = DEFAULT_QUEUE,
                  grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
                  group_resource: str | None = None) -> None:
