@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from malletrain_core.worker import inplace
 
 
@@ -38,3 +40,13 @@ def test_works_of_the_last_minute_are_all_kept(monkeypatch):
     for w in works:
         p._keep(w)
     assert p.release() == works
+
+
+def test_close_waits_for_the_completing_thread() -> None:
+    """close() returns only once the thread that completes the hooks' futures has stopped: a
+    daemon thread completing a future while the interpreter finalizes aborts the process."""
+    p = inplace._Pending()
+    p._thread = threading.Thread(target=p._complete, daemon=True, name="malletrain-allreduce")
+    p._thread.start()
+    p.close()
+    assert not p._thread.is_alive()

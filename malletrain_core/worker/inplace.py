@@ -154,9 +154,15 @@ class _Pending:
             self._prune_at = max(256, 2 * len(self.works))
 
     def close(self) -> None:
+        """Stop the completing thread and wait for it: a daemon thread that completes a future
+        while the interpreter finalizes is ended inside torch's C++ frames, which aborts the
+        process (seen: a worker's SIGABRT and core dump at its normal exit)."""
         with self.lock:
             self._closed = True
             self._wake.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
 
     def abandon(self, reason: str) -> None:
         with self.lock:
@@ -860,6 +866,8 @@ class Elastic:
         """Leave the group; a process holding an abandoned collective exits at once."""
         self._stop.set()
         self._pending.close()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=5.0)
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -878,8 +886,13 @@ class Elastic:
         sys.excepthook = hook
 
     def _exit_guard(self) -> None:
-        """At interpreter exit: a process holding an abandoned collective would block and die
-        of SIGABRT in its destructors, so it leaves at once with its exit code."""
+        """At interpreter exit: this object's threads stop first (none may touch a future
+        while the interpreter finalizes); a process holding an abandoned collective would block
+        and die of SIGABRT in its destructors, so it leaves at once with its exit code."""
+        self._stop.set()
+        self._pending.close()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=5.0)
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()
