@@ -42,6 +42,10 @@ from .store import CorruptState, Store
 
 log = logging.getLogger(__name__)
 
+WAKE_LEAD_S = 0.01
+"""How soon a hook datagram after a quiet spell runs the cycle, unless the backend names its
+own ``wake_lead_s`` (see :meth:`Daemon.wake`)."""
+
 
 class EngineLike(Protocol):
     def handle_many(self, events: Sequence[Event]) -> list[Action]: ...
@@ -79,7 +83,7 @@ class Daemon:
 
     def __init__(self, engine: EngineLike, backend: Backend, store: Store, *,
                  poll_interval_s: float = 5.0, wake_delay_s: float = 0.2,
-                 wake_lead_s: float = 0.01,
+                 wake_lead_s: float = WAKE_LEAD_S,
                  tick_interval_s: float = 5.0, idle_poll_interval_s: float | None = None,
                  clock: Callable[[], float] = time.time,
                  on_actions: Callable[[list[Action], float], None] | None = None,

@@ -31,7 +31,7 @@ from ..wire import hooks as protocol
 from ..wire.orders import EpochError
 from .api import Dispatcher, TcpApiServer, UnixApiServer
 from .bridge import EpochBridge
-from .core import Daemon
+from .core import WAKE_LEAD_S, Daemon
 from .drain import Drain
 from .epochs import EpochCoordinator
 from .intake import HookListener, ReportListener, to_event
@@ -196,7 +196,7 @@ def _build(config: Config, store: Store) -> Service:
     bridge = EpochBridge(backend, coordinator)
     daemon = Daemon(engine, bridge, store, poll_interval_s=d.poll_interval_s,
                     idle_poll_interval_s=d.idle_poll_interval_s,
-                    wake_lead_s=getattr(backend, "wake_lead_s", 0.01),
+                    wake_lead_s=getattr(backend, "wake_lead_s", WAKE_LEAD_S),
                     tick_interval_s=max(1.0, min(config.profiler.window_s / 4, 10.0)),
                     journal_max_events=d.journal_max_events)
     admins = admin_uids(d.admin_users)

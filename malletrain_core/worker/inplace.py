@@ -486,7 +486,6 @@ class Elastic:
             works, g.works = g.works, []
             g.group = g.store = g.net = None  # frees the group: joins its threads
             works.clear()                     # then the works they ran (see _Pending)
-        ended.clear()
         self.holds_abandoned = bool(self._graveyard) or self._pending.reason is not None
 
     @property
@@ -621,12 +620,11 @@ class Elastic:
     def digest(self) -> str:
         return digest(self.state())
 
-    def _digest(self, buffers: bool = True) -> str:
-        """:meth:`digest`, or without ``buffers`` that of the state less the model's buffers."""
+    def _digest_without_buffers(self) -> str:
+        """:meth:`digest` of the state less the model's buffers (only its parameters)."""
         state = self.state()
-        if not buffers:
-            params = {name for name, _ in self.model.named_parameters()}
-            state["model"] = {k: v for k, v in state["model"].items() if k in params}
+        params = {name for name, _ in self.model.named_parameters()}
+        state["model"] = {k: v for k, v in state["model"].items() if k in params}
         return digest(state)
 
     def _load(self, payload: dict[str, Any]) -> None:
@@ -691,7 +689,7 @@ class Elastic:
         # Holding a step, the members compare their states less the model's buffers: the
         # forward pass has put this rank's batch into BatchNorm's running statistics, which
         # the step's all-reduce then averages (see average_gradients).
-        agree = self._digest(buffers=False) if self._holding_step else mine
+        agree = self._digest_without_buffers() if self._holding_step else mine
         # (step held, digest, step whose gradients are held or -1): see average_gradients
         info = torch.tensor([self.step if self.has_state else -1, int(agree[:15], 16),
                              self.step if self._holding_step else -1],
@@ -862,12 +860,17 @@ class Elastic:
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
 
-    def close(self, code: int = 0) -> None:
-        """Leave the group; a process holding an abandoned collective exits at once."""
+    def _stop_threads(self) -> None:
+        """Stop this object's threads and wait for them: none may touch a future while the
+        interpreter finalizes (see :meth:`_Pending.close`)."""
         self._stop.set()
         self._pending.close()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=5.0)
+
+    def close(self, code: int = 0) -> None:
+        """Leave the group; a process holding an abandoned collective exits at once."""
+        self._stop_threads()
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -886,13 +889,10 @@ class Elastic:
         sys.excepthook = hook
 
     def _exit_guard(self) -> None:
-        """At interpreter exit: this object's threads stop first (none may touch a future
-        while the interpreter finalizes); a process holding an abandoned collective would block
-        and die of SIGABRT in its destructors, so it leaves at once with its exit code."""
-        self._stop.set()
-        self._pending.close()
-        if self._watcher is not None and self._watcher is not threading.current_thread():
-            self._watcher.join(timeout=5.0)
+        """At interpreter exit: this object's threads stop first (:meth:`_stop_threads`); a
+        process holding an abandoned collective would block and die of SIGABRT in its
+        destructors, so it leaves at once with its exit code."""
+        self._stop_threads()
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()
