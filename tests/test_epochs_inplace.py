@@ -172,3 +172,84 @@ def test_a_node_that_left_is_placed_again_only_once_its_new_process_is_ready():
     # a member that reports not ready is not dropped from its epoch
     co.checkin("7", "n2", 13.5, inplace=True, ready=False)
     assert co.current("7").members == ("n1", "n2")
+
+
+def test_a_ready_joiner_waits_join_wait_s_for_a_later_grant_then_joins_alone():
+    co = start()
+    co.set_target("7", ["n1", "n2", "n3"], 10.0)
+    assert co.checkin("7", "n3", 10.0, inplace=True, ready=False).kind == "wait"
+    assert co.checkin("7", "n3", 11.0, inplace=True, ready=True).kind == "run", \
+        "every new node is ready: it joins at once"
+    assert co.current("7").members == ("n1", "n2", "n3")
+    run_epoch = co.current("7").number
+    for n in ("n1", "n2", "n3"):
+        running(co, n, run_epoch, 11.5)
+    # two more grants, one after the other; n4 is ready first, n5 still imports
+    co.set_target("7", ["n1", "n2", "n3", "n4"], 20.0)
+    co.set_target("7", ["n1", "n2", "n3", "n4", "n5"], 20.4)
+    co.checkin("7", "n5", 20.4, inplace=True, ready=False)
+    assert co.checkin("7", "n4", 20.5, inplace=True, ready=True).kind == "wait"
+    assert co.checkin("7", "n4", 21.3, inplace=True, ready=True).kind == "wait", \
+        "within co.join_wait_s (1 s) it waits for n5"
+    o = co.checkin("7", "n4", 21.5, inplace=True, ready=True)
+    assert (o.kind, o.world, o.rank) == ("run", 4, 3), "after 1 s it joins without n5"
+    ep = co.current("7")
+    assert ep.path == "inplace" and ep.members == ("n1", "n2", "n3", "n4")
+    for n in ep.members:
+        running(co, n, ep.number, 21.6)
+    o = co.checkin("7", "n5", 23.0, inplace=True, ready=True)
+    assert (o.kind, o.world) == ("run", 5), "the last new node ready: it joins at once"
+
+
+def test_the_wait_counts_from_the_first_ready_check_in_and_anew_after_a_stop():
+    co = start()
+    co.set_target("7", ["n1", "n2", "n3", "n4"], 10.0)
+    co.checkin("7", "n4", 10.0, inplace=True, ready=False)
+    for t in (10.2, 10.6, 11.0):
+        assert co.checkin("7", "n3", t, inplace=True, ready=True).kind == "wait"
+    assert co.checkin("7", "n3", 11.2, inplace=True, ready=True).kind == "run"
+    assert co.current("7").members == ("n1", "n2", "n3")
+    ep = co.current("7").number
+    for n in ("n1", "n2", "n3"):
+        running(co, n, ep, 11.3)
+    # n2 leaves (its process stops); granted again, its next process waits a second anew
+    co.set_target("7", ["n1", "n3", "n4"], 12.0)
+    assert running(co, "n2", ep, 12.1).kind == "stop"
+    ep = co.current("7").number
+    for n in ("n1", "n3"):
+        running(co, n, ep, 12.2)
+    co.set_target("7", ["n1", "n2", "n3", "n4"], 13.0)
+    assert co.checkin("7", "n2", 13.5, inplace=True, ready=True).kind == "wait"
+    assert co.checkin("7", "n2", 14.4, inplace=True, ready=True).kind == "wait"
+    assert co.checkin("7", "n2", 14.5, inplace=True, ready=True).kind == "run"
+
+
+def test_restart_path_launchers_still_wait_for_every_node_or_join_timeout_s():
+    co = start(inplace=False)
+    co.set_target("7", ["n1", "n2", "n3", "n4"], 10.0)
+    co.checkin("7", "n3", 10.0, addr="10.0.0.3")
+    assert co.current("7").members == ("n1", "n2"), "a grow on the restart path waits"
+    co.checkin("7", "n3", 15.0, addr="10.0.0.3")
+    assert co.current("7").members == ("n1", "n2")
+    assert co.state("7").ckpt_requested_at is None
+
+
+def test_the_first_epoch_starts_with_the_ready_nodes_after_join_wait_s():
+    co = coordinator()
+    co.add_job("7", uid=1000, now=0.0)
+    co.set_target("7", ["n1", "n2"], 0.0)
+    co.checkin("7", "n2", 0.0, inplace=True, ready=False)
+    assert co.checkin("7", "n1", 0.1, inplace=True, ready=True).kind == "wait"
+    assert co.current("7") is None
+    o = co.checkin("7", "n1", 1.2, inplace=True, ready=True)
+    assert (o.kind, o.world) == ("run", 1) and co.current("7").path == "disk"
+
+
+def test_join_wait_s_round_trips_and_is_checked():
+    co = coordinator(join_wait_s=0.25)
+    assert EpochCoordinator.from_dict(json.loads(json.dumps(co.to_dict()))).join_wait_s == 0.25
+    import pytest
+
+    from malletrain_core.errors import ValidationError
+    with pytest.raises(ValidationError):
+        coordinator(join_wait_s=-1.0)

@@ -8,6 +8,7 @@ golden argv lists in tests/golden/slurm/*.argv (the same on every release).
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import time
 from pathlib import Path
@@ -310,6 +311,30 @@ def test_hole_end_changes_are_announced_again(slurm: FakeSlurm,
     assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01", 1800003600.0),
                                           IdleNode("n02", 1800003600.0))
     assert backend.poll(T + 2) == []
+
+
+def test_a_node_planned_by_no_other_job_is_logged_per_episode(
+        slurm: FakeSlurm, backend: SlurmBackend, caplog: pytest.LogCaptureFixture) -> None:
+    """Such a node is not offered (a demo run left one idle 56 s so): the log says when it
+    starts, whose plan names it if ours does, and how long it lasted, every time."""
+    caplog.set_level(logging.INFO, logger="malletrain_core.backends.slurm.backend")
+    slurm.squeue = held_array(40, 2)
+    for start in (T, T + 100):
+        slurm.sinfo = nodes(n01="idle", n02="planned")
+        slurm.plan = "40_1|40|1800003600|n02|preemptable\n"  # our own task's plan only
+        caplog.clear()
+        assert of(backend.poll(start), NodesIdle)[0].nodes[-1:] != (IdleNode("n02"),)
+        backend.poll(start + 1)
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warned == ["node n02 is planned but no waiting job of another partition plans "
+                          "it (our tasks 40_1 do): not offered while it stays so"]
+        slurm.sinfo = nodes(n01="idle", n02="idle")
+        slurm.plan = ""
+        backend.poll(start + 57)
+        assert "node n02 was planned with no other job's plan for 57.0 s; now idle" in \
+            [r.getMessage() for r in caplog.records]
+        slurm.sinfo = nodes(n01="allocated", n02="allocated")
+        backend.poll(start + 58)
 
 
 def test_job_end_reasons(slurm: FakeSlurm, backend: SlurmBackend) -> None:

@@ -16,7 +16,10 @@ A planned change (grow, shrink) first asks for a checkpoint and starts epoch ``e
 checkpoint is acknowledged or after ``checkpoint_timeout_s``. A lost peer (preemption, a
 worker that died) stops the survivors and starts epoch ``e+1`` at once: they resume from the
 last checkpoint. New nodes join when every target node has checked in, or after
-``join_timeout_s`` with those that have.
+``join_timeout_s`` with those that have. Launchers that rescale in place start their process
+ahead of the epoch and say when it is ready; a ready one waits at most ``join_wait_s`` for the
+others still starting (a later grant does not hold back one that is ready: each extra re-form
+pauses the members for about a tenth of a second, a joiner kept waiting idles its node).
 
 Pure: time is passed in, randomness comes from an injectable source, nothing here does I/O.
 The whole state round-trips through :meth:`EpochCoordinator.to_dict` so the daemon can persist
@@ -66,6 +69,7 @@ class Launcher:
     ckpt_seen: int = 0
     inplace: bool = False   # its training process stays alive across epochs
     ready: bool = True      # in place: its process is ready to join (imports done)
+    ready_since: float | None = None  # in place: when it first checked in ready (not placed)
 
 
 @dataclass
@@ -99,7 +103,8 @@ class EpochCoordinator:
                  checkpoint_timeout_s: float = 60.0, join_timeout_s: float = 30.0,
                  launcher_timeout_s: float = 15.0, max_failures: int = 10,
                  failure_settle_s: float = 5.0,
-                 random: Callable[[int], bytes] = os.urandom) -> None:
+                 random: Callable[[int], bytes] = os.urandom,
+                 join_wait_s: float = 1.0) -> None:
         lo, hi = port_range
         if not 1024 <= lo <= hi <= 65535:
             raise ValidationError("epochs", "port_range", f"{port_range!r} must be LO ≤ HI "
@@ -109,11 +114,14 @@ class EpochCoordinator:
                                   "launcher_timeout_s must be > 0, join_timeout_s ≥ 0")
         if failure_settle_s < 0:
             raise ValidationError("epochs", "failure_settle_s", f"{failure_settle_s!r} must be ≥ 0")
+        if not join_wait_s >= 0:
+            raise ValidationError("epochs", "join_wait_s", f"{join_wait_s!r} must be ≥ 0")
         if max_failures < 1:
             raise ValidationError("epochs", "max_failures", f"{max_failures!r} must be ≥ 1")
         self.port_range = (lo, hi)
         self.checkpoint_timeout_s = checkpoint_timeout_s
         self.join_timeout_s = join_timeout_s
+        self.join_wait_s = join_wait_s
         self.launcher_timeout_s = launcher_timeout_s
         self.max_failures = max_failures
         self.failure_settle_s = failure_settle_s
@@ -202,9 +210,14 @@ class EpochCoordinator:
         st = self._get(job)
         known = st.launchers.get(node)
         addr = addr or (known.addr if known is not None else node)
+        ready_since = None
+        if inplace and ready and state != "running":
+            ready_since = known.ready_since if known is not None and known.ready \
+                and known.ready_since is not None else now
         st.launchers[node] = Launcher(node=node, addr=addr, epoch=epoch, state=state,
                                       rc=rc, seen=now, ckpt_seen=int(ckpt_seen),
-                                      inplace=bool(inplace), ready=bool(ready))
+                                      inplace=bool(inplace), ready=bool(ready),
+                                      ready_since=ready_since)
         if epoch is not None and epoch >= st.next_epoch:
             # A launcher from a lost coordinator state: never reuse its epoch number, nor a
             # checkpoint request number it has already relayed.
@@ -282,8 +295,14 @@ class EpochCoordinator:
         if cur is None:
             if ready and joined:
                 self._start(st, ready, now)
+            elif self._waited(st, ready, now):
+                self._start(st, [n for n in ready if self._waited(st, [n], now)], now)
             return
         desired = [n for n in ready if n in cur.members or joined]
+        if not joined:
+            early = [n for n in ready if n not in cur.members and self._waited(st, [n], now)]
+            if early and self._in_place(st, cur, desired + early):
+                desired += early
         if set(desired) == set(cur.members):
             st.ckpt_requested_at = None
             return
@@ -301,6 +320,17 @@ class EpochCoordinator:
             else:
                 st.epoch = None
                 st.ckpt_requested_at = None
+
+    def _waited(self, st: JobState, nodes: list[str], now: float) -> bool:
+        """Has any of ``nodes`` (ready, not yet placed) waited ``join_wait_s`` for the
+        others? Only launchers that rescale in place wait so: on the restart path every
+        change stops and restarts all the members."""
+        for n in nodes:
+            la = st.launchers.get(n)
+            if la is not None and la.inplace and la.ready_since is not None \
+                    and now - la.ready_since >= self.join_wait_s:
+                return True
+        return False
 
     @staticmethod
     def _in_place(st: JobState, cur: Epoch, nodes: list[str]) -> bool:
@@ -422,7 +452,7 @@ class EpochCoordinator:
             jobs[job] = d
         return {"version": 1, "port_range": list(self.port_range),
                 "checkpoint_timeout_s": self.checkpoint_timeout_s,
-                "join_timeout_s": self.join_timeout_s,
+                "join_timeout_s": self.join_timeout_s, "join_wait_s": self.join_wait_s,
                 "launcher_timeout_s": self.launcher_timeout_s, "max_failures": self.max_failures,
                 "failure_settle_s": self.failure_settle_s,
                 "port_cursor": self._port_cursor,
@@ -438,7 +468,8 @@ class EpochCoordinator:
         lo, hi = data["port_range"]
         co = cls((int(lo), int(hi)), float(data["checkpoint_timeout_s"]),
                  float(data["join_timeout_s"]), float(data["launcher_timeout_s"]),
-                 int(data["max_failures"]), float(data["failure_settle_s"]), random)
+                 int(data["max_failures"]), float(data["failure_settle_s"]), random,
+                 float(data.get("join_wait_s", 1.0)))
         co._port_cursor = int(data["port_cursor"])
         for job, d in data["jobs"].items():
             d = dict(d)

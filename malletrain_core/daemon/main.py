@@ -133,7 +133,7 @@ def make_coordinator(config: Config, store: Store) -> EpochCoordinator:
             return coordinator
     e = config.epochs
     return EpochCoordinator((e.port_min, e.port_max), checkpoint_timeout_s=e.checkpoint_timeout_s,
-                            join_timeout_s=e.join_timeout_s,
+                            join_timeout_s=e.join_timeout_s, join_wait_s=e.join_wait_s,
                             launcher_timeout_s=e.launcher_timeout_s, max_failures=e.max_failures)
 
 

@@ -153,6 +153,7 @@ class SlurmBackend(TaskBackend):
         self.unplanned_wait_s = float(unplanned_wait_s)
         self._unplanned: dict[str, float] = {}            # other job -> first seen unplanned
         self._hold_grants = False
+        self._unnamed: dict[str, float] = {}  # node planned, no other job's plan names it -> since
         self.submits_seen: Callable[[], int] | None = None
         """The count of hook datagrams announcing a job of another partition (job_submit.lua
         sends one per submission): one that arrives after the poll holds back that cycle's
@@ -231,7 +232,7 @@ class SlurmBackend(TaskBackend):
         self._reheld &= set(self._launching)
         leaving = {row.node for key, row in current.items() if key in self._stopping
                    and key not in self._workers and row.node and row.state in _ACTIVE}
-        idle = self._reconcile_nodes(nodes, plan, out.reclaimed, leaving)
+        idle = self._reconcile_nodes(nodes, plan, out.reclaimed, leaving, now)
         self._rows = current
         self._gone &= set(tagged)  # a purged job id never comes back
         self._run_quietly("hold", out.to_hold)
@@ -351,7 +352,8 @@ class SlurmBackend(TaskBackend):
             self._close(aid, reason, now, out)
 
     def _reconcile_nodes(self, nodes: dict[str, sp.NodeRow], plan: list[sp.PlanRow],
-                         reclaimed: list[str], leaving: set[str]) -> list[IdleNode]:
+                         reclaimed: list[str], leaving: set[str],
+                         now: float = 0.0) -> list[IdleNode]:
         """Update the offered pool from sinfo and the plan; returns the NodesIdle entries.
 
         ``reclaimed`` comes in with the nodes whose workers Slurm took back and goes out with
@@ -364,6 +366,7 @@ class SlurmBackend(TaskBackend):
         launching = {launch.node for launch in self._launching.values()}
         just_lost = set(reclaimed)
         idle: list[IdleNode] = []
+        unnamed: dict[str, float] = {}
         for name in sorted(nodes):
             row = nodes[name]
             hole = ends.get(name)
@@ -384,8 +387,12 @@ class SlurmBackend(TaskBackend):
                     self._offered[name] = hole
                 continue
             if row.state is NodeState.PLANNED and hole is None:
-                sp.warn_once(f"planned:{name}", "node %s is planned but no waiting job's plan "
-                             "names it: not offered", name)
+                unnamed[name] = self._unnamed.get(name, now)
+                if name not in self._unnamed:
+                    mine = sorted(r.job_id for r in plan if name in r.nodes)
+                    log.warning("node %s is planned but no waiting job of another partition "
+                                "plans it%s: not offered while it stays so", name,
+                                f" (our tasks {', '.join(mine)} do)" if mine else "")
             if row.completing and name in self._offered:
                 continue
             if name in self._offered:
@@ -397,6 +404,12 @@ class SlurmBackend(TaskBackend):
         for name in [n for n in self._offered if n not in nodes]:
             del self._offered[name]
             reclaimed.append(name)
+        for name, since in self._unnamed.items():
+            if name not in unnamed:
+                log.info("node %s was planned with no other job's plan for %.1f s; now %s",
+                         name, now - since,
+                         nodes[name].state.value if name in nodes else "gone")
+        self._unnamed = unnamed
         return idle
 
     def _waiting_unplanned(self, plan: list[sp.PlanRow], now: float) -> bool:
