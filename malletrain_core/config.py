@@ -110,7 +110,7 @@ class MungeConfig:
 class EpochsConfig:
     checkpoint_timeout_s: float = 60.0
     join_timeout_s: float = 20.0
-    join_wait_s: float = 1.0
+    join_wait_s: float = 5.0
     launcher_timeout_s: float = 15.0
     max_failures: int = 10
     port_min: int = 29500
@@ -209,9 +209,9 @@ class Config:
         if e.checkpoint_timeout_s <= 0 or e.launcher_timeout_s <= 0 or e.join_timeout_s < 0:
             raise ConfigError("epochs: checkpoint_timeout_s and launcher_timeout_s must be > 0, "
                               "join_timeout_s ≥ 0")
-        if not 0 <= e.join_wait_s <= e.join_timeout_s:
-            raise ConfigError(f"epochs.join_wait_s: {e.join_wait_s!r} must lie between 0 and "
-                              f"join_timeout_s ({e.join_timeout_s})")
+        if not 0 <= e.join_wait_s < math.inf:
+            raise ConfigError(f"epochs.join_wait_s: {e.join_wait_s!r} must be a finite number "
+                              "≥ 0 (seconds a ready new node waits for the others)")
         if not 1000 <= d.journal_max_events <= 10_000_000:
             raise ConfigError(f"daemon.journal_max_events: {d.journal_max_events!r} must lie in "
                               "1000-10000000 (events kept before the journal is compacted)")

@@ -9,7 +9,7 @@ from tests.test_epochs import coordinator
 
 
 def start(nodes=("n1", "n2"), inplace=True, now=0.0):
-    co = coordinator()
+    co = coordinator(join_wait_s=1.0)
     co.add_job("7", uid=1000, now=now)
     co.set_target("7", list(nodes), now)
     for n in nodes:
@@ -190,7 +190,7 @@ def test_a_ready_joiner_waits_join_wait_s_for_a_later_grant_then_joins_alone():
     co.checkin("7", "n5", 20.4, inplace=True, ready=False)
     assert co.checkin("7", "n4", 20.5, inplace=True, ready=True).kind == "wait"
     assert co.checkin("7", "n4", 21.3, inplace=True, ready=True).kind == "wait", \
-        "within co.join_wait_s (1 s) it waits for n5"
+        "within join_wait_s (1 s here) it waits for n5"
     o = co.checkin("7", "n4", 21.5, inplace=True, ready=True)
     assert (o.kind, o.world, o.rank) == ("run", 4, 3), "after 1 s it joins without n5"
     ep = co.current("7")
@@ -235,7 +235,7 @@ def test_restart_path_launchers_still_wait_for_every_node_or_join_timeout_s():
 
 
 def test_the_first_epoch_starts_with_the_ready_nodes_after_join_wait_s():
-    co = coordinator()
+    co = coordinator(join_wait_s=1.0)
     co.add_job("7", uid=1000, now=0.0)
     co.set_target("7", ["n1", "n2"], 0.0)
     co.checkin("7", "n2", 0.0, inplace=True, ready=False)

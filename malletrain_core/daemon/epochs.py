@@ -18,8 +18,8 @@ worker that died) stops the survivors and starts epoch ``e+1`` at once: they res
 last checkpoint. New nodes join when every target node has checked in, or after
 ``join_timeout_s`` with those that have. Launchers that rescale in place start their process
 ahead of the epoch and say when it is ready; a ready one waits at most ``join_wait_s`` for the
-others still starting (a later grant does not hold back one that is ready: each extra re-form
-pauses the members for about a tenth of a second, a joiner kept waiting idles its node).
+others still starting, however many grants follow it (each re-form pauses the members and
+costs every process CPU time; a joiner kept waiting idles its node).
 
 Pure: time is passed in, randomness comes from an injectable source, nothing here does I/O.
 The whole state round-trips through :meth:`EpochCoordinator.to_dict` so the daemon can persist
@@ -104,7 +104,7 @@ class EpochCoordinator:
                  launcher_timeout_s: float = 15.0, max_failures: int = 10,
                  failure_settle_s: float = 5.0,
                  random: Callable[[int], bytes] = os.urandom,
-                 join_wait_s: float = 1.0) -> None:
+                 join_wait_s: float = 5.0) -> None:
         lo, hi = port_range
         if not 1024 <= lo <= hi <= 65535:
             raise ValidationError("epochs", "port_range", f"{port_range!r} must be LO ≤ HI "
@@ -469,7 +469,7 @@ class EpochCoordinator:
         co = cls((int(lo), int(hi)), float(data["checkpoint_timeout_s"]),
                  float(data["join_timeout_s"]), float(data["launcher_timeout_s"]),
                  int(data["max_failures"]), float(data["failure_settle_s"]), random,
-                 float(data.get("join_wait_s", 1.0)))
+                 float(data.get("join_wait_s", 5.0)))
         co._port_cursor = int(data["port_cursor"])
         for job, d in data["jobs"].items():
             d = dict(d)
