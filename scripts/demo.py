@@ -230,7 +230,9 @@ class Demo:
         result = summary.summarize(self.samples, summary.prod_records(records), counters,
                                    self.args.nodes,
                                    summary.count_preemptions_in_log(log_text) if log_text
-                                   else None, cap_per_job=self.args.max_nodes, steps=steps)
+                                   else None, cap_per_job=self.args.max_nodes, steps=steps,
+                                   prod_busy=summary.prod_busy_from_log(log_text),
+                                   node_names=self.cluster.node_names)
         result["startups"] = summary.startup_summary(summary.read_startups(
             sorted(self.jobs_dir.glob("nas-*.out"))))
         plan = self.plan
@@ -243,8 +245,9 @@ class Demo:
                        "prod_jobs_planned": len(plan.jobs),
                        "commands_failed": self.failures,
                        "big_jobs_planned": sum(j.kind == "big" for j in plan.jobs),
-                       "source": "squeue/sinfo every 2 s, scontrol show job, slurmctld.log, "
-                                 "workers' counters.json"})
+                       "source": "slurmctld.log (prod jobs' start and end), squeue/sinfo "
+                                 "every 2 s, scontrol show job, workers' step logs and "
+                                 "counters.json"})
         return result
 
     def save_logs(self) -> None:

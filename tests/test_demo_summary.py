@@ -206,6 +206,54 @@ def test_harvest_counts_only_time_inside_completed_steps(samples, tmp_path):
     assert held["harvest_counted_from"].startswith("squeue")
 
 
+def log_stamp(t):
+    return f"[{stamp(T0 + t)}.{round((t % 1) * 1000):03d}]"
+
+
+SLURMCTLD_LOG = "\n".join([
+    f"{log_stamp(-10)} sched: Allocate JobId=5 NodeList=n01 #CPUs=2 Partition=prod",
+    f"{log_stamp(-9)} sched: Allocate JobId=9 NodeList=n02 #CPUs=2 Partition=preemptable",
+    f"{log_stamp(1.5)} _job_complete: JobId=5 WEXITSTATUS 0",
+    f"{log_stamp(1.5)} _job_complete: JobId=5 done",
+    f"{log_stamp(5.2)} sched/backfill: _start_job: Started JobId=7 in prod on n[03-04]",
+    f"{log_stamp(5.3)} sched/backfill: _start_job: Started JobId=10_1(12) in preemptable on n02",
+    "a line of another shape",
+])
+
+
+def test_exact_idle_time_from_slurmctlds_log(samples, tmp_path):
+    busy = summary.prod_busy_from_log(SLURMCTLD_LOG)
+    assert busy == {"n01": [(pytest.approx(T0 - 10), pytest.approx(T0 + 1.5))],
+                    "n03": [(pytest.approx(T0 + 5.2), float("inf"))],
+                    "n04": [(pytest.approx(T0 + 5.2), float("inf"))]}
+    job = tmp_path / "checkpoints-10"
+    write_steps(job, "n02", [(0.5 + 0.5 * i, 0.995 + 0.5 * i) for i in range(18)])
+    write_steps(job, "n03", [(1 + 0.5 * i, 1.5 + 0.5 * i) for i in range(4)]
+                + [(5 + 0.5 * i, 5.5 + 0.5 * i) for i in range(6)])
+    steps = summary.read_step_logs(sorted(tmp_path.glob("checkpoints-*/steps/*.log")))
+    names = ["n01", "n02", "n03", "n04"]
+    # n01 is free from 1.5 s (the samples show its job at 0 s and 2 s: no idle time before
+    # 6 s) until it is down at the 6 s sample: 4.5; n02 free
+    # throughout: 10; n03 and n04 until prod takes them at 5.2 s: 5.2 each
+    idle, harvested = summary.exact_node_seconds(samples, names, busy, steps)
+    assert idle == pytest.approx(4.5 + 10 + 5.2 + 5.2, abs=1e-3)
+    # n02's one stretch 0.5-9.495 s; n03's stretches 1-3 s and 5-8 s up to 5.2 s
+    assert harvested == pytest.approx(8.995 + 2.0 + 0.2, abs=1e-3)
+    out = summary.summarize(samples, [], {}, NODES, steps=steps, prod_busy=busy,
+                            node_names=names)
+    assert out["idle_node_seconds"] == pytest.approx(24.9, abs=0.05)
+    assert out["harvested_share"] == pytest.approx(11.195 / 24.9, abs=1e-3)
+    assert out["idle_counted_from"].startswith("slurmctld.log")
+    assert out["idle_node_seconds_sampled"] == 22.0  # the samples' view stays beside it
+    # no prod line in the log (or no log): the samples are all there is, and it says so
+    fallback = summary.summarize(samples, [], {}, NODES, steps=steps,
+                                 prod_busy=summary.prod_busy_from_log("nothing"),
+                                 node_names=names)
+    assert fallback["idle_node_seconds"] == 22.0
+    assert "idle_node_seconds_sampled" not in fallback
+    assert fallback["idle_counted_from"] == "squeue every 4 s"  # the samples' median interval
+
+
 def test_step_logs_read_as_they_were(tmp_path):
     write_steps(tmp_path, "n02", [(0.0, 0.5), (0.5, 1.0), (1.0, 1.5)])
     paths = list(tmp_path.glob("steps/*.log"))
