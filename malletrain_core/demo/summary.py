@@ -472,7 +472,7 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
         "worker_restarts": sum(j["restarts"] for j in jobs.values()),
         "harvest_counted_from": "squeue (elastic task RUNNING)" if steps is None else
         "workers' step logs (time inside completed steps)",
-        "idle_counted_from": "slurmctld.log (prod job start and end, to the millisecond)"
+        "idle_counted_from": "slurmctld.log: prod jobs' start and end, to the millisecond"
         if exact else f"squeue every {_interval(samples):.0f} s",
         **(sampled if exact else {}),
         "held_node_seconds": round(held, 1),
