@@ -295,12 +295,12 @@ class EpochCoordinator:
         if cur is None:
             if ready and joined:
                 self._start(st, ready, now)
-            elif self._waited(st, ready, now):
-                self._start(st, [n for n in ready if self._waited(st, [n], now)], now)
+            elif waited := [n for n in ready if self._waited(st, n, now)]:
+                self._start(st, waited, now)
             return
         desired = [n for n in ready if n in cur.members or joined]
         if not joined:
-            early = [n for n in ready if n not in cur.members and self._waited(st, [n], now)]
+            early = [n for n in ready if n not in cur.members and self._waited(st, n, now)]
             if early and self._in_place(st, cur, desired + early):
                 desired += early
         if set(desired) == set(cur.members):
@@ -321,16 +321,13 @@ class EpochCoordinator:
                 st.epoch = None
                 st.ckpt_requested_at = None
 
-    def _waited(self, st: JobState, nodes: list[str], now: float) -> bool:
-        """Has any of ``nodes`` (ready, not yet placed) waited ``join_wait_s`` for the
-        others? Only launchers that rescale in place wait so: on the restart path every
-        change stops and restarts all the members."""
-        for n in nodes:
-            la = st.launchers.get(n)
-            if la is not None and la.inplace and la.ready_since is not None \
-                    and now - la.ready_since >= self.join_wait_s:
-                return True
-        return False
+    def _waited(self, st: JobState, node: str, now: float) -> bool:
+        """Has ``node`` (ready, not yet placed) waited ``join_wait_s`` for the others? Only
+        launchers that rescale in place wait so: on the restart path every change stops and
+        restarts all the members."""
+        la = st.launchers.get(node)
+        return la is not None and la.inplace and la.ready_since is not None \
+            and now - la.ready_since >= self.join_wait_s
 
     @staticmethod
     def _in_place(st: JobState, cur: Epoch, nodes: list[str]) -> bool:

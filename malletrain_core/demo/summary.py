@@ -32,7 +32,6 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +185,10 @@ _LOG_DONE = re.compile(_LOG_STAMP + r"_job_complete: JobId=(\d+) done")
 
 
 def _log_time(stamp: str) -> float:
-    """slurmctld's log time (local, ``2026-11-25T02:42:54.288``) → Unix seconds."""
-    fmt = "%Y-%m-%dT%H:%M:%S.%f" if "." in stamp else "%Y-%m-%dT%H:%M:%S"
-    return datetime.strptime(stamp, fmt).timestamp()
+    """slurmctld's log time (local, ``2026-11-25T02:42:54.288``) → Unix seconds: Slurm's own
+    time format (:func:`parse_time`) and the milliseconds."""
+    whole, _, millis = stamp.partition(".")
+    return (parse_time(whole) or 0.0) + (float(f"0.{millis}") if millis else 0.0)
 
 
 def prod_busy_from_log(text: str) -> dict[str, list[Span]]:

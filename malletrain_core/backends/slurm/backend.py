@@ -353,7 +353,7 @@ class SlurmBackend(TaskBackend):
 
     def _reconcile_nodes(self, nodes: dict[str, sp.NodeRow], plan: list[sp.PlanRow],
                          reclaimed: list[str], leaving: set[str],
-                         now: float = 0.0) -> list[IdleNode]:
+                         now: float) -> list[IdleNode]:
         """Update the offered pool from sinfo and the plan; returns the NodesIdle entries.
 
         ``reclaimed`` comes in with the nodes whose workers Slurm took back and goes out with
