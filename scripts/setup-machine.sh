@@ -42,7 +42,20 @@ if [ "${MALLETRAIN_SKIP_APT:-0}" != 1 ]; then
 fi
 
 stamp=.setup-stamp
-if [ "${MALLETRAIN_SKIP_PIP:-0}" != 1 ] && { [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; }; then
+# The stamp alone is not enough: the editable install may point at another checkout (a clone
+# set up since) or torch may be gone; find_spec reads no module, so this costs milliseconds.
+here_installed() {
+  "$PY" - "$PWD" <<'PYEOF' 2>/dev/null
+import importlib.util, os, sys
+sys.path = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(sys.argv[1])]
+spec = importlib.util.find_spec("malletrain_core")
+ok = (spec is not None and spec.origin is not None and importlib.util.find_spec("torch")
+      and os.path.realpath(spec.origin).startswith(os.path.realpath(sys.argv[1]) + os.sep))
+sys.exit(0 if ok else 1)
+PYEOF
+}
+if [ "${MALLETRAIN_SKIP_PIP:-0}" != 1 ] && { [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ] \
+     || ! here_installed; }; then
   echo "setup: pip install -e .[train,dev,lightning,hf] (torch pinned to the 2.13.0 CPU wheel)"
   "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
   "$PY" -m pip install -q --disable-pip-version-check -e ".[train,dev,lightning,hf]"
