@@ -127,6 +127,12 @@ def test_replay_of_a_recorded_session(slurm: FakeSlurm, backend: SlurmBackend,
                                       release: str) -> None:
     """The same commands on every release's outputs (replay_22.05.argv)."""
     slurm.captured = GOLDEN / release
+    (prod,) = [r for r in parse_plan((slurm.captured / "06_planned.plan").read_text())
+               if r.partition == "prod"]
+    hole = prod.start
+    if release == "22.05":
+        assert hole == time.mktime(time.strptime("2026-11-21T09:21:20", "%Y-%m-%dT%H:%M:%S"))
+    T = hole - 1800  # the session's clock: its hole is about 30 minutes ahead at 06
     slurm.load("01_submitted")
     ev = backend.poll(T)
     subs = [e.job for e in of(ev, JobSubmitted)]
@@ -154,10 +160,6 @@ def test_replay_of_a_recorded_session(slurm: FakeSlurm, backend: SlurmBackend,
     assert backend.poll(T + 9) == [WorkerStopped(T + 9, "1", "n02")]
 
     slurm.load("06_planned")  # a 4-node prod job waits: n02, n04 are its holes
-    (prod,) = [r for r in parse_plan(slurm.plan) if r.partition == "prod"]
-    hole = prod.start
-    if release == "22.05":
-        assert hole == time.mktime(time.strptime("2026-11-21T09:21:20", "%Y-%m-%dT%H:%M:%S"))
     assert backend.poll(T + 13) == [NodesIdle(T + 13, (IdleNode("n02", hole),
                                                        IdleNode("n04", hole)))]
     backend.execute([Grow("2", ("n04",), 1799.0)], T + 14)
@@ -311,6 +313,30 @@ def test_hole_end_changes_are_announced_again(slurm: FakeSlurm,
     assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01", 1800003600.0),
                                           IdleNode("n02", 1800003600.0))
     assert backend.poll(T + 2) == []
+
+
+def test_a_hole_no_task_fits_is_not_offered(slurm: FakeSlurm, backend: SlurmBackend,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """A hole that ends before one minute plus hole_margin_s is not offered (a grant there
+    was refused, again at every re-plan, in demo runs); it is once the plan moves the waiting
+    job later, and an offered node whose hole shrinks under it is taken back."""
+    caplog.set_level(logging.INFO, logger="malletrain_core.backends.slurm.backend")
+    margin = backend.hole_margin_s
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle", n02="planned")
+    slurm.plan = f"40|40|{T + 60 + margin - 1:.0f}|n02|prod\n"
+    assert of(backend.poll(T), NodesIdle)[0].nodes == (IdleNode("n01"),)
+    assert backend.poll(T + 1) == []
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged == [f"node n02: its hole ends in {60 + margin - 1:.0f} s, under the "
+                      f"{60 + margin:.0f} s a task needs (Slurm's one-minute time limits plus "
+                      "slurm.hole_margin_s): not offered while it stays so"]
+    slurm.plan = f"40|40|{T + 600:.0f}|n02|prod\n"  # the waiting job is planned later
+    assert backend.poll(T + 2) == [NodesIdle(T + 2, (IdleNode("n02", T + 600),))]
+    assert backend.poll(T + 600 - 60 - margin) == []  # still fits, to the second
+    assert backend.poll(T + 600 - 60 - margin + 1) == [
+        NodesReclaimed(T + 600 - 60 - margin + 1, ("n02",))]
+    assert slurm.commands() == []
 
 
 def test_a_node_planned_by_no_other_job_is_logged_per_episode(
@@ -501,9 +527,9 @@ def test_no_grant_while_a_job_of_another_partition_waits_unplanned(slurm: FakeSl
     ev = backend.execute([Grow("7", ("n01",), None)], T + 1)
     assert ev == [WorkerStopped(T + 1, "7", "n01"), NodesReclaimed(T + 1, ("n01",))]
     assert slurm.commands() == []
-    slurm.plan = "40|40|1800000060|n[01,03]|prod\n"  # planned: its nodes are holes
+    slurm.plan = "40|40|1800000600|n[01,03]|prod\n"  # planned: its nodes are holes
     ev = backend.poll(T + 2)
-    assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01", T + 60), IdleNode("n03", T + 60))
+    assert of(ev, NodesIdle)[0].nodes == (IdleNode("n01", T + 600), IdleNode("n03", T + 600))
     ev = backend.execute([Grow("7", ("n02",), None)], T + 2)
     assert ev == [] and slurm.commands()[-1] == ["scontrol", "release", "7_0"]
     # Another job comes while 7_0 is released but not started: it is held again, its grow
@@ -558,7 +584,7 @@ def test_a_submission_holds_released_tasks_at_once(slurm: FakeSlurm) -> None:
     slurm.squeue = task(20, 7, 0, "RUNNING", "n01", prio=0, reason="None") + task(7, 7, 1) \
         + task(7, 7, 2)
     slurm.sinfo = nodes(n01="allocated", n02="idle")
-    slurm.plan = "40|40|1800000060|n02|prod|Resources|1800000000\n"
+    slurm.plan = "40|40|1800000600|n02|prod|Resources|1800000000\n"
     slurm.calls.clear()
     ev = backend.poll(T + 2)
     assert WorkerStarted(T + 2, "7", "n01") in ev and WorkerStopped(T + 2, "7", "n02") in ev

@@ -154,6 +154,7 @@ class SlurmBackend(TaskBackend):
         self._unplanned: dict[str, float] = {}            # other job -> first seen unplanned
         self._hold_grants = False
         self._unnamed: dict[str, float] = {}  # node planned, no other job's plan names it -> since
+        self._short: dict[str, float] = {}  # node whose hole no task fits -> since
         self.submits_seen: Callable[[], int] | None = None
         """The count of hook datagrams announcing a job of another partition (job_submit.lua
         sends one per submission): one that arrives after the poll holds back that cycle's
@@ -367,9 +368,26 @@ class SlurmBackend(TaskBackend):
         just_lost = set(reclaimed)
         idle: list[IdleNode] = []
         unnamed: dict[str, float] = {}
+        short: dict[str, float] = {}
         for name in sorted(nodes):
             row = nodes[name]
             hole = ends.get(name)
+            if hole is not None and name not in ours and not self.fits(hole, now) \
+                    and row.usable and name not in just_lost:
+                # No task fits before the waiting job's planned start: a grant there would
+                # only be refused (and cost its job a checkpoint and a re-plan).
+                short[name] = self._short.get(name, now)
+                if name not in self._short:
+                    log.info("node %s: its hole ends in %.0f s, under the %.0f s a task needs "
+                             "(Slurm's one-minute time limits plus slurm.hole_margin_s): not "
+                             "offered while it stays so", name, hole - now,
+                             60 + self.hole_margin_s)
+                if name not in launching or name not in self._offered:
+                    if name in self._offered:
+                        del self._offered[name]
+                        reclaimed.append(name)
+                    continue
+                hole = None  # a task released there before: its launch keeps the node
             if name in leaving and name in self._offered:
                 continue
             if name in ours or (name in launching and name in self._offered):
@@ -410,7 +428,13 @@ class SlurmBackend(TaskBackend):
                          name, now - since,
                          nodes[name].state.value if name in nodes else "gone")
         self._unnamed = unnamed
+        self._short = short
         return idle
+
+    def fits(self, hole_end: float, now: float) -> bool:
+        """Whether a task fits in a hole that ends at ``hole_end``: Slurm's time limits are
+        whole minutes and :meth:`_grow` keeps ``hole_margin_s`` before the hole's end."""
+        return hole_end - now - self.hole_margin_s >= 60
 
     def _waiting_unplanned(self, plan: list[sp.PlanRow], now: float) -> bool:
         """Whether a job of another partition waits that Slurm has not planned yet.
