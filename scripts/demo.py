@@ -232,7 +232,7 @@ class Demo:
                                    summary.count_preemptions_in_log(log_text) if log_text
                                    else None, cap_per_job=self.args.max_nodes, steps=steps,
                                    prod_busy=summary.prod_busy_from_log(log_text),
-                                   node_names=self.cluster.node_names)
+                                   node_names=self.cluster.node_names, prod_log=log_text)
         result["startups"] = summary.startup_summary(summary.read_startups(
             sorted(self.jobs_dir.glob("nas-*.out"))))
         plan = self.plan

@@ -254,6 +254,44 @@ def test_exact_idle_time_from_slurmctlds_log(samples, tmp_path):
     assert fallback["idle_counted_from"] == "squeue every 4 s"  # the samples' median interval
 
 
+def test_prod_start_delay_to_the_millisecond_from_slurmctlds_log():
+    """Slurm's records give whole seconds (job 6: submitted at 0.3, started at 1.1 reads as a
+    1 s delay); the log gives submission, start and end to the millisecond. A begin time
+    later than the submission still counts (job 10), and a job the log lacks keeps its
+    record's times (job 11)."""
+    recs = summary.prod_records("\n".join([
+        record(5, "prod-fill-000", "n01", 0, 0, 8),
+        record(6, "prod-fill-001", "n02", 0, 1, 4),
+        record(7, "prod-big-002", "n[01-02]", 2, 11, 20),
+        record(10, "prod-fill-005", "n04", 3, 12, 40, eligible=10),
+        record(11, "prod-fill-006", "n05", 3, 5, 40),
+    ]))
+    log = "\n".join([
+        f"{log_stamp(0.2)} _slurm_rpc_submit_batch_job: JobId=5 InitPrio=4294901759 usec=1",
+        f"{log_stamp(0.25)} sched: Allocate JobId=5 NodeList=n01 #CPUs=2 Partition=prod",
+        f"{log_stamp(0.3)} _slurm_rpc_submit_batch_job: JobId=6 InitPrio=4294901758 usec=1",
+        f"{log_stamp(1.1)} sched: Allocate JobId=6 NodeList=n02 #CPUs=2 Partition=prod",
+        f"{log_stamp(2.1)} _slurm_rpc_submit_batch_job: JobId=7 InitPrio=4294901757 usec=1",
+        f"{log_stamp(3.2)} _slurm_rpc_submit_batch_job: JobId=10 InitPrio=4294901756 usec=1",
+        f"{log_stamp(4.6)} _job_complete: JobId=6 done",
+        f"{log_stamp(8.4)} _job_complete: JobId=5 done",
+        f"{log_stamp(11.3)} sched/backfill: _start_job: Started JobId=7 in prod on n[01-02]",
+        f"{log_stamp(12.4)} sched: Allocate JobId=10 NodeList=n04 #CPUs=2 Partition=prod",
+    ])
+    coarse = {p.name: p.delay_s for p in summary.prod_starts(recs)}
+    assert coarse == {"prod-fill-000": 0, "prod-fill-001": 1, "prod-big-002": 3,
+                      "prod-fill-005": 2, "prod-fill-006": 2}
+    fine = {p.name: p.delay_s for p in summary.prod_starts(recs, log)}
+    assert fine == {"prod-fill-000": pytest.approx(0.05), "prod-fill-001": pytest.approx(0.8),
+                    "prod-big-002": pytest.approx(11.3 - 8.4),  # n01 released at 8.4
+                    "prod-fill-005": pytest.approx(2.4), "prod-fill-006": 2}
+    first = recs[:3]  # delays 0.05, 0.8, 2.9 s; 0, 1, 3 s on the records alone
+    out = summary.summarize([], first, {}, NODES, prod_log=log)
+    assert out["prod_start_delay_s"] == pytest.approx(0.8)
+    assert out["prod_start_delay_counted_from"].startswith("slurmctld.log")
+    assert summary.summarize([], first, {}, NODES)["prod_start_delay_s"] == 1
+
+
 def test_step_logs_read_as_they_were(tmp_path):
     write_steps(tmp_path, "n02", [(0.0, 0.5), (0.5, 1.0), (1.0, 1.5)])
     paths = list(tmp_path.glob("steps/*.log"))

@@ -182,6 +182,7 @@ _LOG_ALLOC = re.compile(_LOG_STAMP + r"sched: Allocate JobId=(\d+) NodeList=(\S+
 _LOG_BF_START = re.compile(_LOG_STAMP + r"sched/backfill: _start_job: Started JobId=(\d+) "
                            r"in (\S+) on (\S+)")
 _LOG_DONE = re.compile(_LOG_STAMP + r"_job_complete: JobId=(\d+) done")
+_LOG_SUBMIT = re.compile(_LOG_STAMP + r"_slurm_rpc_submit_batch_job: JobId=(\d+) ")
 
 
 def _log_time(stamp: str) -> float:
@@ -189,6 +190,26 @@ def _log_time(stamp: str) -> float:
     time format (:func:`parse_time`) and the milliseconds."""
     whole, _, millis = stamp.partition(".")
     return (parse_time(whole) or 0.0) + (float(f"0.{millis}") if millis else 0.0)
+
+
+def _log_job_times(text: str) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Each job's submission, (last) start and (last) end in slurmctld's log, to the ms."""
+    submitted: dict[str, float] = {}
+    started: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _LOG_SUBMIT.match(line)
+        if m:
+            submitted[m.group(2)] = _log_time(m.group(1))
+            continue
+        m = _LOG_ALLOC.match(line) or _LOG_BF_START.match(line)
+        if m:
+            started[m.group(2)] = _log_time(m.group(1))
+            continue
+        m = _LOG_DONE.match(line)
+        if m:
+            ended[m.group(2)] = _log_time(m.group(1))
+    return submitted, started, ended
 
 
 def prod_busy_from_log(text: str) -> dict[str, list[Span]]:
@@ -347,7 +368,7 @@ class ProdStart:
         return self.start - self.startable
 
 
-def prod_starts(records: Iterable[Mapping[str, str]]) -> list[ProdStart]:
+def prod_starts(records: Iterable[Mapping[str, str]], log_text: str = "") -> list[ProdStart]:
     """Start times of the prod jobs that started, and when each became *startable*.
 
     A prod job is startable once it is eligible (``EligibleTime``: submitted, no begin time
@@ -355,8 +376,12 @@ def prod_starts(records: Iterable[Mapping[str, str]]) -> list[ProdStart]:
     that ran there before it (the latest ``EndTime`` ≤ its ``StartTime`` among the prod jobs
     sharing a node with it). That is the moment it would have started on a cluster without
     MalleTrain; the delay after it is what the preemption of elastic tasks (and Slurm's own
-    scheduling latency) cost. Times are Slurm's, at one-second resolution.
+    scheduling latency) cost. The records' times are Slurm's, at one-second resolution; with
+    ``log_text`` (slurmctld's log) each job's submission, start and end are taken from the
+    log to the millisecond where it has them (a begin time later than the submission still
+    counts, from the record).
     """
+    submitted, started, ended = _log_job_times(log_text)
     rows: list[tuple[str, str, float, float, float | None, set[str]]] = []
     for rec in records:
         if rec.get("Partition") != PROD_PARTITION:
@@ -369,7 +394,12 @@ def prod_starts(records: Iterable[Mapping[str, str]]) -> list[ProdStart]:
         eligible = parse_time(rec.get("EligibleTime", "")) or parse_time(
             rec.get("SubmitTime", "")) or start
         end = parse_time(rec.get("EndTime", ""))
-        rows.append((rec.get("JobId", ""), rec.get("JobName", ""), eligible, start, end,
+        job = rec.get("JobId", "")
+        if job in started:
+            start = started[job]
+            eligible = max(eligible, submitted.get(job, -math.inf))
+            end = ended.get(job, end)
+        rows.append((job, rec.get("JobName", ""), eligible, start, end,
                      set(expand(nodelist))))
     out = []
     for job, name, eligible, start, _end, nodes in rows:
@@ -424,7 +454,7 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
               cap_per_job: int | None = None,
               steps: Mapping[str, Sequence[tuple[float, float]]] | None = None,
               prod_busy: Mapping[str, Sequence[Span]] | None = None,
-              node_names: Sequence[str] = ()) -> dict[str, Any]:
+              node_names: Sequence[str] = (), prod_log: str = "") -> dict[str, Any]:
     """The summary: exactly :data:`KEYS` first, then details. ``logged_preemptions`` (from
     slurmctld's log, exact) replaces the count seen in the samples when given; with
     ``cap_per_job`` (the elastic jobs' node maximum) the idle node-seconds within that cap are
@@ -445,7 +475,7 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
         idle, harvested = exact_node_seconds(samples, node_names, prod_busy, steps)
     rescales, seen = scale_changes(samples)
     preemptions = seen if logged_preemptions is None else logged_preemptions
-    starts = prod_starts(prod_records)
+    starts = prod_starts(prod_records, prod_log)
     delays = [p.delay_s for p in starts]
     jobs = {job: {"samples": int(c.get("samples", 0)), "steps": int(c.get("steps", 0)),
                   "restarts": int(c.get("restarts", 0)),
@@ -465,6 +495,9 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
         "prod_start_delay_s": round(statistics.median(delays), 2) if delays else None,
         "prod_start_delay_p90_s": round(_percentile(delays, 0.9), 2) if delays else None,
         "prod_jobs_started": len(starts),
+        "prod_start_delay_counted_from": (
+            "slurmctld.log: submission, start and end to the millisecond" if prod_log
+            else "scontrol show job: Slurm's times, to the second"),
         "preemptions_seen_in_samples": seen,
         "nodes": nodes,
         "span_s": round(span, 1),
@@ -594,7 +627,7 @@ def markdown(summary: Mapping[str, Any], command: str) -> str:
         "",
         "The prod start delay is each prod job's StartTime minus the moment it became "
         "startable: eligible, and every node it runs on released by the prod job before it "
-        "(Slurm's EndTime), at Slurm's one-second resolution. It is what preempting elastic "
+        "(its end), from slurmctld's log to the millisecond. It is what preempting elastic "
         "tasks cost the main queue (KillWait is 2 s in the local cluster's test timings). " + (
             "Harvested node-seconds count only time inside training steps that completed "
             "(each worker logs the start and end of every step it completed); a task's "
