@@ -30,7 +30,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,24 +192,34 @@ def _log_time(stamp: str) -> float:
     return (parse_time(whole) or 0.0) + (float(f"0.{millis}") if millis else 0.0)
 
 
+def _log_job_lines(text: str) -> Iterator[tuple[str, float, str, str, str]]:
+    """slurmctld's log lines about a job's life: ``(what, time, job, nodelist, partition)``
+    with ``what`` one of ``submit``, ``start`` (main scheduler or backfill) and ``done``;
+    nodelist and partition only for ``start``."""
+    for line in text.splitlines():
+        m = _LOG_ALLOC.match(line)
+        if m:
+            stamp, job, nodelist, partition = m.groups()
+            yield "start", _log_time(stamp), job, nodelist, partition
+            continue
+        m = _LOG_BF_START.match(line)
+        if m:
+            stamp, job, partition, nodelist = m.groups()
+            yield "start", _log_time(stamp), job, nodelist, partition
+            continue
+        for what, pattern in (("done", _LOG_DONE), ("submit", _LOG_SUBMIT)):
+            m = pattern.match(line)
+            if m:
+                yield what, _log_time(m.group(1)), m.group(2), "", ""
+                break
+
+
 def _log_job_times(text: str) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Each job's submission, (last) start and (last) end in slurmctld's log, to the ms."""
-    submitted: dict[str, float] = {}
-    started: dict[str, float] = {}
-    ended: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _LOG_SUBMIT.match(line)
-        if m:
-            submitted[m.group(2)] = _log_time(m.group(1))
-            continue
-        m = _LOG_ALLOC.match(line) or _LOG_BF_START.match(line)
-        if m:
-            started[m.group(2)] = _log_time(m.group(1))
-            continue
-        m = _LOG_DONE.match(line)
-        if m:
-            ended[m.group(2)] = _log_time(m.group(1))
-    return submitted, started, ended
+    times: dict[str, dict[str, float]] = {"submit": {}, "start": {}, "done": {}}
+    for what, t, job, _, _ in _log_job_lines(text):
+        times[what][job] = t
+    return times["submit"], times["start"], times["done"]
 
 
 def prod_busy_from_log(text: str) -> dict[str, list[Span]]:
@@ -220,23 +230,13 @@ def prod_busy_from_log(text: str) -> dict[str, list[Span]]:
     partitions are left out; an empty result means the log had no such line."""
     started: dict[str, tuple[float, list[str]]] = {}
     busy: dict[str, list[Span]] = {}
-    for line in text.splitlines():
-        m = _LOG_ALLOC.match(line)
-        if m:
-            stamp, job, nodelist, partition = m.groups()
-        else:
-            m = _LOG_BF_START.match(line)
-            if m:
-                stamp, job, partition, nodelist = m.groups()
-        if m:
-            if partition == PROD_PARTITION:
-                started[job] = (_log_time(stamp), expand(nodelist))
-            continue
-        m = _LOG_DONE.match(line)
-        if m and m.group(2) in started:
-            start, nodes = started.pop(m.group(2))
+    for what, t, job, nodelist, partition in _log_job_lines(text):
+        if what == "start" and partition == PROD_PARTITION:
+            started[job] = (t, expand(nodelist))
+        elif what == "done" and job in started:
+            start, nodes = started.pop(job)
             for node in nodes:
-                busy.setdefault(node, []).append((start, _log_time(m.group(1))))
+                busy.setdefault(node, []).append((start, t))
     for start, nodes in started.values():
         for node in nodes:
             busy.setdefault(node, []).append((start, math.inf))

@@ -431,10 +431,20 @@ class SlurmBackend(TaskBackend):
         self._short = short
         return idle
 
+    def _minutes(self, limit_s: float | None) -> int:
+        """A task's TimeLimit (whole minutes) for a grant of ``limit_s`` seconds (None or
+        inf: no hole end known); 0 when no task fits."""
+        if limit_s is None or not math.isfinite(limit_s):
+            limit_s = self.default_time_limit_s
+        elif limit_s < self.default_time_limit_s:
+            # A hole's end: the task starts at a later backfill cycle, and backfill plans
+            # in bf_resolution steps (60 s by default), so the limit keeps that margin.
+            limit_s -= self.hole_margin_s
+        return sp.minutes_within(min(limit_s, self.default_time_limit_s))
+
     def fits(self, hole_end: float, now: float) -> bool:
-        """Whether a task fits in a hole that ends at ``hole_end``: Slurm's time limits are
-        whole minutes and :meth:`_grow` keeps ``hole_margin_s`` before the hole's end."""
-        return hole_end - now - self.hole_margin_s >= 60
+        """Whether a task fits in a hole that ends at ``hole_end`` (see :meth:`_minutes`)."""
+        return self._minutes(hole_end - now) >= 1
 
     def _waiting_unplanned(self, plan: list[sp.PlanRow], now: float) -> bool:
         """Whether a job of another partition waits that Slurm has not planned yet.
@@ -587,14 +597,7 @@ class SlurmBackend(TaskBackend):
                 log.warning("grow of job %s: not a live elastic job", action.job_id)
                 events += [WorkerStopped(now, action.job_id, n) for n in action.nodes]
                 continue
-            limit_s = action.time_limit_s
-            if limit_s is None or not math.isfinite(limit_s):
-                limit_s = self.default_time_limit_s
-            elif limit_s < self.default_time_limit_s:
-                # A hole's end: the task starts at a later backfill cycle, and backfill plans
-                # in bf_resolution steps (60 s by default), so the limit keeps that margin.
-                limit_s -= self.hole_margin_s
-            minutes = sp.minutes_within(min(limit_s, self.default_time_limit_s))
+            minutes = self._minutes(action.time_limit_s)
             free = self._free_tasks(action.job_id)
             for i, node in enumerate(action.nodes):
                 if minutes < 1 or i >= len(free):
