@@ -30,6 +30,31 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["MALLETRAIN_SLURM"] = name
 
 
+_RERUNS: list[tuple[str, str, list[str]]] = []
+"""Each failed first try that pytest-rerunfailures ran again: (test, phase, why)."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome != "rerun":
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    lines = [f"{crash.path}:{crash.lineno}"] if crash is not None else []
+    lines += [line for line in report.longreprtext.splitlines() if line.startswith("E ")][:20]
+    _RERUNS.append((report.nodeid, report.when, lines))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """A rerun that passed still says why its first try failed: a scheduling wait that timed
+    out under load, or a real fault that happened to pass the second time."""
+    if not _RERUNS:
+        return
+    terminalreporter.section("reruns: why the first try failed")
+    for nodeid, when, lines in _RERUNS:
+        terminalreporter.line(f"RERUN {nodeid} ({when})")
+        for line in lines:
+            terminalreporter.line(f"    {line}")
+
+
 @pytest.fixture
 def write_json(tmp_path: Path) -> Callable[[Any, str], str]:
     """Write a JSON document (or raw text, when given a str) to a file and return its path."""

@@ -29,7 +29,8 @@ NODES = int(os.environ.get("MALLETRAIN_TEST_NODES", "8"))
 
 # Real daemons, real Slurm and real torch share this host's few cores with every test: a
 # scheduling-dependent wait in these files can time out under load. Each gets one rerun (a
-# real fault fails twice); every rerun is reported in the summary (-ra).
+# real fault fails twice); every rerun is listed at the end of the run with why its first try
+# failed (tests/conftest.py).
 RERUN_ONCE = {"test_backend_live.py", "test_training_e2e.py", "test_faults.py", "test_faults_site.py",
               "test_daemon_live.py", "test_demo.py", "test_load.py", "test_byo_e2e.py",
               "test_quiet_poll.py", "test_inplace_slurm.py", "test_prod_race.py"}

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.demo.summary import KEYS, Sample, read_step_logs, stepping_node_seconds
+from malletrain_core.demo.summary import (
+    KEYS,
+    Sample,
+    exact_node_seconds,
+    prod_busy_from_log,
+    read_step_logs,
+    stepping_node_seconds,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,14 +27,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.torch,
               pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster runs as root")]
 
 
-def recount(out: Path, until: float) -> float:
-    """The harvested node-seconds again, from the demo's saved samples and the workers' step
-    logs as they were when the demo read them: only time inside completed steps on nodes idle
-    of prod work."""
+def recount(out: Path, until: float) -> tuple[float, float]:
+    """The harvested node-seconds again, from the demo's saved samples, slurmctld's log and the
+    workers' step logs as they were when the demo read them: only time inside completed steps
+    on nodes idle of prod work. (exact, sampled): prod work from the log to the millisecond,
+    as the summary's ``harvested_node_seconds`` counts it, and from the 2-s samples, as its
+    ``harvested_node_seconds_sampled`` does. The two differ where a step ends within a
+    sample's interval of a prod job's start or end, so each is checked against its own count."""
     samples = [Sample.from_json(json.loads(line))
                for line in (out / "samples.jsonl").read_text().splitlines()]
     steps = read_step_logs(sorted((out / "jobs").glob("checkpoints-*/steps/*.log")), until)
-    return stepping_node_seconds(samples, steps)
+    busy = prod_busy_from_log((out / "logs" / "slurmctld.log").read_text(errors="replace"))
+    return (exact_node_seconds(samples, sorted(steps), busy, steps)[1],
+            stepping_node_seconds(samples, steps))
 
 
 def test_demo_end_to_end(tmp_path):
@@ -50,8 +62,10 @@ def test_demo_end_to_end(tmp_path):
     assert "STANDIN MODE: compute STOOD IN" in proc.stderr
     # harvested = node-seconds inside completed steps, not the tasks squeue showed running
     assert saved["harvest_counted_from"].startswith("workers' step logs")
-    assert saved["harvested_node_seconds"] == pytest.approx(recount(out, saved["steps_read_at"]),
-                                                              abs=0.11)
+    assert saved["idle_counted_from"].startswith("slurmctld.log")
+    exact, sampled = recount(out, saved["steps_read_at"])
+    assert saved["harvested_node_seconds"] == pytest.approx(exact, abs=0.051)
+    assert saved["harvested_node_seconds_sampled"] == pytest.approx(sampled, abs=0.051)
     assert 0 < saved["harvested_node_seconds"] <= 1.02 * saved["held_node_seconds"] + 1.0
     # every worker that completed a step wrote its start-up line, and the summary read them
     assert saved["startups"]["count"] > 0 and 0 < saved["startups"]["median_s"] < 60
