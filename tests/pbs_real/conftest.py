@@ -31,8 +31,9 @@ HOOK_FREQ_S = 3
 
 # Real PBS daemons, a real malletraind and real torch share this host's two cores with the
 # rest of the suite: the files whose waits depend on scheduling under load get one rerun each,
-# as the real-Slurm ones do (each rerun is listed in the summary, -ra). Measured: the training
-# e2e file failed 2 of its 3 tests once in a full tier run and passed alone right after.
+# as the real-Slurm ones do (each rerun is listed at the end of the run with why its first try
+# failed: tests/conftest.py). Measured: the training e2e file failed 2 of its 3 tests once in
+# a full tier run and passed alone right after.
 RERUN_ONCE = {"test_pbs_training_e2e.py", "test_pbs_daemon_hooks.py"}
 
 
