@@ -121,14 +121,89 @@ def test_scenario_commands_match_the_golden_argv(runner):
     assert runner.argv == golden
 
 
+def pbsnodes_with(change: dict[str, dict]) -> str:
+    """The golden ``pbsnodes_1.json`` with some vnodes' attributes replaced."""
+    doc = json.loads((GOLDEN / "pbsnodes_1.json").read_text())
+    for name, attrs in change.items():
+        doc["nodes"][name].update(attrs)
+    return json.dumps(doc)
+
+
+def qstat_with(change: dict[str, dict]) -> str:
+    """The golden ``qstat_1.json`` with some jobs' attributes replaced."""
+    doc = json.loads((GOLDEN / "qstat_1.json").read_text())
+    for jid, attrs in change.items():
+        doc["Jobs"][jid].update(attrs)
+    return json.dumps(doc)
+
+
+FREE = {"state": "free", "jobs": [], "resv": ""}
+
+
 def test_grow_without_a_queued_subjob_fails_at_once(runner):
     be = PbsBackend(runner)
     runner.golden("pbsnodes_1.json", "qstat_1.json")
     be.poll(1000.0)
+    runner.set("pbsnodes", pbsnodes_with({n: FREE for n in ("n06", "n07", "n08")}))
     events = be.execute([Grow(B, ("n04", "n05", "n06", "n07", "n08"))], 1001.0)
     assert events == [WorkerStopped(1001.0, B, "n08")]  # 124[] has four subjobs
     assert be.execute([Grow("999[].pbs-server", ("n08",))], 1001.0) == [
         WorkerStopped(1001.0, "999[].pbs-server", "n08")]
+
+
+def test_grow_onto_a_vnode_taken_since_the_poll_is_not_started(runner, caplog):
+    """qrun -H skips PBS's resource check: a vnode PBS gave to another job after the poll the
+    engine decided on is read again before the qrun, and given back instead of shared."""
+    be = PbsBackend(runner)
+    runner.golden("pbsnodes_1.json", "qstat_1.json")
+    be.poll(1000.0)
+    runner.set("pbsnodes", pbsnodes_with(
+        {"n04": {"state": "job-exclusive", "jobs": ["300.pbs-server/0"]}}))
+    runner.argv.clear()
+    with caplog.at_level(logging.INFO):
+        events = be.execute([Grow(B, ("n04", "n05"))], 1001.0)
+    assert events == [WorkerStopped(1001.0, B, "n04"), NodesReclaimed(1001.0, ("n04",))]
+    assert runner.argv == [["pbsnodes", "-a", "-F", "json"],
+                           ["qrun", "-a", "-H", "(n05)", "124[0].pbs-server"]]
+    assert "n04: not started, PBS has taken the vnode" in caplog.text
+    assert be.launching == {"124[0].pbs-server": "n05"}
+    assert "n04" not in be.offered
+    # pbsnodes not answering: the grow goes ahead on the poll's view.
+    runner.set("pbsnodes", "", rc=1, stderr="pbsnodes: cannot connect to server")
+    runner.argv.clear()
+    assert be.execute([Grow(B, ("n04",))], 1002.0) == []
+    assert runner.argv[-1] == ["qrun", "-a", "-H", "(n04)", "124[1].pbs-server"]
+    # No grow, no pbsnodes.
+    runner.argv.clear()
+    be.execute([Checkpoint(A)], 1003.0)
+    assert runner.argv == []
+
+
+def test_worker_sharing_a_vnode_with_another_job_is_requeued(runner, caplog):
+    """A grant that raced a job PBS started on the vnode: ours gives the vnode up."""
+    be = PbsBackend(runner)
+    runner.golden("pbsnodes_1.json", "qstat_1.json")
+    assert WorkerStarted(1000.0, A, "n01") in be.poll(1000.0)
+    runner.set("pbsnodes", pbsnodes_with(
+        {"n01": {"jobs": ["123[1].pbs-server/0", "300.pbs-server/0"]}}))
+    runner.argv.clear()
+    with caplog.at_level(logging.WARNING):
+        events = be.poll(1010.0)
+    assert ["qrerun", "123[1].pbs-server"] in runner.argv
+    assert "vnode n01 runs 300.pbs-server and our subjob 123[1].pbs-server" in caplog.text
+    assert events == [NodesReclaimed(1010.0, ("n01",))]
+    assert "123[1].pbs-server" not in be.workers and be.busy()
+    # Still running there at the next poll (SIGTERM, then kill_delay): no second qrerun, and
+    # not taken for a new worker.
+    runner.argv.clear()
+    assert be.poll(1011.0) == []
+    assert ["qrerun", "123[1].pbs-server"] not in runner.argv
+    # Requeued: the clash is over; n01 comes back when PBS frees it.
+    runner.set("qstat", qstat_with({"123[1].pbs-server": {"job_state": "Q"}}))
+    runner.set("pbsnodes", pbsnodes_with({"n01": {"jobs": ["300.pbs-server/0"]}}))
+    assert be.poll(1012.0) == [] and not be.busy()
+    runner.set("pbsnodes", pbsnodes_with({"n01": FREE}))
+    assert be.poll(1013.0) == [NodesIdle(1013.0, (IdleNode("n01", None, None),))]
 
 
 def test_refused_qrun_is_a_failed_grow(runner):

@@ -89,3 +89,47 @@ def test_backend_drives_an_elastic_job(pbs: PbsComplex, test_user: str) -> None:
     later = poll_until(backend, lambda ev: True)
     assert not [e for e in later if getattr(e, "job_id", None) == array]
     assert array not in backend.jobs
+
+
+
+def test_a_vnode_pbs_gives_another_job_is_never_shared_with_a_worker(
+        pbs: PbsComplex, test_user: str) -> None:
+    """``qrun -H`` does not check a vnode's consumable resources, so the backend itself keeps
+    a worker off a vnode that runs another job: a grow onto a vnode taken since the last poll
+    is not started, and a worker found sharing its vnode (a grant that raced the other job's
+    start, made here by hand with the backend's own qrun) is requeued at the next poll."""
+    pbs.qmgr("create queue mt_test_forced queue_type = execution, enabled = true, "
+             "started = false")
+    try:
+        backend = PbsBackend(pbs.runner(), grow_timeout_s=60)
+        backend.poll(time.time())
+        array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-2", "-l", "select=1:ncpus=2")
+        poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
+
+        # Taken between the poll and the grow: not started, given back to the engine.
+        other = submit(pbs, test_user, "-q", "mt_test_forced", "-l", "select=1:ncpus=2")
+        pbs.run(["qrun", "-H", "(n03)", other])
+        now = time.time()
+        assert backend.execute([Grow(array, ("n03",), 600.0)], now) == [
+            WorkerStopped(now, array, "n03"), NodesReclaimed(now, ("n03",))]
+        assert state(pbs, subjob(array, 1)) == "Q"
+
+        # The grant that raced: the worker runs beside another job; the next poll requeues it.
+        forced = submit(pbs, test_user, "-q", "mt_test_forced", "-l", "select=1:ncpus=2")
+        pbs.run(["qrun", "-H", "(n02)", forced])
+        pbs.run(["qrun", "-a", "-H", "(n02)", subjob(array, 1)])
+        wait_state(pbs, subjob(array, 1), "R", 30)
+        ev = poll_until(backend, lambda ev: any(isinstance(e, NodesReclaimed) for e in ev))
+        assert [e.nodes for e in ev if isinstance(e, NodesReclaimed)] == [("n02",)]
+        wait_state(pbs, subjob(array, 1), "Q", 30)
+        assert state(pbs, forced) == "R"
+        ev += poll_until(backend, lambda ev: not backend.busy())
+        assert not [e for e in ev if isinstance(e, (WorkerStarted, WorkerStopped, NodesIdle))]
+        assert backend.workers == {}
+        backend.execute([Finish(array)], time.time())
+    finally:
+        for jid in pbs.run(["qselect", "-q", "mt_test_forced"], check=False).stdout.split():
+            pbs.run(["qdel", "-Wforce", jid], check=False)
+        pbs.wait_for("the forced jobs gone", lambda: not pbs.run(
+            ["qselect", "-q", "mt_test_forced"], check=False).stdout.split(), 30)
+        pbs.qmgr("delete queue mt_test_forced")

@@ -17,6 +17,7 @@ can execute, not in the Debian one the test user could run.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from pbs_real_helpers import (
 )
 
 from malletrain_core.localcluster.pbs import REPO, PbsComplex
+from malletrain_core.localcluster.procs import ClusterError
 from malletrain_core.worker.client import UnixClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
@@ -166,8 +168,22 @@ def test_elastic_torch_grows_is_preempted_recovers_and_grows_back(
     t_prod = time.monotonic()
     wait_state(pbs, prod, "R", 60)
     print(f"prod job running {time.monotonic() - t_prod:.1f} s after its qsub")
-    requeued = [sid for sid in nodes if pbs.jobs(sid)[sid].get("job_state") == "Q"]
-    assert len(requeued) == 1, {sid: pbs.jobs(sid)[sid].get("job_state") for sid in nodes}
+    # The requeued worker must not be granted straight back onto a vnode PBS has just given to
+    # the prod job (qrun -H skips PBS's resource check; seen before the daemon read the vnodes
+    # again just before each qrun: the worker and the prod job sharing n04, ncpus -2/2). A grant
+    # that still raced it is requeued at the daemon's next poll: two polls' grace, no more.
+    try:
+        pbs.wait_for("one worker requeued and no vnode shared with the prod job",
+                     lambda: not sharing(pbs, prod, array) and len(
+                         [sid for sid in nodes if pbs.jobs(sid)[sid].get("job_state") == "Q"])
+                     == 1, 2 * POLL_S + 3, interval_s=0.2)
+    except ClusterError:
+        raise AssertionError(f"vnodes shared with the prod job: {sharing(pbs, prod, array)}; "
+                             f"workers: {running_nodes(pbs, array)}") from None
+    said = e2e_daemon.log.read_text(errors="replace")
+    print(f"grants the daemon held back (vnode taken since its poll): "
+          f"{said.count('PBS has taken the vnode')}; workers it requeued off a shared vnode: "
+          f"{said.count('requeueing ours')}")
     shrunk = wait_consistent(pbs, array, outdir, WORKERS - 1, 180, after_epoch=first)
     log = read_job(outdir, number)
     resumed = {s for s, _, _ in log.starts[shrunk]}
@@ -195,6 +211,18 @@ def test_elastic_torch_grows_is_preempted_recovers_and_grows_back(
     final = read_job(outdir, number)
     assert not invariant_problems(final), "\n".join(invariant_problems(final))
     pbs.run(["qdel", array])
+
+
+def sharing(pbs: PbsComplex, job: str, array: str) -> dict[str, list[str]]:
+    """Vnodes that run ``job`` and a subjob of ``array`` at once → their jobs."""
+    doc = json.loads(pbs.run(["pbsnodes", "-a", "-F", "json"]).stdout)
+    head = array.split("[", 1)[0] + "["
+    out = {}
+    for name, attrs in doc.get("nodes", {}).items():
+        jobs = [str(j).split("/", 1)[0] for j in attrs.get("jobs") or []]
+        if job in jobs and any(j.startswith(head) for j in jobs):
+            out[name] = jobs
+    return out
 
 
 def left_of(pbs: PbsComplex, array: str) -> dict[str, str]:

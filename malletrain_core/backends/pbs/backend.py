@@ -4,7 +4,8 @@
 is *enabled but not started* (``started = False``): PBS accepts jobs there but its scheduler
 never starts them, so a queued subjob waits until the daemon starts it on the node the
 allocator chose, with ``qrun -H (<vnode>) <subjob>`` (operator privilege; the scheduler is
-bypassed, the vnode's state is still checked). The queuejob hook routes ``qsub -q malletrain
+bypassed: the server refuses a job-exclusive vnode but not one whose ncpus another job holds,
+measured on OpenPBS 23.06, so the backend itself keeps workers off vnodes running other jobs). The queuejob hook routes ``qsub -q malletrain
 -J 1-N -l select=1:...`` there. Why subjobs and not one job per node: one submission of the
 user's then holds every worker, each subjob can be started (qrun), requeued (qrerun) and
 deleted (qdel) on its own, and it runs as the user without the daemon ever submitting for
@@ -19,7 +20,10 @@ array's id (``123[].server``).
   requeued by PBS's preemption, an idle node given to another job, down, or gone),
   WorkerStopped (a worker ended for any other reason, our shrink included), JobEnded,
   NodesIdle (nodes new to the pool), WorkerStarted.
-* **execute**: Grow → one ``qrun -a -H (<vnode>) <subjob>`` per node; Shrink → ``qrerun
+* **execute**: Grow → ``pbsnodes -a -F json`` once (a vnode PBS gave to another job since
+  the poll is not started on: WorkerStopped and NodesReclaimed at once), then one ``qrun -a -H
+  (<vnode>) <subjob>`` per node; a worker a poll finds sharing its vnode with another queue's
+  job is requeued (``qrerun``) and the vnode withdrawn (NodesReclaimed); Shrink → ``qrerun
   <subjob>`` (the subjob goes back to the stopped queue, SIGTERM first, SIGKILL after the
   queue's kill_delay); Finish → ``qdel <array>``; Checkpoint is the epoch coordinator's
   business, not PBS's. Grow's ``time_limit_s`` cannot be applied: PBS cannot change one
@@ -45,6 +49,7 @@ from ...events import (
     Grow,
     IdleNode,
     JobRequest,
+    NodesReclaimed,
     Shrink,
     WorkerStarted,
     WorkerStopped,
@@ -95,7 +100,8 @@ class PbsBackend(TaskBackend):
     backend: 10 ms). A grant here is ``qrun -H``, which runs the subjob on the vnode even when
     PBS has just picked that vnode for a job that is preempting ours and not running yet (seen:
     a worker and the preempting job on one vnode, ncpus -2/2, when the daemon acted 10 ms after
-    the requeue's datagram); waiting as long as a burst does gives that job time to start."""
+    the requeue's datagram); waiting as long as a burst does gives that job time to start.
+    Since then each batch of grows also reads the vnodes again first (:meth:`_fresh_nodes`)."""
 
     def __init__(self, runner: CommandRunner, queue: str = DEFAULT_QUEUE,
                  grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
@@ -114,6 +120,11 @@ class PbsBackend(TaskBackend):
         self._subjobs: dict[str, pp.PbsJob] = {}          # subjob id -> last seen
         self._to_delete: set[str] = set()                 # finished, qdel not yet done
         self._unwanted: dict[str, float] = {}             # shrunk while launching -> until
+        self._yielding: dict[str, tuple[str, bool]] = {}  # off a clash -> (vnode, qrerun ok)
+
+    def busy(self) -> bool:
+        """Also while a worker requeued off a clashing vnode has not left it."""
+        return super().busy() or bool(self._yielding)
 
     def _job_of(self, task: str) -> str:
         seen = self._subjobs.get(task)
@@ -145,6 +156,7 @@ class PbsBackend(TaskBackend):
         our_ids = {j.id for j in jobs.values() if j.queue == self.queue}
         out = PollEvents()
         self._admit_arrays(arrays, subjobs, now, out)
+        self._yield_clashes(current, nodes, our_ids)
         self._reconcile_workers(current, now, out)
         self._reconcile_launches(current, now, out)
         self._reconcile_jobs(subjobs, now, out)
@@ -161,6 +173,32 @@ class PbsBackend(TaskBackend):
             if self._is_new(aid):
                 self._admit(aid, job_request(arrays[aid], subjobs.get(aid, [])), now, out)
 
+    def _yield_clashes(self, current: dict[str, pp.PbsJob], nodes: dict[str, pp.PbsNode],
+                       our_ids: set[str]) -> None:
+        """A worker of ours on a vnode that also runs another queue's job gives it up at once
+        (``qrerun``): ``qrun -H`` skips PBS's resource check, so a grant that raced a job PBS
+        started there oversubscribes the vnode, and the batch system's job comes first. The
+        vnode is then neither ours nor usable, so :meth:`_reconcile_nodes` withdraws it
+        (NodesReclaimed), as for a preemption."""
+        for sid, (node, _) in list(self._yielding.items()):
+            seen = current.get(sid)
+            if seen is None or seen.state not in _ACTIVE or seen.node != node:
+                del self._yielding[sid]
+        for sid, sub in sorted(current.items()):
+            if sub.state not in _ACTIVE or not sub.node or self._yielding.get(sid, ("", False))[1]:
+                continue
+            vnode = nodes.get(sub.node)
+            others = [j for j in vnode.jobs if j not in our_ids] if vnode is not None else []
+            if not others:
+                continue
+            log.warning("vnode %s runs %s and our subjob %s: requeueing ours (qrerun)",
+                        sub.node, ",".join(others), sid)
+            self._yielding[sid] = (sub.node, self._run(["qrerun", sid]))  # retried if refused
+            self._workers.pop(sid, None)
+            self._launching.pop(sid, None)
+            self._unwanted.pop(sid, None)
+            self._stopping.discard(sid)
+
     def _reconcile_workers(self, current: dict[str, pp.PbsJob], now: float, out: PollEvents) -> None:
         unwanted = set(self._unwanted)
         for sid, until in list(self._unwanted.items()):
@@ -173,7 +211,7 @@ class PbsBackend(TaskBackend):
         for sid, sub in sorted(current.items()):
             if sub.array_id not in self._jobs or sub.state not in _ACTIVE or not sub.node:
                 continue
-            if sid in unwanted:
+            if sid in unwanted or sid in self._yielding:
                 continue
             if sid not in self._workers:
                 self._launching.pop(sid, None)
@@ -294,10 +332,32 @@ class PbsBackend(TaskBackend):
                 events.append(WorkerStarted(now, action.job_id, node))  # still running there
 
     def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
+        if not any(action.nodes for action in grows):
+            return
+        fresh = self._fresh_nodes()
+        taken: list[str] = []
         for action in grows:
-            events += self._grow_one(action, now)
+            events += self._grow_one(action, now, fresh, taken)
+        if taken:
+            events.append(NodesReclaimed(now, tuple(sorted(set(taken)))))
 
-    def _grow_one(self, action: Grow, now: float) -> list[Event]:
+    def _fresh_nodes(self) -> dict[str, pp.PbsNode] | None:
+        """The vnodes as PBS shows them now, read once per batch of grows: the engine decided
+        on the last poll's view, and ``qrun -H`` would run a subjob on a vnode that PBS has given
+        to another job since (seen: a preempting job started 0.7 s before the grant, both ran on
+        one vnode with ncpus -2/2). None when pbsnodes did not answer: the grows go ahead and
+        the next poll's clash check (:meth:`_yield_clashes`) undoes any that collided."""
+        argv = ["pbsnodes", "-a", "-F", "json"]
+        try:
+            return pp.parse_pbsnodes(self.runner.run(argv).stdout, argv)
+        except CommandNotFound:
+            raise
+        except CommandError as exc:
+            log.warning("%s: grows go ahead on the last poll's view", exc)
+            return None
+
+    def _grow_one(self, action: Grow, now: float, fresh: dict[str, pp.PbsNode] | None,
+                  taken_nodes: list[str]) -> list[Event]:
         taken = set(self._workers) | set(self._launching) | self._stopping | set(self._unwanted)
         free = sorted((s for s, j in self._subjobs.items()
                        if j.array_id == action.job_id and j.state is TaskState.PENDING
@@ -307,6 +367,15 @@ class PbsBackend(TaskBackend):
             if action.job_id not in self._jobs or not free:
                 log.warning("grow of %s on %s: no queued subjob left", action.job_id, node)
                 failed.append(WorkerStopped(now, action.job_id, node))
+                continue
+            vnode = fresh.get(node) if fresh is not None else None
+            if fresh is not None and (vnode is None or not vnode.usable(self.queue)):
+                log.info("grow of %s on %s: not started, PBS has taken the vnode since the last "
+                         "poll (%s)", action.job_id, node,
+                         "gone" if vnode is None else
+                         f"state {','.join(vnode.words)}, jobs {','.join(vnode.jobs) or '-'}")
+                failed.append(WorkerStopped(now, action.job_id, node))
+                self._withdraw(node, taken_nodes)
                 continue
             sid = free.pop(0)
             if self._run(["qrun", "-a", "-H", f"({node})", sid]):

@@ -153,11 +153,12 @@ def parse_pbsnodes(text: str, argv: Sequence[str] = ("pbsnodes",)) -> dict[str, 
         words = tuple(w.strip().lower() for w in attrs["state"].split(",") if w.strip())
         jobs = attrs.get("jobs") or ()
         if isinstance(jobs, str):
-            jobs = [j.split("/", 1)[0].strip() for j in jobs.split(",")]
+            jobs = jobs.split(",")
+        # 23.06's JSON lists bare ids; its text form, and other releases, add "/<cpu slot>".
+        jobs = [str(j).split("/", 1)[0].strip() for j in jobs]
         resources = attrs.get("resources_available")
         out[str(name)] = PbsNode(
-            str(name), words, pbs_node_state(words),
-            tuple(dict.fromkeys(str(j) for j in jobs if str(j).strip())),
+            str(name), words, pbs_node_state(words), tuple(dict.fromkeys(j for j in jobs if j)),
             str(attrs.get("resv") or ""), str(attrs.get("queue") or ""),
             resources if isinstance(resources, dict) else {})
     return out
