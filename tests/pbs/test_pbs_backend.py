@@ -179,6 +179,22 @@ def test_grow_onto_a_vnode_taken_since_the_poll_is_not_started(runner, caplog):
     assert runner.argv == []
 
 
+def test_grow_onto_the_vnode_of_our_own_worker_being_stopped_goes_ahead(runner, caplog):
+    """Shrink and grow on one vnode in one cycle: the leaving worker is ours, not another
+    job's, so the qrun is sent (PBS starts it once the vnode is free); a down vnode is not."""
+    be = PbsBackend(runner)
+    runner.golden("pbsnodes_1.json", "qstat_1.json")
+    be.poll(1000.0)
+    runner.argv.clear()
+    with caplog.at_level(logging.INFO):
+        events = be.execute([Shrink(A, ("n02",)), Grow(B, ("n02", "n06"))], 1001.0)
+    assert runner.argv == [["qrerun", "123[2].pbs-server"], ["pbsnodes", "-a", "-F", "json"],
+                           ["qrun", "-a", "-H", "(n02)", "124[0].pbs-server"]]
+    assert events == [WorkerStopped(1001.0, B, "n06")]  # n06 was never offered: no reclaim
+    assert "n06: not started, PBS has taken the vnode since the last poll (state down,offline)" \
+        in caplog.text
+
+
 def test_worker_sharing_a_vnode_with_another_job_is_requeued(runner, caplog):
     """A grant that raced a job PBS started on the vnode: ours gives the vnode up."""
     be = PbsBackend(runner)

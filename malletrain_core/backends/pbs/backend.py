@@ -356,6 +356,21 @@ class PbsBackend(TaskBackend):
             log.warning("%s: grows go ahead on the last poll's view", exc)
             return None
 
+    def _taken(self, vnode: pp.PbsNode | None) -> str:
+        """Why a worker may not be started on ``vnode`` now ("" when it may): gone, down,
+        reserved, tied to another queue, or running a job that is not one of our subjobs. A
+        worker of ours still leaving it (a shrink just sent) does not count: PBS starts the new
+        one once it is gone, as before this check."""
+        if vnode is None:
+            return "gone"
+        others = [j for j in vnode.jobs if j not in self._subjobs]
+        if others:
+            return f"jobs {','.join(others)}"
+        if vnode.state is NodeState.DOWN or vnode.resv or vnode.queue not in ("", self.queue):
+            return f"state {','.join(vnode.words)}" + (f", reservation {vnode.resv}"
+                                                       if vnode.resv else "")
+        return ""
+
     def _grow_one(self, action: Grow, now: float, fresh: dict[str, pp.PbsNode] | None,
                   taken_nodes: list[str]) -> list[Event]:
         taken = set(self._workers) | set(self._launching) | self._stopping | set(self._unwanted)
@@ -368,12 +383,10 @@ class PbsBackend(TaskBackend):
                 log.warning("grow of %s on %s: no queued subjob left", action.job_id, node)
                 failed.append(WorkerStopped(now, action.job_id, node))
                 continue
-            vnode = fresh.get(node) if fresh is not None else None
-            if fresh is not None and (vnode is None or not vnode.usable(self.queue)):
+            why = self._taken(fresh.get(node)) if fresh is not None else None
+            if why:
                 log.info("grow of %s on %s: not started, PBS has taken the vnode since the last "
-                         "poll (%s)", action.job_id, node,
-                         "gone" if vnode is None else
-                         f"state {','.join(vnode.words)}, jobs {','.join(vnode.jobs) or '-'}")
+                         "poll (%s)", action.job_id, node, why)
                 failed.append(WorkerStopped(now, action.job_id, node))
                 self._withdraw(node, taken_nodes)
                 continue
