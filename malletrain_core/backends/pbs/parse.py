@@ -154,7 +154,7 @@ def parse_pbsnodes(text: str, argv: Sequence[str] = ("pbsnodes",)) -> dict[str, 
         jobs = attrs.get("jobs") or ()
         if isinstance(jobs, str):
             jobs = jobs.split(",")
-        # 23.06's JSON lists bare ids; its text form, and other releases, add "/<cpu slot>".
+        # 23.06's JSON lists bare ids, its text form "<id>/<cpu slot>": either is read.
         jobs = [str(j).split("/", 1)[0].strip() for j in jobs]
         resources = attrs.get("resources_available")
         out[str(name)] = PbsNode(
