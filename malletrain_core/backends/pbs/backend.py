@@ -1,18 +1,18 @@
 """The PBS backend: PBS's state in, the engine's actions out (OpenPBS; tested on a fake).
 
-**An elastic job is a job array of one-node subjobs** in a preemptable execution queue that
-is *enabled but not started* (``started = False``): PBS accepts jobs there but its scheduler
-never starts them, so a queued subjob waits until the daemon starts it on the node the
-allocator chose, with ``qrun -H (<vnode>) <subjob>`` (operator privilege; the scheduler is
-bypassed: the server refuses a job-exclusive vnode but not one whose ncpus another job holds,
-measured on OpenPBS 23.06, so the backend itself keeps workers off vnodes running other jobs).
-The queuejob hook routes ``qsub -q malletrain -J 1-N -l select=1:...`` there. Why subjobs and not one job per node: one submission of the
-user's then holds every worker, each subjob can be started (qrun), requeued (qrerun) and
-deleted (qdel) on its own, and it runs as the user without the daemon ever submitting for
-them. Why not holds: qhold and qrls act on whole arrays only, never on subjobs (their man
-pages), so the queue's stopped state is the hold. pbs_release_nodes is not needed either: it
-shrinks a multi-node job, and every worker here is one node. The engine's id of a job is the
-array's id (``123[].server``).
+**An elastic job is a job array of one-node subjobs** in a preemptable execution queue that is
+*enabled but not started* (``started = False``): PBS accepts jobs there but its scheduler never
+starts them, so a queued subjob waits until the daemon starts it on the node the allocator
+chose, with ``qrun -H (<vnode>) <subjob>`` (operator privilege; the scheduler is bypassed: the
+server refuses a job-exclusive vnode but not one whose ncpus another job holds, measured on
+OpenPBS 23.06, so the backend itself keeps workers off vnodes running other jobs). The queuejob
+hook routes ``qsub -q malletrain -J 1-N -l select=1:...`` there. Why subjobs and not one job
+per node: one submission of the user's then holds every worker, each subjob can be started
+(qrun), requeued (qrerun) and deleted (qdel) on its own, and it runs as the user without the
+daemon ever submitting for them. Why not holds: qhold and qrls act on whole arrays only, never
+on subjobs (their man pages), so the queue's stopped state is the hold. pbs_release_nodes is
+not needed either: it shrinks a multi-node job, and every worker here is one node. The engine's
+id of a job is the array's id (``123[].server``).
 
 * **poll**: ``pbsnodes -a -F json``, then ``qstat -f -F json <queue>`` (the arrays) and
   ``qstat -f -t -F json <queue>`` (their subjobs), reconciled with the previous poll. Events
