@@ -91,7 +91,6 @@ def test_backend_drives_an_elastic_job(pbs: PbsComplex, test_user: str) -> None:
     assert array not in backend.jobs
 
 
-
 def test_a_vnode_pbs_gives_another_job_is_never_shared_with_a_worker(
         pbs: PbsComplex, test_user: str) -> None:
     """``qrun -H`` does not check a vnode's consumable resources, so the backend itself keeps

@@ -17,7 +17,6 @@ can execute, not in the Debian one the test user could run.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from pbs_real_helpers import (
     worker_processes,
 )
 
+from malletrain_core.backends.pbs import parse as pp
 from malletrain_core.localcluster.pbs import REPO, PbsComplex
 from malletrain_core.localcluster.procs import ClusterError
 from malletrain_core.worker.client import UnixClient
@@ -215,14 +215,10 @@ def test_elastic_torch_grows_is_preempted_recovers_and_grows_back(
 
 def sharing(pbs: PbsComplex, job: str, array: str) -> dict[str, list[str]]:
     """Vnodes that run ``job`` and a subjob of ``array`` at once → their jobs."""
-    doc = json.loads(pbs.run(["pbsnodes", "-a", "-F", "json"]).stdout)
     head = array.split("[", 1)[0] + "["
-    out = {}
-    for name, attrs in doc.get("nodes", {}).items():
-        jobs = [str(j).split("/", 1)[0] for j in attrs.get("jobs") or []]
-        if job in jobs and any(j.startswith(head) for j in jobs):
-            out[name] = jobs
-    return out
+    vnodes = pp.parse_pbsnodes(pbs.run(["pbsnodes", "-a", "-F", "json"]).stdout)
+    return {name: list(v.jobs) for name, v in vnodes.items()
+            if job in v.jobs and any(j.startswith(head) for j in v.jobs)}
 
 
 def left_of(pbs: PbsComplex, array: str) -> dict[str, str]:
