@@ -86,6 +86,10 @@ class SlurmConfig:
     pyslurm: str = "off"
     unplanned_wait_s: float = 60.0
     hole_margin_s: float = 60.0
+    grant_timeout_s: float = 90.0
+    """A released task not running after this long is held again and its node re-planned."""
+    task_failures_max: int = 5
+    task_failure_window_s: float = 600.0
     """Taken off a planned hole: at least the backfill's bf_resolution (Slurm's default 60 s);
     a cluster that plans in finer steps fills shorter holes with a smaller margin."""
 
@@ -199,6 +203,13 @@ class Config:
         if not self.slurm.hole_margin_s >= 0 or not math.isfinite(self.slurm.hole_margin_s):
             raise ConfigError(f"slurm.hole_margin_s: {self.slurm.hole_margin_s!r} must be a "
                               "finite number ≥ 0 (bf_resolution + bf_interval of slurm.conf)")
+        for name, value in (("slurm.grant_timeout_s", self.slurm.grant_timeout_s),
+                            ("slurm.task_failure_window_s", self.slurm.task_failure_window_s)):
+            if not value > 0 or not math.isfinite(value):
+                raise ConfigError(f"{name}: {value!r} must be a finite number of seconds > 0")
+        if self.slurm.task_failures_max < 1:
+            raise ConfigError(f"slurm.task_failures_max: {self.slurm.task_failures_max!r} must "
+                              "be at least 1 (task failures before a job is stopped)")
         for name, port in (("daemon.api_port", d.api_port), ("daemon.metrics_port", d.metrics_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name}: {port!r} is not a port number (0 turns it off)")

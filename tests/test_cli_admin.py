@@ -18,6 +18,7 @@ from malletrain_core.cli import main
 from malletrain_core.cli.admin import (
     Check,
     SlurmChecker,
+    check_grant_timeout,
     check_hole_margin,
     format_checks,
     lua_settings,
@@ -116,7 +117,7 @@ def test_a_good_site_passes_every_check(site):
                              "JobSubmitPlugins", "job_submit.lua",
                              "EpilogSlurmctld", "PrologSlurmctld", "PreemptType",
                              "PreemptMode", "partition", "higher tier", "MaxArraySize",
-                             "MaxJobCount", "hole margin"]
+                             "MaxJobCount", "hole margin", "grant timeout"]
     text = format_checks(checks).replace(str(site.etc), "ETC")
     text = text.replace(f"{pwd.getpwuid(os.getuid()).pw_name}", "USER")
     golden = GOLDEN / "admin_check.txt"
@@ -144,7 +145,8 @@ def test_what_is_missing_or_wrong(site):
         "JobSubmitPlugins": "MISSING",
         "job_submit.lua": "OK", "EpilogSlurmctld": "OK", "PrologSlurmctld": "WRONG",
         "PreemptType": "OK", "PreemptMode": "WRONG", "partition": "OK", "higher tier": "OK",
-        "MaxArraySize": "WRONG", "MaxJobCount": "WRONG", "hole margin": "WRONG"}
+        "MaxArraySize": "WRONG", "MaxJobCount": "WRONG", "hole margin": "WRONG",
+        "grant timeout": "OK"}
     assert "set MaxArraySize=1001" in by_name["MaxArraySize"].fix
     assert "1001 with 2 jobs and tasks queued" in by_name["MaxJobCount"].detail
     assert all(c.fix for c in checks if not c.ok)
@@ -265,7 +267,7 @@ def test_cli_exit_codes_and_json(site, capsys, monkeypatch):
     cfg.write_text("")
     assert main(["admin", "check", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
-    assert len(out.splitlines()) == 15 and all(line.startswith("OK ") for line in out.splitlines())
+    assert len(out.splitlines()) == 16 and all(line.startswith("OK ") for line in out.splitlines())
     config_text = site.config.replace("MaxArraySize            = 1001",
                                       "MaxArraySize            = 64")
     assert main(["admin", "check", "--json", "--config", str(cfg)]) == 1
@@ -314,3 +316,11 @@ def test_the_hole_margin_follows_the_backfill_step():
     low = check_hole_margin("bf_interval=30", 30.0)  # Slurm's default step: 60 s
     assert not low.ok and "bf_resolution=60" in low.detail
     assert "slurm.hole_margin_s = 91" in low.fix
+
+
+def test_the_grant_timeout_covers_a_backfill_cycle_and_killwait():
+    ok = check_grant_timeout("bf_interval=1,batch_sched_delay=0", "2 sec", 13.0)
+    assert ok.ok and "at least 13 s" in ok.detail
+    low = check_grant_timeout("(null)", "30 sec", 60.0)  # Slurm's defaults: 30 + 3 + 30 + 10
+    assert not low.ok and "KillWait=30" in low.detail
+    assert "slurm.grant_timeout_s = 73" in low.fix

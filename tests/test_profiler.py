@@ -243,6 +243,29 @@ def test_reclaim_during_profiling() -> None:
     assert len(cluster2.engine.idle_nodes) == 5
 
 
+def test_a_step_cut_by_a_reclaim_goes_back_up_when_nodes_are_idle_again() -> None:
+    """A reclaim cuts the first step (16) to 10; when nodes fall idle again before 10 was
+    measured, the step goes back to 16 at once instead of leaving them idle for a window
+    (seen on the local cluster: a job without reports left a node idle for the step's whole
+    timeout, 58 s). Once a step is over, the planned ones below are not pulled up again."""
+    cluster = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=16)
+    cluster.submit(JobRequest("p", 4, 16), curve_truth(TRUTH))
+    cluster.run(10.0)
+    engine = cluster.engine
+    held = sorted(engine.jobs["p"].nodes)
+    cluster.reclaim(held[:6])
+    assert len(engine.jobs["p"].nodes) == 10
+    cluster.run(5.0)
+    actions = cluster.idle(held[:4])
+    assert [a.nodes for a in actions if isinstance(a, Grow)] == [tuple(held[:4])]
+    assert len(engine.jobs["p"].nodes) == 14 and not engine.idle_nodes
+    cluster.idle(held[4:6])
+    assert len(engine.jobs["p"].nodes) == 16
+    cluster.run(600.0)
+    assert set(engine.jobs["p"].measured) >= {16, 8, 4}
+    assert engine.jobs["p"].phase is JobPhase.RUNNING
+
+
 def test_a_job_that_never_reports_is_not_stuck_in_profiling() -> None:
     engine = Engine(EngineConfig(profile_window_s=10.0))
     cluster = FakeCluster(engine)

@@ -386,6 +386,7 @@ def test_a_crashed_worker_stops_but_its_job_goes_on(slurm: FakeSlurm,
     assert backend.poll(T + 1) == [WorkerStopped(T + 1, "7", "n01"),
                                    NodesIdle(T + 1, (IdleNode("n01"),))]
     assert "7" in backend.jobs and backend.offered == {"n01": None}
+    assert ["scontrol", "requeuehold", "7_0"] in slurm.commands()  # the job keeps its task
 
 
 def test_malformed_tag_is_ignored_and_logged(slurm: FakeSlurm, backend: SlurmBackend,
@@ -539,7 +540,8 @@ def test_no_grant_while_a_job_of_another_partition_waits_unplanned(slurm: FakeSl
     slurm.plan = "41|41|N/A|(null)|prod\n"
     slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle", n04="idle")
     slurm.calls.clear()
-    assert backend.poll(T + 3) == [WorkerStopped(T + 3, "7", "n02"),
+    assert backend.poll(T + 3) == [NodesReclaimed(T + 3, ("n02",)),  # not offered now
+                                   WorkerStopped(T + 3, "7", "n02"),
                                    NodesIdle(T + 3, (IdleNode("n01"), IdleNode("n03")))]
     assert slurm.commands() == [["scontrol", "hold", "7_0"]]
     slurm.squeue = held_array(7, 4)
@@ -641,3 +643,125 @@ def test_plan_rows_read_the_reason_and_submit_time() -> None:
     assert (old.reason, old.submit) == ("", None)
     assert (new.reason, new.submit) == ("Resources", 1.8e9)
     assert (odd.reason, odd.submit) == ("bad|description", 1800000001.0)
+
+
+# ----------------------------------------------------------------------------- liveness
+def test_a_grant_not_running_by_its_deadline_is_taken_back_and_planned_again(
+        slurm: FakeSlurm, caplog: pytest.LogCaptureFixture) -> None:
+    """The task is held again, the node is offered again in the same poll (the engine plans
+    at once) and one line says why, with Slurm's pending reason."""
+    backend = SlurmBackend(slurm, grow_timeout_s=13, unplanned_wait_s=0)
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01",), None)], T)
+    slurm.squeue = task(7, 7, 0, prio=100, reason="Priority") + task(7, 7, 1)
+    assert backend.poll(T + 12) == []
+    slurm.calls.clear()
+    caplog.set_level(logging.WARNING)
+    assert backend.poll(T + 13) == [WorkerStopped(T + 13, "7", "n01"),
+                                    NodesIdle(T + 13, (IdleNode("n01"),))]
+    assert slurm.commands() == [["scontrol", "hold", "7_0"]]
+    assert [r.getMessage() for r in caplog.records] == [
+        "grant of n01 to job 7 (task 7_0) not running after 13 s (Slurm: Priority): task "
+        "held again, node offered again"]
+
+
+def test_a_task_that_fails_at_start_is_requeued_held_and_the_job_keeps_it(
+        slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    """Seen on the local cluster: two tasks grown back onto the nodes they had just left
+    ended FAILED 3 ms after their start. The tasks are requeued held (not lost: the job can
+    grow to its whole range again) and the nodes are offered again at once."""
+    slurm.squeue = task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin") + task(7, 7, 1) \
+        + task(7, 7, 2)
+    slurm.sinfo = nodes(n01="allocated", n02="idle", n03="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n02", "n03"), None)], T)
+    slurm.squeue = (task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin")
+                    + task(21, 7, 1, "FAILED", "n02", reason="NonZeroExitCode")
+                    + task(22, 7, 2, "FAILED", "n03", reason="NonZeroExitCode"))
+    slurm.calls.clear()
+    assert backend.poll(T + 1) == [WorkerStopped(T + 1, "7", "n02"),
+                                   WorkerStopped(T + 1, "7", "n03"),
+                                   NodesIdle(T + 1, (IdleNode("n02"), IdleNode("n03")))]
+    assert slurm.commands() == [["scontrol", "requeuehold", "7_[1-2]"]]
+    assert slurm.calls[-1] == ["squeue", "-h", "-r", "-t", "all", "-j", "7", "-O",
+                               SQUEUE_FORMAT]  # a user's scancel meanwhile is not undone
+    assert "7" in backend.jobs
+    slurm.squeue = task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin") + "".join(
+        task(20 + i, 7, i, reason="job requeued in held state") for i in (1, 2))
+    assert backend.poll(T + 2) == []
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n02", "n03"), None)], T + 8) == []
+    assert slurm.commands()[-1] == ["scontrol", "release", "7_[1-2]"]
+
+
+def test_a_job_whose_tasks_keep_failing_is_stopped_with_one_line(
+        slurm: FakeSlurm, caplog: pytest.LogCaptureFixture) -> None:
+    """Each failure is requeued held until the job's tasks have failed task_failures_max
+    times within the window: the job then ends FAILED and is cancelled. A node fault does not
+    count, nor does a failure older than the window."""
+    backend = SlurmBackend(slurm, grow_timeout_s=60, unplanned_wait_s=0, task_failures_max=3,
+                           task_failure_window_s=100)
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+
+    def fails(t: float, code: str = "FAILED", restarts: int = 0) -> list[Event]:
+        backend.execute([Grow("7", ("n01",), None)], t)
+        slurm.squeue = (f"20|7|0|{code}|n01|UNLIMITED|{restarts}|0|alice|NonZeroExitCode|"
+                        "malletrain:min=1,max=4\n" + task(7, 7, 1))
+        ev = backend.poll(t + 1)
+        slurm.squeue = (f"20|7|0|PENDING||UNLIMITED|{restarts + 1}|0|alice|job requeued in "
+                        "held state|malletrain:min=1,max=4\n" + task(7, 7, 1))
+        ev += backend.poll(t + 2)
+        return ev
+
+    caplog.set_level(logging.WARNING)
+    fails(T, restarts=0)                # 1 (forgotten by T + 150)
+    fails(T + 150, restarts=1)          # 1
+    fails(T + 160, "NODE_FAIL", 2)      # a node fault: not counted
+    assert "7" in backend.jobs
+    fails(T + 170, restarts=3)          # 2
+    slurm.calls.clear()
+    ev = fails(T + 180, restarts=4)     # 3: stopped
+    assert JobEnded(T + 181, "7", EndReason.FAILED) in ev and "7" not in backend.jobs
+    assert ["scancel", "7"] in slurm.commands()
+    assert not [c for c in slurm.commands() if c[:2] == ["scontrol", "requeuehold"]]
+    stopped = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert stopped == ["job 7 stopped: its tasks failed 3 times within 100 s (last: task 7_0 "
+                       "on n01: FAILED); its output files say why (slurm.task_failures_max)"]
+
+
+def test_a_task_is_not_released_again_onto_the_node_it_just_left(slurm: FakeSlurm,
+                                                                 backend: SlurmBackend) -> None:
+    """Shrunk off n01 and n02 and grown back within a second: the tasks swap nodes. A job
+    with no other free task gives the node back; a few seconds later it is used."""
+    slurm.squeue = (task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin")
+                    + task(21, 7, 1, "RUNNING", "n02", reason="JobHeldAdmin"))
+    slurm.sinfo = nodes(n01="allocated", n02="allocated")
+    backend.poll(T)
+    backend.execute([Shrink("7", ("n01", "n02"))], T + 1)
+    slurm.squeue = "".join(task(20 + i, 7, i, reason="job requeued in held state")
+                           for i in (0, 1))
+    slurm.sinfo = nodes(n01="idle", n02="idle")
+    backend.poll(T + 1.5)
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01", "n02"), None)], T + 2) == []
+    assert slurm.commands()[:2] == [
+        ["scontrol", "update", "JobId=7_1", "ReqNodeList=n01", "StartTime=now",
+         "TimeLimit=4320"],
+        ["scontrol", "update", "JobId=7_0", "ReqNodeList=n02", "StartTime=now",
+         "TimeLimit=4320"]]
+    backend.execute([Shrink("7", ("n01",))], T + 3)  # 7_1 leaves n01 before it started
+    slurm.squeue = (task(20, 7, 0, "RUNNING", "n02", reason="JobHeldAdmin")
+                    + task(21, 7, 1, reason="JobHeldAdmin"))
+    slurm.sinfo = nodes(n01="idle", n02="allocated")
+    backend.poll(T + 3.2)
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01",), None)], T + 3.5) == [
+        WorkerStopped(T + 3.5, "7", "n01"), NodesReclaimed(T + 3.5, ("n01",))]
+    assert slurm.commands() == []
+    assert of(backend.poll(T + 4), NodesIdle)[0].nodes == (IdleNode("n01"),)
+    assert backend.execute([Grow("7", ("n01",), None)], T + 6.5) == []
+    assert slurm.commands()[-1] == ["scontrol", "release", "7_1"]

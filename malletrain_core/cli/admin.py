@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..backends.slurm.backend import hole_margin_for
+from ..backends.slurm.backend import grant_timeout_for, hole_margin_for
 from ..backends.slurm.pyslurm_reader import choose
 from ..backends.slurm.release import TESTED, SlurmRelease
 from ..config import Config, load
@@ -301,6 +301,25 @@ def check_hole_margin(params: str, margin_s: float) -> Check:
                               f"{resolution}, bf_interval={interval})")
 
 
+def check_grant_timeout(params: str, kill_wait: str, timeout_s: float) -> Check:
+    """``slurm.grant_timeout_s`` against how long Slurm may take to start a released task: the
+    next backfill cycle, batch_sched_delay and a preempted predecessor's KillWait. A shorter
+    timeout takes grants back that would have started."""
+    interval = scheduler_parameter(params, "bf_interval", 30)
+    delay = scheduler_parameter(params, "batch_sched_delay", 3)
+    digits = "".join(ch for ch in kill_wait.split(" ")[0] if ch.isdigit())
+    wait = int(digits) if digits else 30
+    need = grant_timeout_for(interval, delay, wait)
+    if timeout_s < need:
+        return _wrong("grant timeout", f"slurm.grant_timeout_s = {timeout_s:g} s is under the "
+                      f"{need} s a released task may need (bf_interval={interval}, "
+                      f"batch_sched_delay={delay}, KillWait={wait}, +10 s): grants that would "
+                      "start are taken back", f"set slurm.grant_timeout_s = {need} in "
+                      "malletrain.toml")
+    return _ok("grant timeout", f"a grant not running after {timeout_s:g} s is taken back and "
+                                f"planned again (at least {need} s needed here)")
+
+
 class SlurmChecker:
     """Runs the checks against the slurmctld the runner's environment points at."""
 
@@ -379,6 +398,9 @@ class SlurmChecker:
         out.extend(self._headroom(conf, lua))
         out.append(check_hole_margin(conf.get("SchedulerParameters", ""),
                                      self.config.slurm.hole_margin_s))
+        out.append(check_grant_timeout(conf.get("SchedulerParameters", ""),
+                                       conf.get("KillWait", ""),
+                                       self.config.slurm.grant_timeout_s))
         return out
 
     def _path(self) -> Check:

@@ -106,6 +106,9 @@ class ProfileRun:
     step_start: float = 0.0
     step_size: int = 0
     lender: str | None = None
+    cut: int | None = None
+    """The scale a reclaim cut the current step short of: once nodes are free again before
+    the smaller scale is measured, the step goes back up to it (:meth:`Advisor._step`)."""
 
     @property
     def target(self) -> int:
@@ -163,6 +166,8 @@ class Advisor:
     def _step_due(self, run: ProfileRun, now: float) -> bool:
         size = len(self.jobs[run.job_id].nodes)
         if size != run.step_size or run.step_size != run.target:
+            return True
+        if run.cut is not None and run.target < run.cut and self.pool.free:
             return True
         if self.monitor.window_done(run.job_id, run.target, run.step_start):
             return True
@@ -282,8 +287,17 @@ class Advisor:
             if size < job.req.min_nodes:
                 self._end(job, run, aborted=True)
                 return
+            run.cut = max(run.cut or 0, run.target)
             run.truncate_to(size, now)
             run.step_size = size
+        if run.cut is not None and self.pool.free and size == run.target < run.cut:
+            # The nodes a reclaim took (or others) are idle again before the smaller scale
+            # was measured: measure the planned one after all, rather than leave them idle
+            # for a window (a job that does not report: for the step's whole timeout).
+            run.scales[run.index] = min(run.cut, size + len(self.pool.free))
+            if run.target == run.cut:
+                run.cut = None
+            self._move(run, job, now)
             return
         if size != run.target:
             self._move(run, job, now)
@@ -294,6 +308,7 @@ class Advisor:
             run.index += 1  # no window at this scale (the job does not report): skip it
         else:
             return
+        run.cut = None  # the cut step is over: the next ones are planned, not restored
         if run.finished:
             self._end(job, run)
         else:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..backends.slurm.backend import hole_margin_for
+from ..backends.slurm.backend import grant_timeout_for, hole_margin_for
 from ..backends.slurm.parse import parse_scontrol_show_job
 from ..errors import CommandError, ConfigError, MalleTrainError
 from ..runner import CommandRunner, Result
@@ -70,6 +70,12 @@ class Timings:
     def hole_margin_s(self) -> int:
         """What the daemon must take off a planned hole (``slurm.hole_margin_s``)."""
         return hole_margin_for(self.bf_resolution_s, self.bf_interval_s)
+
+    @property
+    def grant_timeout_s(self) -> int:
+        """How long a granted task may take to start (``slurm.grant_timeout_s``)."""
+        return grant_timeout_for(self.bf_interval_s, self.batch_sched_delay_s,
+                                 self.kill_wait_s)
 
 
 TEST_TIMINGS = Timings(cred_expire_s=10, bf_interval_s=1, batch_sched_delay_s=0, kill_wait_s=2,

@@ -90,7 +90,8 @@ class LocalDaemon:
             "munge": {"socket": str(cluster.munge_socket)},
             # The cluster's backfill plans in bf_resolution steps: a finer plan, a thinner
             # margin, and holes from about a minute on take a task.
-            "slurm": {"hole_margin_s": float(cluster.timings.hole_margin_s)},
+            "slurm": {"hole_margin_s": float(cluster.timings.hole_margin_s),
+                      "grant_timeout_s": float(cluster.timings.grant_timeout_s)},
         }
         for name, table in (settings or {}).items():
             sections.setdefault(name, {}).update(table)

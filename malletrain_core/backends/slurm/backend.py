@@ -69,10 +69,40 @@ from . import parse as sp
 log = logging.getLogger(__name__)
 
 DEFAULT_TIME_LIMIT_S = 72 * 3600.0
-DEFAULT_GROW_TIMEOUT_S = 300.0
-"""A released task that has not started after this long is held again (a failed grow):
-long enough for a backfill cycle at site settings (bf_interval=30 s) and a preempted
-predecessor's KillWait."""
+DEFAULT_GROW_TIMEOUT_S = 90.0
+"""A released task that is not running after this long is held again and its node given back
+to the allocator, which plans again at once (``slurm.grant_timeout_s``): a grant must start at
+Slurm's next scheduling pass, or at the next backfill cycle for a planned hole, and may wait for
+a preempted predecessor's KillWait. :func:`grant_timeout_for` gives the figure a cluster's
+settings call for (73 s at Slurm's defaults; 13 s on the local test cluster)."""
+
+TASK_FAILURES_MAX = 5
+"""A job whose tasks fail this many times within :data:`TASK_FAILURE_WINDOW_S` is stopped
+(``slurm.task_failures_max``); each failure before that is requeued held, so the job keeps its
+whole node range. A failure of the node (NODE_FAIL, BOOT_FAIL) is not the job's and never
+counts."""
+
+TASK_FAILURE_WINDOW_S = 600.0
+"""The window over which :data:`TASK_FAILURES_MAX` counts a job's task failures."""
+
+REUSE_SETTLE_S = 3.0
+"""A task that left a node (shrunk, preempted, failed) is not released onto that same node
+again for this long: Slurm keeps an array task's job id across a requeue, and a slurmd still
+tearing down the previous incarnation refuses the new one, which then fails within
+milliseconds (seen: two tasks grown back 0.4 s after their shrink, both FAILED 3 ms after
+their start). Another free task of the job is taken instead; with none, the node is given back
+and offered again by a later poll."""
+
+_NODE_FAULTS = frozenset({"NODE_FAIL", "NF", "BOOT_FAIL", "BF"})
+_FAILED = frozenset({"FAILED", "F", "OUT_OF_MEMORY", "OOM"}) | _NODE_FAULTS
+
+
+def grant_timeout_for(bf_interval_s: int, batch_sched_delay_s: int, kill_wait_s: int) -> int:
+    """The ``slurm.grant_timeout_s`` a cluster's settings call for: a released task starts at
+    the main scheduler's next pass (``batch_sched_delay``) or, in a planned hole, at the next
+    backfill cycle (``bf_interval``), after a preempted predecessor on the node is gone (up to
+    KillWait); ten seconds more for a busy slurmctld and the daemon's poll."""
+    return bf_interval_s + batch_sched_delay_s + kill_wait_s + 10
 
 _ACTIVE = (TaskState.RUNNING, TaskState.ENDING)
 _REQUEUED_BY_SLURM = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
@@ -85,6 +115,11 @@ def _code(row: sp.TaskRow) -> str:
 def _recoverable(row: sp.TaskRow) -> bool:
     """A task that hit its time limit ends TIMEOUT, not requeued: requeue-hold it for reuse."""
     return _code(row) in ("TIMEOUT", "TO")
+
+
+def _failed(row: sp.TaskRow) -> bool:
+    """A task that ended in a failure (its own code, its node, or a slurmd that refused it)."""
+    return row.state is TaskState.DONE and _code(row) in _FAILED
 
 
 UNPLANNED_WAIT_S = 60.0
@@ -132,10 +167,18 @@ class SlurmBackend(TaskBackend):
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
                  hole_margin_s: float = HOLE_MARGIN_S, source: Any = None,
-                 unplanned_wait_s: float = UNPLANNED_WAIT_S) -> None:
+                 unplanned_wait_s: float = UNPLANNED_WAIT_S,
+                 task_failures_max: int = TASK_FAILURES_MAX,
+                 task_failure_window_s: float = TASK_FAILURE_WINDOW_S) -> None:
         if default_time_limit_s < 60:
             raise ValidationError("SlurmBackend", "default_time_limit_s",
                                   f"{default_time_limit_s:g} s is under Slurm's one-minute unit")
+        if not grow_timeout_s > 0:
+            raise ValidationError("SlurmBackend", "grow_timeout_s",
+                                  f"{grow_timeout_s!r} must be a positive number of seconds")
+        if task_failures_max < 1:
+            raise ValidationError("SlurmBackend", "task_failures_max",
+                                  f"{task_failures_max!r} must be at least 1")
         super().__init__()
         self.runner = runner
         self.source = source
@@ -163,6 +206,11 @@ class SlurmBackend(TaskBackend):
         self._reheld: set[str] = set()
         """Released tasks held again by :meth:`other_submitted` before they started: the next
         poll ends their grows (failed) if they are still waiting."""
+        self.task_failures_max = int(task_failures_max)
+        self.task_failure_window_s = float(task_failure_window_s)
+        self._failures: dict[str, list[float]] = {}   # job -> times its tasks failed
+        self._failures_seen: set[tuple[str, int]] = set()  # (task, restarts) counted
+        self._left: dict[str, tuple[str, float]] = {}  # task -> (node it left, when)
 
     def _job_of(self, task: str) -> str:
         return task.split("_", 1)[0]
@@ -226,14 +274,20 @@ class SlurmBackend(TaskBackend):
         self._reconcile_workers(current, now, out)
         self._reconcile_tasks(current, now, out)
         self._reconcile_jobs(tagged, now, out)
+        dropped = set()
         for aid, node in self._dropped:
-            if aid in self._jobs:  # the engine drops that node: offer it again when usable
-                self._offered.pop(node, None)
+            if aid in self._jobs and node in self._offered:
+                # The engine keeps that node as idle: offer it again now if usable, else
+                # say it is gone (below), so the engine does not plan with a busy node.
+                del self._offered[node]
+                dropped.add(node)
         self._dropped.clear()
         self._reheld &= set(self._launching)
+        self._left = {k: v for k, v in self._left.items() if now - v[1] < REUSE_SETTLE_S}
         leaving = {row.node for key, row in current.items() if key in self._stopping
                    and key not in self._workers and row.node and row.state in _ACTIVE}
         idle = self._reconcile_nodes(nodes, plan, out.reclaimed, leaving, now)
+        out.reclaimed += [n for n in sorted(dropped) if n not in self._offered]
         self._rows = current
         self._gone &= set(tagged)  # a purged job id never comes back
         self._run_quietly("hold", out.to_hold)
@@ -286,6 +340,7 @@ class SlurmBackend(TaskBackend):
             if seen is not None and seen.state in _ACTIVE:
                 continue
             aid, node = self._workers.pop(key)
+            self._left[key] = (node, now)
             if key in self._stopping:
                 out.stopped.append(WorkerStopped(now, aid, node))
             elif seen is not None and (seen.state in (TaskState.PENDING, TaskState.HELD)
@@ -300,7 +355,10 @@ class SlurmBackend(TaskBackend):
 
     def _reconcile_tasks(self, current: dict[str, sp.TaskRow], now: float,
                          out: _PollEvents) -> None:
-        """Grows that did not happen, tasks that must not run unordered, time-outs."""
+        """Grows that did not happen, tasks that must not run unordered, time-outs, failed
+        tasks of live jobs (a job none of whose tasks is left to run ends instead)."""
+        alive = {r.array_id for r in current.values()
+                 if r.state is not TaskState.DONE or _recoverable(r)}
         for key, row in current.items():
             if row.array_id not in self._jobs:
                 continue
@@ -312,13 +370,16 @@ class SlurmBackend(TaskBackend):
                 if row.state is TaskState.DONE or late or reheld or (
                         self._hold_grants and row.state is TaskState.PENDING):
                     del self._launching[key]
+                    self._left[key] = (launch.node, now)
                     out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
                     self._dropped.append((launch.job_id, launch.node))
                     if row.state is not TaskState.DONE and not reheld:  # reheld: logged
                         out.to_hold.append(key)
                         if late:
-                            log.warning("task %s did not start on %s within %g s: held again",
-                                        key, launch.node, self.grow_timeout_s)
+                            log.warning("grant of %s to job %s (task %s) not running after "
+                                        "%g s (Slurm: %s): task held again, node offered "
+                                        "again", launch.node, launch.job_id, key,
+                                        self.grow_timeout_s, row.reason or row.state_code)
                         else:
                             log.info("task %s not started on %s yet: held again while a job "
                                      "of another partition waits unplanned", key, launch.node)
@@ -327,6 +388,10 @@ class SlurmBackend(TaskBackend):
                 # restart it anywhere once the requeue delay is over
             if _recoverable(row) and key not in self._stopping:
                 out.to_requeuehold.append(key)
+            elif _failed(row) and key not in self._stopping and row.array_id in alive:
+                self._task_failed(key, row, now, out)
+                if row.array_id not in self._jobs:
+                    continue
             elif row.state is TaskState.HELD or (row.state is TaskState.PENDING and row.held) \
                     or (row.state is TaskState.DONE and not _recoverable(row)):
                 self._stopping.discard(key)
@@ -334,6 +399,37 @@ class SlurmBackend(TaskBackend):
             launch = self._launching.pop(key)
             out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
             self._dropped.append((launch.job_id, launch.node))
+
+    def _task_failed(self, key: str, row: sp.TaskRow, now: float, out: _PollEvents) -> None:
+        """A task of a live job failed: requeue it held, so that its job keeps its whole node
+        range (a start-up failure, a slurmd still tearing down the task's previous
+        incarnation, a crash), unless the job's tasks have failed ``task_failures_max`` times
+        within ``task_failure_window_s``: the job is then stopped (scancel), with one line
+        saying why. A requeue-hold Slurm refused is tried again at the next poll; each failure
+        counts once."""
+        aid = row.array_id
+        if (key, row.restarts) in self._failures_seen:
+            out.to_requeuehold.append(key)
+            return
+        self._failures_seen.add((key, row.restarts))
+        code = _code(row)
+        times = [t for t in self._failures.get(aid, []) if now - t < self.task_failure_window_s]
+        if code not in _NODE_FAULTS:
+            times.append(now)
+        self._failures[aid] = times
+        where = f"task {key} on {row.node or '?'}: {code}"
+        if len(times) >= self.task_failures_max:
+            log.error("job %s stopped: its tasks failed %d times within %g s (last: %s); its "
+                      "output files say why (slurm.task_failures_max)", aid, len(times),
+                      self.task_failure_window_s, where)
+            self._to_cancel.add(aid)
+            self._close(aid, EndReason.FAILED, now, out)
+            out.to_requeuehold = [k for k in out.to_requeuehold if self._job_of(k) != aid]
+            return
+        log.warning("job %s: %s; requeued held, the job keeps its %d tasks (%d of %d failures "
+                    "within %g s before it is stopped)", aid, where, self._jobs[aid].max_nodes,
+                    len(times), self.task_failures_max, self.task_failure_window_s)
+        out.to_requeuehold.append(key)
 
     def _reconcile_jobs(self, tagged: dict[str, list[sp.TaskRow]], now: float,
                         out: _PollEvents) -> None:
@@ -565,6 +661,7 @@ class SlurmBackend(TaskBackend):
                 else:
                     unlaunch.append(key)  # held; requeue-held by the next poll if it started
                     del self._launching[key]
+                    self._left[key] = (node, now)
                     self._stopping.add(key)
                     events.append(WorkerStopped(now, action.job_id, node))
         failed = self._run_quietly("requeuehold Incomplete", requeue)
@@ -574,11 +671,26 @@ class SlurmBackend(TaskBackend):
             events.append(WorkerStarted(now, aid, node))
         self._run_quietly("hold", unlaunch)
 
+    def _end(self, job_id: str) -> None:
+        super()._end(job_id)
+        self._failures.pop(job_id, None)
+        self._failures_seen = {f for f in self._failures_seen if self._job_of(f[0]) != job_id}
+
     def _free_tasks(self, job_id: str) -> list[str]:
         busy = set(self._workers) | set(self._launching) | self._stopping
         free = [r for r in self._rows.values() if r.array_id == job_id and r.key not in busy
                 and r.state in (TaskState.PENDING, TaskState.HELD) and r.held]
         return [r.key for r in sorted(free, key=lambda r: r.index or 0)]
+
+    def _pick(self, free: list[str], node: str, now: float) -> str | None:
+        """The first free task that did not leave ``node`` within :data:`REUSE_SETTLE_S`
+        (taken out of ``free``); None when every one did."""
+        for key in free:
+            left = self._left.get(key)
+            if left is None or left[0] != node or now - left[1] >= REUSE_SETTLE_S:
+                free.remove(key)
+                return key
+        return None
 
     def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
         released: list[str] = []
@@ -599,13 +711,23 @@ class SlurmBackend(TaskBackend):
                 continue
             minutes = self._minutes(action.time_limit_s)
             free = self._free_tasks(action.job_id)
-            for i, node in enumerate(action.nodes):
-                if minutes < 1 or i >= len(free):
+            for node in action.nodes:
+                key = self._pick(free, node, now) if minutes >= 1 else None
+                if key is None and free and minutes >= 1:
+                    # Every free task just left this node: give the node back for now.
+                    log.info("grow of job %s on %s: its free tasks %s left that node under "
+                             "%g s ago (slurmd may still be ending them there): node given "
+                             "back, offered again by a later poll", action.job_id, node,
+                             sp.fold_tasks(free), REUSE_SETTLE_S)
+                    events.append(WorkerStopped(now, action.job_id, node))
+                    self._withdraw(node, [])
+                    events.append(NodesReclaimed(now, (node,)))
+                    continue
+                if key is None:
                     log.warning("grow of job %s on %s: %s", action.job_id, node,
                                 "hole under one minute" if minutes < 1 else "no held task left")
                     events.append(WorkerStopped(now, action.job_id, node))
                     continue
-                key = free[i]
                 try:
                     if self._acts is not None:
                         self._acts.grow(key, node, minutes)
