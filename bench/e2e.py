@@ -45,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from e2e_paths import SETTINGS, run_paths  # noqa: E402
+from e2e_paths import SETTINGS, lost_tasks, run_paths  # noqa: E402
 from sections import host, replace_section  # noqa: E402
 
 from malletrain_core.localcluster import LocalCluster  # noqa: E402
@@ -114,7 +114,7 @@ def running_tasks(cluster: LocalCluster, job: str) -> int:
 
 
 def rescales(cluster: LocalCluster, daemon: LocalDaemon, work: Path, rounds: int,
-             idle: int) -> tuple[list[float], list[float]]:
+             idle: int, lost: list[str]) -> tuple[list[float], list[float]]:
     outdir = work / "out"
     outdir.mkdir()
     script = daemon.training_script(TRAIN, outdir)
@@ -133,6 +133,7 @@ def rescales(cluster: LocalCluster, daemon: LocalDaemon, work: Path, rounds: int
                      90)
         grows.append(watch.wait_world(idle, t_end, 180) - t_end)
         say(f"round {r + 1}/{rounds}: shrink {shrinks[-1]:.1f} s, grow {grows[-1]:.1f} s")
+    lost += lost_tasks(cluster, job)
     cluster.run(["scancel", job])
     wait("training job gone", lambda: not state_of(cluster, job), 60, 0.5)
     return grows, shrinks
@@ -141,8 +142,9 @@ def rescales(cluster: LocalCluster, daemon: LocalDaemon, work: Path, rounds: int
 STARTED = ("RUNNING", "COMPLETING", "COMPLETED", "")
 
 
-def prod_starts(cluster: LocalCluster, n: int, before: Any = None) -> list[float]:
-    delays = []
+def prod_starts(cluster: LocalCluster, n: int, before: Any = None,
+                delays: list[float] | None = None, ended: Any = None) -> list[float]:
+    delays = [] if delays is None else delays
     for i in range(n):
         if before is not None:
             before()
@@ -150,7 +152,8 @@ def prod_starts(cluster: LocalCluster, n: int, before: Any = None) -> list[float
         prod = cluster.sbatch("-p", "prod", "-N", "1", "-o", "/dev/null", "--wrap", "sleep 1")
         t1 = wait("prod running", lambda p=prod: state_of(cluster, p) in STARTED, 60)
         delays.append(t1 - t0)
-        wait("prod ended", lambda p=prod: state_of(cluster, p) in ("", "COMPLETED"), 60, 0.2)
+        wait("prod ended", (lambda p=prod: ended(p)) if ended is not None else
+             (lambda p=prod: state_of(cluster, p) in ("", "COMPLETED")), 60, 0.2)
         if (i + 1) % 10 == 0:
             say(f"  {i + 1}/{n} prod jobs, median start {statistics.median(delays):.2f} s")
     return delays
@@ -161,51 +164,113 @@ def p95(xs: list[float]) -> float:
     return s[min(len(s) - 1, int(0.95 * len(s)))]
 
 
+def clear_phase(cluster: LocalCluster, keep: str) -> None:
+    """After a failed phase: cancel every job but ``keep`` (the blocker) and wait for them."""
+    ids = set(cluster.run(["squeue", "-h", "-o", "%F"], check=False).stdout.split()) - {keep}
+    if ids:
+        cluster.run(["scancel", *sorted(ids)], check=False)
+    wait("the failed phase's jobs gone", lambda: not set(cluster.run(
+        ["squeue", "-h", "-o", "%F"], check=False).stdout.split()) - {keep}, 90, 0.5)
+
+
 def run(nodes: int, submissions: int, rounds: int, path_rounds: int = 3) -> dict[str, Any]:
+    """One run; a phase that fails is named in ``failed`` (with why) and the others go on."""
     work = Path(tempfile.mkdtemp(prefix="malletrain-e2e-"))
     work.chmod(0o755)
     cluster = LocalCluster(nodes=nodes, root=work / "cluster")
     say(f"starting a {nodes}-node local cluster in {work}")
     cluster.start()
     daemon = LocalDaemon(cluster, root=work / "daemon", settings=SETTINGS)
+    failed: dict[str, str] = {}
+    lost: list[str] = []
+    grows: list[float] = []
+    shrinks: list[float] = []
+    paths: dict[str, Any] = {}
+    with_mt: list[float] = []
+    without: list[float] = []
+    regrow: list[float] = []
+    status: dict[str, Any] = {"daemon": {}}
+    idle = 4
+    blocker = ""
+
+    def phase(name: str, body: Any) -> None:
+        try:
+            body()
+        except (TimeoutError, RuntimeError, ValueError) as exc:
+            failed[name] = str(exc).splitlines()[0]
+            say(f"{name} FAILED: {failed[name]} (the other phases go on)")
+            clear_phase(cluster, blocker)
+
     try:
         daemon.start()
-        idle = 4
         blocker = cluster.sbatch("-p", "prod", "-N", str(nodes - idle), "-o", "/dev/null",
                                  "--wrap", "sleep 100000")
         wait("blocker running", lambda: state_of(cluster, blocker) == "RUNNING", 60)
-        say("phase 1: rescales of a real torch job")
-        grows, shrinks = rescales(cluster, daemon, work, rounds, idle)
-        say(f"phase 4: in place and restart side by side, {path_rounds} rounds each")
-        paths = run_paths(cluster, daemon, work, path_rounds)
 
-        say(f"phase 2: {submissions} prod jobs preempting stand-in workers")
-        standin = cluster.sbatch("--qos=malletrain", f"-N1-{idle}", "--comment=profile=no",
-                                 "-o", "/dev/null", "--chdir=/tmp",
-                                 script="#!/bin/sh\nexec sleep 100000\n")
+        def phase1() -> None:
+            say("phase 1: rescales of a real torch job")
+            g, s = rescales(cluster, daemon, work, rounds, idle, lost)
+            grows.extend(g)
+            shrinks.extend(s)
 
-        def harvested() -> None:
-            wait("all idle nodes harvested", lambda: running_tasks(cluster, standin) == idle,
-                 90, 0.2)
+        def phase4() -> None:
+            say(f"phase 4: in place and restart side by side, {path_rounds} rounds each")
+            paths.update(run_paths(cluster, daemon, work, path_rounds, lost))
 
-        with_mt = prod_starts(cluster, submissions, before=harvested)
-        status = daemon.query("status")
-        cluster.run(["scancel", standin])
+        def phase2() -> None:
+            say(f"phase 2: {submissions} prod jobs preempting stand-in workers")
+            standin = cluster.sbatch("--qos=malletrain", f"-N1-{idle}", "--comment=profile=no",
+                                     "-o", "/dev/null", "--chdir=/tmp",
+                                     script="#!/bin/sh\nexec sleep 100000\n")
+            ended: list[float] = []
+
+            def harvested() -> None:
+                t = wait("all idle nodes harvested",
+                         lambda: running_tasks(cluster, standin) == idle, 90, 0.05)
+                if ended:  # the node the last prod job used, training again
+                    regrow.append(round(t - ended[-1], 2))
+
+            def done(p: str) -> bool:
+                if state_of(cluster, p) in ("", "COMPLETED"):
+                    ended.append(time.monotonic())
+                    return True
+                return False
+
+            prod_starts(cluster, submissions, before=harvested, delays=with_mt, ended=done)
+            status.update(daemon.query("status"))
+            lost.extend(lost_tasks(cluster, standin))
+            cluster.run(["scancel", standin])
+            wait("workers gone", lambda: not state_of(cluster, standin), 60, 0.5)
+
+        phase("phase 1", phase1)
+        phase("phase 4", phase4)
+        phase("phase 2", phase2)
         daemon.stop()
-        wait("workers gone", lambda: not state_of(cluster, standin), 60, 0.5)
-        say(f"phase 3: {submissions} prod jobs without MalleTrain")
-        without = prod_starts(cluster, submissions)
+
+        def phase3() -> None:
+            say(f"phase 3: {submissions} prod jobs without MalleTrain")
+            prod_starts(cluster, submissions, delays=without)
+
+        phase("phase 3", phase3)
     finally:
         daemon.stop()
         cluster.stop()
     hook = status["daemon"].get("hook_to_action_ms", {})
+
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
+    grant = grows + regrow + [x for p in ("inplace", "restart")
+                              for x in paths.get(p, {}).get("idle_to_training_s_all", [])]
     return {
-        "nodes": nodes,
-        "grow_s": statistics.median(grows), "shrink_s": statistics.median(shrinks),
+        "nodes": nodes, "completed": not failed, "failed": failed,
+        "tasks_lost": lost, "grant_to_training_s_max": max(grant) if grant else None,
+        "regrow_after_prod_s": {"median": med(regrow), "max": max(regrow) if regrow else None},
+        "grow_s": med(grows), "shrink_s": med(shrinks),
         "hook_to_action_ms": hook.get("median"),
-        "prod_start_s": {"with_malletrain": statistics.median(with_mt),
-                         "without": statistics.median(without),
-                         "with_malletrain_p95": p95(with_mt), "without_p95": p95(without)},
+        "prod_start_s": {"with_malletrain": med(with_mt), "without": med(without),
+                         "with_malletrain_p95": p95(with_mt) if with_mt else None,
+                         "without_p95": p95(without) if without else None},
         "grow_s_all": [round(x, 2) for x in grows],
         "shrink_s_all": [round(x, 2) for x in shrinks],
         "hook_to_action_ms_p95": hook.get("p95"), "hook_to_action_count": hook.get("count"),
@@ -233,6 +298,20 @@ def timing_rows(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def liveness_rows(r: dict[str, Any]) -> list[str]:
+    """Grant → training at its worst, and the tasks jobs lost (absent from older JSON)."""
+    if "grant_to_training_s_max" not in r:
+        return []
+    g = r["regrow_after_prod_s"]
+    return [
+        f"| prod job ended → its node training again (phase 2, n = {r['submissions'] - 1}) | "
+        f"{g['median']:.2f} s | max {g['max']:.2f} s |",
+        f"| node idle → training, worst of every grow in the run | | "
+        f"{r['grant_to_training_s_max']:.1f} s |",
+        f"| tasks an elastic job lost for good (FAILED, never requeued) | "
+        f"{len(r['tasks_lost'])} | {', '.join(r['tasks_lost']) or 'none'} |"]
+
+
 def section(r: dict[str, Any], command: str) -> str:
     p = r["prod_start_s"]
     date = r.get("date") or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -244,6 +323,7 @@ def section(r: dict[str, Any], command: str) -> str:
         "| what | median | p95 / all |",
         "|---|---|---|",
         *timing_rows(r),
+        *liveness_rows(r),
         f"| prod job start, workers on its node (n = {r['submissions']}) | "
         f"{p['with_malletrain']:.2f} s | {p['with_malletrain_p95']:.2f} s |",
         f"| prod job start, idle node, no MalleTrain (n = {r['submissions']}) | "
@@ -342,9 +422,14 @@ def main(argv: list[str] | None = None) -> int:
         result["command"] = "python bench/e2e.py " + shlex.join(flags)
         result["machine"] = where()
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    if args.markdown:
+    if args.markdown and result.get("failed"):
+        say(f"{args.markdown} not rewritten: phases failed ({', '.join(result['failed'])})")
+    elif args.markdown:
         write(Path(args.markdown), sect(result, result["command"].strip()))
     print(json.dumps(result, indent=None if args.json else 1))
+    if result.get("failed"):
+        say(f"failed phases: {', '.join(result['failed'])} (their figures are missing above)")
+        return 1
     return 0
 
 

@@ -79,8 +79,20 @@ def _world(cluster: LocalCluster, outdir: Path, job: str, world: int, after: int
     return found[0]
 
 
+LIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+        "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SPECIAL_EXIT")
+
+
+def lost_tasks(cluster: LocalCluster, job: str) -> list[str]:
+    """The tasks of a live elastic job that have ended (FAILED, ...): a job keeps every task
+    until it is cancelled or completes, so each one here is a task the job lost for good."""
+    out = _run(cluster, "squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%i|%T")
+    return [f"{i} {st}" for i, st in (line.split("|") for line in out.splitlines() if line)
+            if st not in LIVE]
+
+
 def one_path(cluster: LocalCluster, daemon: LocalDaemon, work: Path, inplace: bool,
-             rounds: int, idle: int = 4) -> dict[str, Any]:
+             rounds: int, idle: int = 4, lost: list[str] | None = None) -> dict[str, Any]:
     """``rounds`` rounds of preemption, grow, planned shrink, grow on one path."""
     name = "inplace" if inplace else "restart"
     outdir = work / f"out-{name}"
@@ -119,6 +131,8 @@ def one_path(cluster: LocalCluster, daemon: LocalDaemon, work: Path, inplace: bo
               file=sys.stderr, flush=True)
     _wait("the daemon's epoch lines", lambda: e in daemon_epochs(daemon.log_text(), job), 15)
     epochs = daemon_epochs(daemon.log_text(), job)
+    if lost is not None:
+        lost += lost_tasks(cluster, job)
     cluster.run(["scancel", job])
     _wait("training job gone", lambda: _gone(cluster, job), 60, 0.5)
     return summarize(read(outdir, job), epochs, done, load)
@@ -154,7 +168,8 @@ def summarize(log: Any, epochs: dict[int, tuple[int, str, bool]],
 
 
 def run_paths(cluster: LocalCluster, daemon: LocalDaemon, work: Path,
-              rounds: int) -> dict[str, Any]:
-    """Both paths, in place first; returns ``{"inplace": {...}, "restart": {...}}``."""
-    return {"inplace": one_path(cluster, daemon, work, True, rounds),
-            "restart": one_path(cluster, daemon, work, False, rounds)}
+              rounds: int, lost: list[str] | None = None) -> dict[str, Any]:
+    """Both paths, in place first; returns ``{"inplace": {...}, "restart": {...}}``; the
+    tasks a job lost for good are added to ``lost``."""
+    return {"inplace": one_path(cluster, daemon, work, True, rounds, lost=lost),
+            "restart": one_path(cluster, daemon, work, False, rounds, lost=lost)}
