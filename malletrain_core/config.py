@@ -98,6 +98,7 @@ class SlurmConfig:
 class PbsConfig:
     queue: str = "mt_preemptable"
     command_timeout_s: float = 30.0
+    grant_timeout_s: float = 30.0
     bin_dir: str = ""
     job_key_file: str = ""
     """Where munge is absent: the site key from which each job's launcher secret is derived
@@ -204,6 +205,7 @@ class Config:
             raise ConfigError(f"slurm.hole_margin_s: {self.slurm.hole_margin_s!r} must be a "
                               "finite number ≥ 0 (bf_resolution + bf_interval of slurm.conf)")
         for name, value in (("slurm.grant_timeout_s", self.slurm.grant_timeout_s),
+                            ("pbs.grant_timeout_s", self.pbs.grant_timeout_s),
                             ("slurm.task_failure_window_s", self.slurm.task_failure_window_s)):
             if not value > 0 or not math.isfinite(value):
                 raise ConfigError(f"{name}: {value!r} must be a finite number of seconds > 0")

@@ -81,6 +81,14 @@ class Launch:
     deadline: float
 
 
+REUSE_SETTLE_S = 3.0
+"""A task that left a node (shrunk, preempted, failed) is not started on that same node again
+for this long: a batch system keeps a task's id across a requeue, and a node daemon still
+tearing down the previous incarnation refuses the new one (seen on Slurm: two tasks grown back
+0.4 s after their shrink, both FAILED 3 ms after their start). Another free task of the job is
+taken instead (:meth:`TaskBackend._pick`)."""
+
+
 class TaskBackend:
     """What every array-task backend keeps: live jobs, workers, pending grows, tasks being
     stopped and the nodes offered to the engine (node → hole end, None when unknown)."""
@@ -94,6 +102,7 @@ class TaskBackend:
         self._launching: dict[str, Launch] = {}           # told to start, not yet running
         self._stopping: set[str] = set()                  # being stopped by us
         self._offered: dict[str, float | None] = {}       # node -> hole end, as told
+        self._left: dict[str, tuple[str, float]] = {}     # task -> (node it left, when)
 
     # ------------------------------------------------------------------ read-only views
     @property
@@ -162,6 +171,17 @@ class TaskBackend:
         for task, launch in sorted(self._launching.items()):
             if launch.job_id == job_id and launch.node == node:
                 return task
+        return None
+
+    def _pick(self, free: list[str], node: str, now: float) -> str | None:
+        """The first of ``free`` that did not leave ``node`` within :data:`REUSE_SETTLE_S`
+        (taken out of ``free``); None when every one did."""
+        self._left = {k: v for k, v in self._left.items() if now - v[1] < REUSE_SETTLE_S}
+        for key in free:
+            left = self._left.get(key)
+            if left is None or left[0] != node:
+                free.remove(key)
+                return key
         return None
 
     def _withdraw(self, node: str, reclaimed: list[str]) -> None:

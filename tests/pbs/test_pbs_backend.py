@@ -368,3 +368,44 @@ def test_job_state_table():
 def test_array_ranges():
     assert [pp.array_size(s) for s in ("1-32", "0-15:1", "1-10:3", "5-1", "x", "")] == \
         [32, 16, 4, 0, 0, 0]
+
+
+def test_a_subjob_pbs_requeued_at_its_start_is_a_failed_grant_at_once(runner, caplog):
+    """qrun'd, started (run_count 0 → 1) and back in the queue on a vnode still free: the
+    grant failed (a mom that refused it, a prologue that failed); it comes back at the next
+    poll instead of at the grant timeout, with one line, and the vnode stays offered."""
+    be = PbsBackend(runner)
+    runner.golden("pbsnodes_1.json", "qstat_1.json")
+    be.poll(1000.0)
+    runner.set("pbsnodes", pbsnodes_with({"n04": FREE}))
+    assert be.execute([Grow(A, ("n04",))], 1001.0) == []
+    assert be.launching == {"123[3].pbs-server": "n04"}
+    runner.set("qstat", qstat_with({"123[3].pbs-server": {"run_count": 1}}))
+    with caplog.at_level(logging.WARNING):
+        events = be.poll(1002.0)
+    assert events == [WorkerStopped(1002.0, A, "n04")]
+    assert "subjob 123[3].pbs-server started and PBS requeued it (run_count 0 → 1)" \
+        in caplog.text
+    assert be.launching == {} and "n04" in be.offered
+
+
+def test_a_subjob_is_not_started_again_on_the_vnode_it_just_left(runner, caplog):
+    """Shrunk off n01 and grown back there within a second: another queued subjob is
+    started; a job with no other subjob left gives the vnode back for a few seconds."""
+    be = PbsBackend(runner)
+    runner.golden("pbsnodes_1.json", "qstat_1.json")
+    be.poll(1000.0)
+    assert be.execute([Shrink(A, ("n01",))], 1001.0) == []
+    runner.set("qstat", qstat_with({"123[1].pbs-server": {"job_state": "Q", "run_count": 1}}))
+    runner.set("pbsnodes", pbsnodes_with({"n01": FREE}))
+    be.poll(1001.5)
+    runner.argv.clear()
+    assert be.execute([Grow(A, ("n01",))], 1002.0) == []
+    assert runner.argv[-1] == ["qrun", "-a", "-H", "(n01)", "123[3].pbs-server"]
+    one = PbsBackend(runner)
+    one._subjobs = {k: v for k, v in be._subjobs.items()}
+    one._jobs = dict(be._jobs)
+    one._left = {"123[1].pbs-server": ("n05", 1002.0)}
+    free = ["123[1].pbs-server"]
+    assert one._pick(free, "n05", 1003.0) is None and free == ["123[1].pbs-server"]
+    assert one._pick(free, "n05", 1005.5) == "123[1].pbs-server"

@@ -13,4 +13,5 @@ __all__ = ["PbsBackend", "from_config"]
 def from_config(config: Config) -> PbsBackend:
     """The backend ``malletraind`` runs with ``daemon.batch_system = "pbs"``."""
     p = config.pbs
-    return PbsBackend(with_bin_dir(p.bin_dir, p.command_timeout_s), queue=p.queue)
+    return PbsBackend(with_bin_dir(p.bin_dir, p.command_timeout_s), queue=p.queue,
+                      grow_timeout_s=p.grant_timeout_s)

@@ -30,7 +30,8 @@ id of a job is the array's id (``123[].server``).
   subjob's walltime; preemption reclaims the node instead.
 
 A grow that cannot be carried out (no queued subjob left, qrun refused, not running within
-``grow_timeout_s``) comes back as WorkerStopped for that job and node. No event is sent for a
+``grow_timeout_s``, started and requeued by PBS) comes back as WorkerStopped for that job and
+node; a subjob is not started again on the vnode it left under ``REUSE_SETTLE_S`` ago. No event is sent for a
 job after its Finish. A vnode is offered only when it is free (no state bit), runs no job, has
 no reservation pending and is not tied to another queue. Hole ends are not read from PBS's
 plan: IdleNode.hole_end is None.
@@ -55,15 +56,16 @@ from ...events import (
     WorkerStopped,
 )
 from ...runner import CommandRunner
-from ..base import Launch, PollEvents, TaskBackend
+from ..base import REUSE_SETTLE_S, Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
 from . import parse as pp
 
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "mt_preemptable"
-DEFAULT_GROW_TIMEOUT_S = 120.0
-"""A subjob qrun has not started after this long is a failed grow."""
+DEFAULT_GROW_TIMEOUT_S = 30.0
+"""A subjob qrun has not started after this long is a failed grow (``pbs.grant_timeout_s``):
+``qrun -H`` bypasses the scheduler, so a subjob runs within seconds or not at all."""
 MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
 MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
 TRAINER_VAR = "MALLETRAIN_TRAINER"
@@ -121,6 +123,7 @@ class PbsBackend(TaskBackend):
         self._to_delete: set[str] = set()                 # finished, qdel not yet done
         self._unwanted: dict[str, float] = {}             # shrunk while launching -> until
         self._yielding: dict[str, tuple[str, bool]] = {}  # off a clash -> (vnode, qrerun ok)
+        self._runs_at_launch: dict[str, int] = {}         # launching -> run_count at qrun
 
     def busy(self) -> bool:
         """Also while a worker requeued off a clashing vnode has not left it."""
@@ -158,7 +161,7 @@ class PbsBackend(TaskBackend):
         self._admit_arrays(arrays, subjobs, now, out)
         self._yield_clashes(current, nodes, our_ids)
         self._reconcile_workers(current, now, out)
-        self._reconcile_launches(current, now, out)
+        self._reconcile_launches(current, nodes, now, out)
         self._reconcile_jobs(subjobs, now, out)
         idle = self._reconcile_nodes(nodes, our_ids, out.reclaimed)
         self._subjobs = current
@@ -222,6 +225,14 @@ class PbsBackend(TaskBackend):
             if seen is not None and seen.state in _ACTIVE and seen.node == self._workers[sid][1]:
                 continue
             aid, node = self._workers.pop(sid)
+            self._left[sid] = (node, now)
+            if seen is not None and seen.state is TaskState.DONE and seen.exit_status \
+                    and sid not in self._stopping:
+                log.warning("job %s: subjob %s on %s exited %s; PBS cannot run a finished "
+                            "subjob again, so the job can grow to %d nodes at most from now",
+                            aid, sid, node, seen.exit_status,
+                            sum(1 for j in current.values() if j.array_id == aid
+                                and j.state is not TaskState.DONE))
             if sid in self._stopping:
                 self._stopping.discard(sid)
                 out.stopped.append(WorkerStopped(now, aid, node))
@@ -231,15 +242,33 @@ class PbsBackend(TaskBackend):
             else:
                 out.stopped.append(WorkerStopped(now, aid, node))
 
-    def _reconcile_launches(self, current: dict[str, pp.PbsJob], now: float, out: PollEvents) -> None:
+    def _reconcile_launches(self, current: dict[str, pp.PbsJob], nodes: dict[str, pp.PbsNode],
+                            now: float, out: PollEvents) -> None:
         for sid, launch in list(self._launching.items()):
             seen = current.get(sid)
-            if seen is None or seen.state is TaskState.DONE or now >= launch.deadline:
+            runs = self._runs_at_launch.get(sid, 0)
+            vnode = nodes.get(launch.node)
+            # Started and back in the queue on a vnode still usable: not a preemption (that
+            # one is a reclaim, :meth:`_reconcile_nodes`) but a failed start.
+            bounced = (seen is not None and seen.state is TaskState.PENDING
+                       and seen.run_count > runs and vnode is not None
+                       and vnode.usable(self.queue))
+            if seen is None or seen.state is TaskState.DONE or bounced \
+                    or now >= launch.deadline:
                 del self._launching[sid]
+                self._runs_at_launch.pop(sid, None)
+                self._left[sid] = (launch.node, now)
                 out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
-                if seen is not None and seen.state is not TaskState.DONE:
-                    log.warning("subjob %s did not start on %s within %g s", sid, launch.node,
-                                self.grow_timeout_s)
+                if bounced:
+                    log.warning("grant of %s to job %s: subjob %s started and PBS requeued it "
+                                "(run_count %d → %d): node offered again", launch.node,
+                                launch.job_id, sid, runs, seen.run_count)  # type: ignore[union-attr]
+                elif seen is not None and seen.state is not TaskState.DONE:
+                    log.warning("grant of %s to job %s: subjob %s not running after %g s "
+                                "(state %s): node offered again", launch.node, launch.job_id,
+                                sid, self.grow_timeout_s, seen.code)
+        for sid in [s for s in self._runs_at_launch if s not in self._launching]:
+            del self._runs_at_launch[sid]
 
     def _reconcile_jobs(self, subjobs: dict[str, list[pp.PbsJob]], now: float,
                         out: PollEvents) -> None:
@@ -328,6 +357,7 @@ class PbsBackend(TaskBackend):
                 continue
             if self._run(["qrerun", sid]):
                 self._stopping.add(sid)
+                self._left[sid] = (node, now)
             else:
                 events.append(WorkerStarted(now, action.job_id, node))  # still running there
 
@@ -390,9 +420,17 @@ class PbsBackend(TaskBackend):
                 failed.append(WorkerStopped(now, action.job_id, node))
                 self._withdraw(node, taken_nodes)
                 continue
-            sid = free.pop(0)
+            sid = self._pick(free, node, now)
+            if sid is None:
+                log.info("grow of %s on %s: its queued subjobs left that vnode under %g s ago "
+                         "(its mom may still be ending them): vnode given back, offered again "
+                         "by a later poll", action.job_id, node, REUSE_SETTLE_S)
+                failed.append(WorkerStopped(now, action.job_id, node))
+                self._withdraw(node, taken_nodes)
+                continue
             if self._run(["qrun", "-a", "-H", f"({node})", sid]):
                 self._launching[sid] = Launch(action.job_id, node, now + self.grow_timeout_s)
+                self._runs_at_launch[sid] = self._subjobs[sid].run_count
             else:
                 failed.append(WorkerStopped(now, action.job_id, node))
         return failed

@@ -62,7 +62,7 @@ from ...events import (
     WorkerStopped,
 )
 from ...runner import CommandRunner
-from ..base import Launch, PollEvents, TaskBackend
+from ..base import REUSE_SETTLE_S, Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
 from . import parse as sp
 
@@ -84,14 +84,6 @@ counts."""
 
 TASK_FAILURE_WINDOW_S = 600.0
 """The window over which :data:`TASK_FAILURES_MAX` counts a job's task failures."""
-
-REUSE_SETTLE_S = 3.0
-"""A task that left a node (shrunk, preempted, failed) is not released onto that same node
-again for this long: Slurm keeps an array task's job id across a requeue, and a slurmd still
-tearing down the previous incarnation refuses the new one, which then fails within
-milliseconds (seen: two tasks grown back 0.4 s after their shrink, both FAILED 3 ms after
-their start). Another free task of the job is taken instead; with none, the node is given back
-and offered again by a later poll."""
 
 _NODE_FAULTS = frozenset({"NODE_FAIL", "NF", "BOOT_FAIL", "BF"})
 _FAILED = frozenset({"FAILED", "F", "OUT_OF_MEMORY", "OOM"}) | _NODE_FAULTS
@@ -210,7 +202,6 @@ class SlurmBackend(TaskBackend):
         self.task_failure_window_s = float(task_failure_window_s)
         self._failures: dict[str, list[float]] = {}   # job -> times its tasks failed
         self._failures_seen: set[tuple[str, int]] = set()  # (task, restarts) counted
-        self._left: dict[str, tuple[str, float]] = {}  # task -> (node it left, when)
 
     def _job_of(self, task: str) -> str:
         return task.split("_", 1)[0]
@@ -283,7 +274,6 @@ class SlurmBackend(TaskBackend):
                 dropped.add(node)
         self._dropped.clear()
         self._reheld &= set(self._launching)
-        self._left = {k: v for k, v in self._left.items() if now - v[1] < REUSE_SETTLE_S}
         leaving = {row.node for key, row in current.items() if key in self._stopping
                    and key not in self._workers and row.node and row.state in _ACTIVE}
         idle = self._reconcile_nodes(nodes, plan, out.reclaimed, leaving, now)
@@ -681,16 +671,6 @@ class SlurmBackend(TaskBackend):
         free = [r for r in self._rows.values() if r.array_id == job_id and r.key not in busy
                 and r.state in (TaskState.PENDING, TaskState.HELD) and r.held]
         return [r.key for r in sorted(free, key=lambda r: r.index or 0)]
-
-    def _pick(self, free: list[str], node: str, now: float) -> str | None:
-        """The first free task that did not leave ``node`` within :data:`REUSE_SETTLE_S`
-        (taken out of ``free``); None when every one did."""
-        for key in free:
-            left = self._left.get(key)
-            if left is None or left[0] != node or now - left[1] >= REUSE_SETTLE_S:
-                free.remove(key)
-                return key
-        return None
 
     def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
         released: list[str] = []
