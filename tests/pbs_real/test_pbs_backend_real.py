@@ -132,3 +132,32 @@ def test_a_vnode_pbs_gives_another_job_is_never_shared_with_a_worker(
         pbs.wait_for("the forced jobs gone", lambda: not pbs.run(
             ["qselect", "-q", "mt_test_forced"], check=False).stdout.split(), 30)
         pbs.qmgr("delete queue mt_test_forced")
+
+
+def test_a_shrink_then_a_grow_onto_the_same_vnodes_within_a_second_loses_nothing(
+        pbs: PbsComplex, test_user: str) -> None:
+    """``qrerun`` two workers and grow back onto their vnodes at once (bench/e2e.py's planned
+    shrink followed by a grow): every subjob of the array stays queued or running, and both
+    vnodes run a worker again within the grant timeout."""
+    backend = PbsBackend(pbs.runner(), grow_timeout_s=30)
+    backend.poll(time.time())
+    array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-3", "-l", "select=1:ncpus=2")
+    poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
+    assert backend.execute([Grow(array, ("n02", "n03"), None)], time.time()) == []
+    poll_until(backend, lambda ev: len([e for e in ev if isinstance(e, WorkerStarted)]) == 2)
+    before = {node: sid for sid, (_, node) in backend.workers.items()}
+    backend.execute([Shrink(array, ("n02", "n03"))], time.time())
+    poll_until(backend, lambda ev: len([e for e in ev if isinstance(e, WorkerStopped)]) == 2,
+               interval_s=0.1)
+    t0 = time.monotonic()
+    backend.execute([Grow(array, ("n02", "n03"), None)], time.time())
+    ev = poll_until(backend, lambda ev: {"n02", "n03"} <= {
+        n for _, n in backend.workers.values()}, 30, interval_s=0.1)
+    took = time.monotonic() - t0
+    print(f"qrerun then qrun -H onto the same vnodes: both running after {took:.2f} s; "
+          f"events {ev}")
+    after = {node: sid for sid, (_, node) in backend.workers.items()}
+    assert after["n02"] != before["n02"] or after["n03"] != before["n03"]
+    assert sorted(state(pbs, subjob(array, i)) for i in range(1, 4)) in (
+        ["Q", "R", "R"], ["R", "R", "R"])
+    backend.execute([Finish(array)], time.time())

@@ -225,7 +225,8 @@ class PbsBackend(TaskBackend):
             if seen is not None and seen.state in _ACTIVE and seen.node == self._workers[sid][1]:
                 continue
             aid, node = self._workers.pop(sid)
-            self._left[sid] = (node, now)
+            if sid in self._stopping or seen is None or seen.state is TaskState.DONE:
+                self._left[sid] = (node, now)  # not when preempted: another job runs there
             if seen is not None and seen.state is TaskState.DONE and seen.exit_status \
                     and sid not in self._stopping:
                 log.warning("job %s: subjob %s on %s exited %s; PBS cannot run a finished "

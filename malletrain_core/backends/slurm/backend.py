@@ -325,19 +325,25 @@ class SlurmBackend(TaskBackend):
                 out.started.append(WorkerStarted(now, row.array_id, row.node))
             if row.state is TaskState.RUNNING and not row.held and key not in self._stopping:
                 out.to_hold.append(key)  # so that a preemption brings it back held
+        here = {(node, key) for key, (_, node) in self._workers.items()}
+        self._left = {k: v for k, v in self._left.items()  # another task ran there since
+                      if not any(n == v[0] and other != k for n, other in here)}
         for key in list(self._workers):
             seen = current.get(key)
             if seen is not None and seen.state in _ACTIVE:
                 continue
             aid, node = self._workers.pop(key)
-            self._left[key] = (node, now)
             if key in self._stopping:
+                self._left[key] = (node, now)
                 out.stopped.append(WorkerStopped(now, aid, node))
             elif seen is not None and (seen.state in (TaskState.PENDING, TaskState.HELD)
                                        or _code(seen) in _REQUEUED_BY_SLURM):
+                # Preempted: the node is free again only once the job that took it is done
+                # with it, long after this task's end there (no settle needed).
                 out.reclaimed.append(node)
                 self._offered.pop(node, None)
             else:
+                self._left[key] = (node, now)
                 # A worker we did not stop (it exited, or its task died): the engine drops
                 # the node, so it must be offered again once Slurm shows it usable.
                 out.stopped.append(WorkerStopped(now, aid, node))
