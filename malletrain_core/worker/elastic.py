@@ -75,10 +75,21 @@ class Pacer:
             self._last_t = time.monotonic()
 
 
+def group_device() -> torch.device:
+    """Where the default group's collectives take their tensors: this process's GPU on NCCL
+    (a CPU tensor there fails: "No backend type associated with device type cpu"), else the
+    CPU."""
+    if "nccl" in str(dist.get_backend()).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def agree(flag: bool) -> bool:
-    """Rank 0's ``flag`` on every rank (one small broadcast; ``flag`` alone without a group)."""
+    """Rank 0's ``flag`` on every rank (one small broadcast; ``flag`` alone without a group).
+    The synchronous broadcast waits for its work, so the host read after it sees the result
+    on NCCL too."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        box = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        box = torch.tensor([1 if flag else 0], dtype=torch.int32, device=group_device())
         dist.broadcast(box, src=0)
         return bool(box.item())
     return flag
