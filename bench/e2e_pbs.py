@@ -100,15 +100,19 @@ def rescales(cx: PbsComplex, address: str, work: Path, rounds: int) -> tuple[lis
     return grows, shrinks
 
 
-def prod_starts(cx: PbsComplex, n: int, before: Any) -> list[float]:
-    delays = []
+def prod_starts(cx: PbsComplex, n: int, before: Any,
+                ends: list[float] | None = None) -> list[float]:
+    """``n`` one-node prod jobs one after the other; ``ends`` gets when each was seen ended."""
+    delays: list[float] = []
     for i in range(n):
         before()
         t0 = time.monotonic()
         prod = cx.qsub("-q", "prod", "-l", "select=1:ncpus=2", *QUIET, script="sleep 1\n")
         t1 = wait("prod running", lambda p=prod: state_of(cx, p) in ("R", "E", "F", "X"), 60)
         delays.append(t1 - t0)
-        wait("prod ended", lambda p=prod: ended(cx, p), 60, 0.2)
+        t2 = wait("prod ended", lambda p=prod: ended(cx, p), 60, 0.2)
+        if ends is not None:
+            ends.append(t2)
         if (i + 1) % 10 == 0:
             say(f"  {i + 1}/{n} prod jobs, median start {statistics.median(delays):.2f} s")
     return delays
@@ -123,44 +127,82 @@ def run(submissions: int, rounds: int) -> dict[str, Any]:
     cx.qmgr("set server acl_roots = root")  # the torch of this machine: a root-only Python
     daemon = start_daemon(cx, poll_s=2.0, in_server_ns=True,
                           extra_toml="[profiler]\nwindow_s = 15.0\n")
+    failed: dict[str, str] = {}
+    grows: list[float] = []
+    shrinks: list[float] = []
+    with_mt: list[float] = []
+    without: list[float] = []
+    regrow: list[float] = []
+    status: dict[str, Any] = {"daemon": {}}
+
+    def phase(name: str, body: Any) -> None:
+        try:
+            body()
+        except (TimeoutError, RuntimeError, ValueError) as exc:
+            failed[name] = str(exc).splitlines()[0]
+            say(f"{name} FAILED: {failed[name]} (the other phases go on)")
+
     try:
         blocker = cx.qsub("-q", "prod", "-l", f"select={MOMS - IDLE}:ncpus=2", "-l",
                           "place=scatter", *QUIET, script="sleep 100000\n")
         wait("blocker running", lambda: state_of(cx, blocker) == "R", 60)
-        say("phase 1: rescales of a real torch job")
-        grows, shrinks = rescales(cx, daemon.address, work, rounds)
 
-        say(f"phase 2: {submissions} prod jobs preempting MalleTrain's stand-in workers")
-        standin = cx.qsub("-q", "malletrain", "-J", f"1-{IDLE}", "-l", "select=1:ncpus=2",
-                          *QUIET, "-v", "MALLETRAIN_PROFILE=0", script="exec sleep 100000\n")
-        with_mt = prod_starts(cx, submissions, lambda: wait(
-            "all idle nodes harvested", lambda: running_subjobs(cx, standin, IDLE) == IDLE,
-            90, 0.2))
-        with UnixClient(str(daemon.root / "api.sock"), timeout_s=10) as client:
-            status = client.call("status")
+        def phase1() -> None:
+            say("phase 1: rescales of a real torch job")
+            g, s = rescales(cx, daemon.address, work, rounds)
+            grows.extend(g)
+            shrinks.extend(s)
+
+        def phase2() -> None:
+            say(f"phase 2: {submissions} prod jobs preempting MalleTrain's stand-in workers")
+            standin = cx.qsub("-q", "malletrain", "-J", f"1-{IDLE}", "-l", "select=1:ncpus=2",
+                              *QUIET, "-v", "MALLETRAIN_PROFILE=0",
+                              script="exec sleep 100000\n")
+            last_end: list[float] = []
+
+            def harvested() -> None:
+                t = wait("all idle nodes harvested",
+                         lambda: running_subjobs(cx, standin, IDLE) == IDLE, 90, 0.05)
+                if last_end:
+                    regrow.append(round(t - last_end[-1], 2))
+
+            with_mt.extend(prod_starts(cx, submissions, harvested, last_end))
+            with UnixClient(str(daemon.root / "api.sock"), timeout_s=10) as client:
+                status.update(client.call("status"))
+            cx.run(["qdel", "-Wforce", standin])
+            wait("workers gone", lambda: ended(cx, standin), 60, 0.5)
+
+        phase("phase 1", phase1)
+        phase("phase 2", phase2)
         daemon.stop()
-        cx.run(["qdel", "-Wforce", standin])
-        wait("workers gone", lambda: ended(cx, standin), 60, 0.5)
 
-        say(f"phase 3: {submissions} prod jobs preempting plain preemptable jobs")
-        plain = [cx.qsub("-q", "preemptable", "-l", "select=1:ncpus=2", *QUIET,
-                         script="sleep 100000\n") for _ in range(IDLE)]
-        without = prod_starts(cx, submissions, lambda: wait(
-            "plain jobs on all idle nodes",
-            lambda: sum(state_of(cx, j) == "R" for j in plain) == IDLE, 90, 0.2))
+        def phase3() -> None:
+            say(f"phase 3: {submissions} prod jobs preempting plain preemptable jobs")
+            plain = [cx.qsub("-q", "preemptable", "-l", "select=1:ncpus=2", *QUIET,
+                             script="sleep 100000\n") for _ in range(IDLE)]
+            without.extend(prod_starts(cx, submissions, lambda: wait(
+                "plain jobs on all idle nodes",
+                lambda: sum(state_of(cx, j) == "R" for j in plain) == IDLE, 90, 0.2)))
+
+        phase("phase 3", phase3)
     finally:
         daemon.stop()
         cx.stop()
         shutil.rmtree(cx.root, ignore_errors=True)
     hook = status["daemon"].get("hook_to_action_ms", {})
+
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
     return {
-        "moms": MOMS,
-        "grow_s": statistics.median(grows), "shrink_s": statistics.median(shrinks),
+        "moms": MOMS, "completed": not failed, "failed": failed,
+        "regrow_after_prod_s": {"median": med(regrow), "max": max(regrow) if regrow else None},
+        "grow_s": med(grows), "shrink_s": med(shrinks),
         "hook_to_action_ms": hook.get("median"),
-        "prod_start_s": {"with_malletrain": statistics.median(with_mt),
-                         "plain_preemptable": statistics.median(without),
-                         "with_malletrain_p95": p95(with_mt), "plain_preemptable_p95":
-                         p95(without)},
+        "prod_start_s": {"with_malletrain": med(with_mt),
+                         "plain_preemptable": med(without),
+                         "with_malletrain_p95": p95(with_mt) if with_mt else None,
+                         "plain_preemptable_p95": p95(without) if without else None},
         "grow_s_all": [round(x, 2) for x in grows],
         "shrink_s_all": [round(x, 2) for x in shrinks],
         "with_malletrain_all": [round(x, 2) for x in with_mt],
@@ -187,6 +229,9 @@ def section(r: dict[str, Any], command: str) -> str:
         "| what | median | p95 / all |",
         "|---|---|---|",
         *timing_rows(r),
+        *([f"| prod job ended → its vnode running a worker again (phase 2, n = "
+           f"{r['submissions'] - 1}) | {r['regrow_after_prod_s']['median']:.2f} s | max "
+           f"{r['regrow_after_prod_s']['max']:.2f} s |"] if "regrow_after_prod_s" in r else []),
         f"| prod job start, MalleTrain's workers on its node (n = {r['submissions']}) | "
         f"{p['with_malletrain']:.2f} s | {p['with_malletrain_p95']:.2f} s |",
         f"| prod job start, plain preemptable jobs on the same nodes (n = {r['submissions']})"
