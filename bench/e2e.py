@@ -265,6 +265,7 @@ def run(nodes: int, submissions: int, rounds: int, path_rounds: int = 3) -> dict
     return {
         "nodes": nodes, "completed": not failed, "failed": failed,
         "tasks_lost": lost, "grant_to_training_s_max": max(grant) if grant else None,
+        "grant_to_start_s": status["daemon"].get("grant_to_start_s"),
         "regrow_after_prod_s": {"median": med(regrow), "max": max(regrow) if regrow else None},
         "grow_s": med(grows), "shrink_s": med(shrinks),
         "hook_to_action_ms": hook.get("median"),
@@ -308,6 +309,10 @@ def liveness_rows(r: dict[str, Any]) -> list[str]:
         f"{g['median']:.2f} s | max {g['max']:.2f} s |",
         f"| node idle → training, worst of every grow in the run | | "
         f"{r['grant_to_training_s_max']:.1f} s |",
+        *([f"| grant → its task running (the daemon's own count to the poll that saw it, n = "
+           f"{r['grant_to_start_s']['count']}) | {r['grant_to_start_s']['median']:.2f} s | max "
+           f"{r['grant_to_start_s']['max']:.2f} s |"]
+          if (r.get("grant_to_start_s") or {}).get("count") else []),
         f"| tasks an elastic job lost for good (FAILED, never requeued) | "
         f"{len(r['tasks_lost'])} | {', '.join(r['tasks_lost']) or 'none'} |"]
 

@@ -765,3 +765,17 @@ def test_a_task_is_not_released_again_onto_the_node_it_just_left(slurm: FakeSlur
     assert of(backend.poll(T + 4), NodesIdle)[0].nodes == (IdleNode("n01"),)
     assert backend.execute([Grow("7", ("n01",), None)], T + 6.5) == []
     assert slurm.commands()[-1] == ["scontrol", "release", "7_1"]
+
+
+def test_the_time_from_a_grant_to_its_task_running_is_counted(slurm: FakeSlurm,
+                                                              backend: SlurmBackend) -> None:
+    assert backend.grant_starts() == {"count": 0}
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle", n02="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01",), None)], T)
+    backend.execute([Grow("7", ("n02",), None)], T + 1)
+    slurm.squeue = (task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin")
+                    + task(21, 7, 1, "RUNNING", "n02", reason="JobHeldAdmin"))
+    backend.poll(T + 3)
+    assert backend.grant_starts() == {"count": 2, "median": 3.0, "p95": 3.0, "max": 3.0}

@@ -10,6 +10,7 @@ and which nodes the engine was offered are kept here, once."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -103,6 +104,22 @@ class TaskBackend:
         self._stopping: set[str] = set()                  # being stopped by us
         self._offered: dict[str, float | None] = {}       # node -> hole end, as told
         self._left: dict[str, tuple[str, float]] = {}     # task -> (node it left, when)
+        self._grant_start_s: deque[float] = deque(maxlen=1000)
+
+    def _started(self, launch: Launch | None, timeout_s: float, now: float) -> None:
+        """A granted task seen running: count how long its grant took (to this poll)."""
+        if launch is not None:
+            self._grant_start_s.append(max(0.0, now - (launch.deadline - timeout_s)))
+
+    def grant_starts(self) -> dict[str, float | int]:
+        """Count, median, p95 and max of the seconds from a grant to the poll that saw its
+        task running (the last 1,000 grants; ``malletrain status`` shows it)."""
+        xs = sorted(self._grant_start_s)
+        if not xs:
+            return {"count": 0}
+        return {"count": len(xs), "median": round(xs[len(xs) // 2], 3),
+                "p95": round(xs[min(len(xs) - 1, int(0.95 * len(xs)))], 3),
+                "max": round(xs[-1], 3)}
 
     # ------------------------------------------------------------------ read-only views
     @property

@@ -61,6 +61,13 @@ def _drain(daemon: Any) -> dict[str, Any]:
     return drain.state() if drain is not None else {"drained": False, "since": None}
 
 
+def _grant_starts(backend: Any) -> dict[str, float | int]:
+    """The batch-system backend's grant → task running figures (empty for the simulator)."""
+    inner = getattr(backend, "backend", backend)
+    starts = getattr(inner, "grant_starts", None)
+    return starts() if callable(starts) else {"count": 0}
+
+
 def _trainers(engine: Any) -> dict[str, dict[str, int]]:
     """Node and job counts per trainer (empty with a single engine)."""
     inner = trainers(engine)
@@ -149,7 +156,8 @@ class StatusService:
                            "command_failures": c.command_failures,
                            "last_cycle_ms": c.last_cycle_ms,
                            "last_poll_time": c.last_poll_time,
-                           "hook_to_action_ms": c.hook_latency()},
+                           "hook_to_action_ms": c.hook_latency(),
+                           "grant_to_start_s": _grant_starts(backend)},
                 "engine": engine.stats.to_dict(),
                 "trainers": _trainers(engine),
                 "intake": _intake(self.daemon),

@@ -217,7 +217,7 @@ class PbsBackend(TaskBackend):
             if sid in unwanted or sid in self._yielding:
                 continue
             if sid not in self._workers:
-                self._launching.pop(sid, None)
+                self._started(self._launching.pop(sid, None), self.grow_timeout_s, now)
                 self._workers[sid] = (str(sub.array_id), sub.node)
                 out.started.append(WorkerStarted(now, str(sub.array_id), sub.node))
         for sid in list(self._workers):

@@ -320,7 +320,7 @@ class SlurmBackend(TaskBackend):
                     out.to_requeuehold.append(key)
                 continue
             if key not in self._workers:
-                self._launching.pop(key, None)
+                self._started(self._launching.pop(key, None), self.grow_timeout_s, now)
                 self._workers[key] = (row.array_id, row.node)
                 out.started.append(WorkerStarted(now, row.array_id, row.node))
             if row.state is TaskState.RUNNING and not row.held and key not in self._stopping:
