@@ -779,3 +779,25 @@ def test_the_time_from_a_grant_to_its_task_running_is_counted(slurm: FakeSlurm,
                     + task(21, 7, 1, "RUNNING", "n02", reason="JobHeldAdmin"))
     backend.poll(T + 3)
     assert backend.grant_starts() == {"count": 2, "median": 3.0, "p95": 3.0, "max": 3.0}
+
+
+def test_a_task_preempted_where_it_started_may_go_back_there_at_once(slurm: FakeSlurm) -> None:
+    """The settle is for a node our own task just left; a node another job took in between
+    is clean by the time it is free (bench/e2e.py's phase 2 waited 2 s more per round)."""
+    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    slurm.squeue = held_array(7, 1, tag="malletrain:min=1,max=1")
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01",), None)], T)
+    # A prod job is submitted as the task starts: held again (other_submitted), preempted.
+    backend.submits_seen = lambda: 1
+    assert backend.other_submitted() == 1
+    slurm.squeue = task(20, 7, 0, reason="JobHeldAdmin", tag="malletrain:min=1,max=1")
+    slurm.sinfo = nodes(n01="allocated")
+    assert backend.poll(T + 1) == [NodesReclaimed(T + 1, ("n01",)),
+                                   WorkerStopped(T + 1, "7", "n01")]
+    slurm.sinfo = nodes(n01="idle")
+    assert backend.poll(T + 2) == [NodesIdle(T + 2, (IdleNode("n01"),))]
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01",), None)], T + 2.1) == []
+    assert slurm.commands()[-1] == ["scontrol", "release", "7_0"]

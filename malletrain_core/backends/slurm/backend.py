@@ -278,6 +278,10 @@ class SlurmBackend(TaskBackend):
                    and key not in self._workers and row.node and row.state in _ACTIVE}
         idle = self._reconcile_nodes(nodes, plan, out.reclaimed, leaving, now)
         out.reclaimed += [n for n in sorted(dropped) if n not in self._offered]
+        # A node another job holds now is clean of our tasks by the time it is free again.
+        busy = {n for n, row in nodes.items() if row.state is NodeState.BUSY
+                and not row.completing and n not in self._offered}
+        self._left = {k: v for k, v in self._left.items() if v[0] not in busy}
         self._rows = current
         self._gone &= set(tagged)  # a purged job id never comes back
         self._run_quietly("hold", out.to_hold)
@@ -366,7 +370,8 @@ class SlurmBackend(TaskBackend):
                 if row.state is TaskState.DONE or late or reheld or (
                         self._hold_grants and row.state is TaskState.PENDING):
                     del self._launching[key]
-                    self._left[key] = (launch.node, now)
+                    if row.state is TaskState.DONE:  # it ran there (and failed): settle
+                        self._left[key] = (launch.node, now)
                     out.stopped.append(WorkerStopped(now, launch.job_id, launch.node))
                     self._dropped.append((launch.job_id, launch.node))
                     if row.state is not TaskState.DONE and not reheld:  # reheld: logged
