@@ -391,6 +391,29 @@ def path_rows(r: dict[str, Any]) -> list[str]:
         "one, every 10 s, on a preemption)."]
 
 
+def runs_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """One row per run (``--summarize``): did it complete, what was lost, the worst grant."""
+    rows = ["| run | completed | tasks lost | worst node idle → training | prod end → node "
+            "training (median / max) | grant → task running (max) | prod start with / without "
+            "(median) | 1-min load (phase 4) |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in results:
+        g, p = r.get("regrow_after_prod_s") or {}, r.get("prod_start_s") or {}
+        start = r.get("grant_to_start_s") or {}
+        loads = [x for k in ("inplace", "restart") for x in r.get(k, {}).get("load_1min", [])]
+
+        def f(x: Any, unit: str = " s") -> str:
+            return "–" if x is None else f"{x:.2f}{unit}"
+
+        load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "–"
+        rows.append(
+            f"| {name} | {'yes' if r.get('completed', True) else 'no: ' + ', '.join(r['failed'])}"
+            f" | {len(r.get('tasks_lost', []))} | {f(r.get('grant_to_training_s_max'))} | "
+            f"{f(g.get('median'))} / {f(g.get('max'))} | "
+            f"{f(start.get('max')) if start.get('count') else '–'} | "
+            f"{f(p.get('with_malletrain'))} / {f(p.get('without'))} | {load} |")
+    return "\n".join(rows)
+
+
 def write_markdown(path: Path, body: str) -> None:
     replace_section(path, BEGIN, END, body, "End to end on a local Slurm cluster")
 
@@ -408,7 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", metavar="FILE", help="rewrite the e2e section of FILE")
     p.add_argument("--from-json", metavar="FILE", help="no run: take the figures from the "
                    "JSON a previous --json run printed (with its command in \"command\")")
+    p.add_argument("--summarize", metavar="FILE", nargs="+", help="no run: print a markdown "
+                   "table with one row per run from the JSON files of several runs")
     args = p.parse_args(argv)
+    if args.summarize:
+        print(runs_table([(Path(f).stem, json.loads(Path(f).read_text()))
+                          for f in args.summarize]))
+        return 0
     if args.nodes < 8 or args.submissions < 1 or args.rounds < 1 or args.path_rounds < 1:
         p.error("--nodes must be ≥ 8, --submissions, --rounds and --path-rounds ≥ 1")
     runner, where, sect, write = run, machine, section, write_markdown

@@ -48,3 +48,15 @@ def test_a_failed_run_is_not_written_and_exits_1(monkeypatch, tmp_path, capsys) 
     assert e2e.main(["--json", "--markdown", str(out)]) == 1
     assert out.read_text() == "# B\n"
     assert '"phase 2": "all idle nodes harvested: not within 90 s"' in capsys.readouterr().out
+
+
+def test_several_runs_make_one_table(tmp_path, capsys) -> None:
+    a, b = tmp_path / "r1.json", tmp_path / "r2.json"
+    a.write_text(__import__("json").dumps(result()))
+    b.write_text(__import__("json").dumps(result(completed=False, failed={"phase 4": "x"},
+                                                 tasks_lost=["9_0 FAILED"])))
+    assert e2e.main(["--summarize", str(a), str(b)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2] == ("| r1 | yes | 0 | 12.96 s | 0.94 s / 3.93 s | 2.10 s | 1.03 s / 0.95 s "
+                       "| – |")
+    assert rows[3].startswith("| r2 | no: phase 4 | 1 |")
