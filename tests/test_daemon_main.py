@@ -58,6 +58,18 @@ def test_engine_config_from_file(tmp_path):
     assert daemon_main.engine_config(load(env={})).max_running_jobs is None
 
 
+def test_a_trainers_lookahead_is_its_lifetime_predictors_horizon_too(tmp_path):
+    """With allocator.lifetime on, a [[trainer]]'s look-ahead reaches both its engine and its
+    reclaim predictor (the predictor once got the allocator's)."""
+    cfg = config_file(tmp_path, "[allocator]\nlookahead_s = 120\nlifetime = true\n"
+                                "[[trainer]]\nname = \"a\"\nlookahead_s = 600\nnodes = \"n[01-04]\"\n"
+                                "[[trainer]]\nname = \"b\"\n")
+    a, b = (daemon_main.engine_config(cfg, t) for t in cfg.trainer)
+    assert (a.lookahead_s, a.lifetime.horizon_s) == (600.0, 600.0)
+    assert (b.lookahead_s, b.lifetime.horizon_s) == (120.0, 120.0)
+    assert daemon_main.engine_config(cfg).lifetime.horizon_s == 120.0
+
+
 def test_bad_config_is_one_line_exit_2(tmp_path, capsys):
     path = tmp_path / "bad.toml"
     path.write_text("[daemon]\nbatch_systen = \"pbs\"\n")

@@ -44,8 +44,10 @@ log = logging.getLogger("malletraind")
 EPOCHS_KEY = "epochs"
 
 
-def lifetime_predictor(config: Config) -> LifetimePredictor | None:
-    """The reclaim predictor ``allocator.lifetime`` asks for, or ``None``."""
+def lifetime_predictor(config: Config,
+                       lookahead_s: float | None = None) -> LifetimePredictor | None:
+    """The reclaim predictor ``allocator.lifetime`` asks for, or ``None``; its horizon is the
+    engine's look-ahead (``lookahead_s``: a ``[[trainer]]``'s own, else the allocator's)."""
     a = config.allocator
     if not a.lifetime:
         return None
@@ -59,7 +61,7 @@ def lifetime_predictor(config: Config) -> LifetimePredictor | None:
             raise ConfigError(f"allocator.lifetime_fragments: cannot read {path} ({exc}); "
                               "give a .npy or a text file of fragment lengths in seconds, "
                               "or leave it empty") from None
-    return LifetimePredictor(survival, a.lookahead_s)
+    return LifetimePredictor(survival, a.lookahead_s if lookahead_s is None else lookahead_s)
 
 
 def engine_config(config: Config, trainer: TrainerConfig | None = None) -> EngineConfig:
@@ -69,7 +71,7 @@ def engine_config(config: Config, trainer: TrainerConfig | None = None) -> Engin
         solver = trainer.solver.strip() or solver
         lookahead_s = trainer.lookahead_s or lookahead_s
         max_running = max_running if trainer.max_running_jobs < 0 else trainer.max_running_jobs
-    return EngineConfig(lifetime=lifetime_predictor(config),
+    return EngineConfig(lifetime=lifetime_predictor(config, lookahead_s),
         lookahead_s=lookahead_s, objective=Objective(a.objective),
         max_running_jobs=max_running or None,
         constraints=Constraints(user_max_nodes=dict(a.user_max_nodes), min_share=a.min_share),
