@@ -9,7 +9,7 @@ conv, stacks of cells separated by down-sampling, global pooling, a linear class
 so that one CPU step takes about 0.05–0.2 s.
 
 Written on ``inplace.Elastic``: run by ``malletrain-run --inplace`` (examples/nas.sbatch) its
-process stays alive across membership changes and re-forms its gloo group in place (joiners get
+process stays alive across membership changes and re-forms its group in place (joiners get
 the model and optimizer from a member); run by ``malletrain-run`` without it (one ``torchrun``
 per epoch) it resumes from the last checkpoint at whatever world size the epoch has. Either way
 it reports progress through :class:`training.Session`, checkpoints periodically and when the
@@ -18,7 +18,9 @@ atomically about once a second) with the samples trained (every step computed, a
 redone after resuming from an older checkpoint), the epochs and world sizes seen and the number
 of process starts (``restarts``: starts after the first; a change in place is not one). Every
 process appends the start and end of each step it completed to ``steps/<node>.log`` there
-(what the demo counts as harvested). Without MalleTrain it runs as a one-process training::
+(what the demo counts as harvested). ``--device auto`` (the default) trains on the GPU with NCCL
+when the process sees one, else on the CPU with gloo; ``--device cpu|cuda`` forces either.
+Without MalleTrain it runs as a one-process training::
 
     python examples/nas_cell.py --cell-seed 3 --steps 20
 """
@@ -242,6 +244,23 @@ def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, tor
     return torch.randn(size, 3, 32, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
 
 
+def pick_device(name: str) -> torch.device:
+    """``--device``: ``auto`` is the GPU when this process sees one, else the CPU; a GPU is
+    bound the way ``Elastic(backend="nccl")`` binds it (one per process). Exits with one line
+    when ``cuda`` is asked for and no GPU is visible."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.device_count() < 1:
+        raise SystemExit("--device cuda: this process sees no GPU (CUDA_VISIBLE_DEVICES, the "
+                         "node's driver); use --device auto or cpu")
+    try:
+        return torch.device("cuda", inplace.bind_device())
+    except RuntimeError as exc:
+        raise SystemExit(f"--device {name}: {exc}") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cell-seed", type=int, default=0, help="which random cell to train")
@@ -252,22 +271,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every-s", type=float, default=30.0)
     p.add_argument("--log-every", type=int, default=20, help="print every N steps")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: the GPU with NCCL when one is visible, else the CPU with gloo")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
+    device = pick_device(args.device)
     session = training.Session(checkpoint_every_s=args.checkpoint_every_s)
     spec = random_cell(args.cell_seed)
     torch.manual_seed(args.cell_seed)
-    model = Network(spec)
+    model = Network(spec).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # Elastic wraps DDP for each group, sets the learning rate for each world size, resumes
     # from the last checkpoint when no member holds the state, and has rank 0 checkpoint at
     # step boundaries (every --checkpoint-every-s, or when the daemon asks).
     el = inplace.Elastic(session, model, optimizer, lr_for=lambda world: training.scale_lr(
-        args.lr, global_batch=args.batch * world, reference_batch=args.reference_batch))
+        args.lr, global_batch=args.batch * world, reference_batch=args.reference_batch),
+        backend="nccl" if device.type == "cuda" else "gloo")
     loss_fn = nn.CrossEntropyLoss()
     steps_log = StepLog(session.checkpoint_dir, node_name())
     counters: Counters | None = None
@@ -289,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         done = False
         with el.guard():  # a step failed by a lost peer is dropped and run again
-            x, y = batch(args.cell_seed, step, el.rank, args.batch)
-            loss = loss_fn(el.net(x), y)
+            x, y = batch(args.cell_seed, step, el.rank, args.batch)  # on the CPU: reproducible
+            loss = loss_fn(el.net(x.to(device)), y.to(device))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -1,12 +1,13 @@
 """An elastic training script for MalleTrain: a small CNN on random 32×32 images.
 
 Written on ``inplace.Elastic``, so one script serves both paths: started by
-``malletrain-run --inplace`` the process stays alive across epochs and re-forms its gloo group
-in place (joiners get the state from a member); started by ``malletrain-run`` (one ``torchrun``
+``malletrain-run --inplace`` the process stays alive across epochs and re-forms its group in
+place (joiners get the state from a member); started by ``malletrain-run`` (one ``torchrun``
 per epoch) it resumes from the last checkpoint at whatever world size the epoch has. Elastic
 wraps DDP, applies the learning-rate rule (linear in the global batch) on every change, and
-checkpoints periodically and when the daemon asks. Without MalleTrain it runs as a plain
-one-process training:
+checkpoints periodically and when the daemon asks. ``--device auto`` (the default) trains on
+the GPU with NCCL when the process sees one, else on the CPU with gloo; ``--device cpu|cuda``
+forces either. Without MalleTrain it runs as a plain one-process training:
 
     python train_elastic.py --steps 100
 
@@ -40,7 +41,7 @@ def digest(model: nn.Module) -> str:
     """A short digest of every parameter's bytes: identical models give identical digests."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:12]
 
 
@@ -48,6 +49,24 @@ def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, tor
     """Random images and labels, different on every rank and step, reproducible."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
     return torch.randn(size, 3, 32, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def pick_device(name: str) -> torch.device:
+    """``--device``: ``auto`` is the GPU when this process sees one, else the CPU; a GPU is
+    bound the way ``Elastic(backend="nccl")`` binds it (one per process: the only one
+    CUDA_VISIBLE_DEVICES leaves, else LOCAL_RANK's). Exits with one line when ``cuda`` is
+    asked for and no GPU is visible."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.device_count() < 1:
+        raise SystemExit("--device cuda: this process sees no GPU (CUDA_VISIBLE_DEVICES, the "
+                         "node's driver); use --device auto or cpu")
+    try:
+        return torch.device("cuda", inplace.bind_device())
+    except RuntimeError as exc:
+        raise SystemExit(f"--device {name}: {exc}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,19 +81,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pause after each step (demos on a busy machine)")
     p.add_argument("--log-every", type=int, default=10, help="print every N steps")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: the GPU with NCCL when one is visible, else the CPU with gloo")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    device = pick_device(args.device)
     session = training.Session(checkpoint_every_s=args.checkpoint_every_s)
     torch.manual_seed(args.seed)
-    model = build_model()
+    model = build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     el = inplace.Elastic(session, model, optimizer, lr_for=lambda world: training.scale_lr(
         args.lr, global_batch=args.batch * world, reference_batch=args.reference_batch),
         on_save=lambda step: print(f"checkpoint step={step} epoch={session.epoch} "
-                                   f"world={session.world_size}", flush=True))
+                                   f"world={session.world_size}", flush=True),
+        backend="nccl" if device.type == "cuda" else "gloo")
     loss_fn = nn.CrossEntropyLoss()
     shown: object = ""
     for step in el.steps(args.steps):
@@ -85,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'yes' if el.resumed_from is not None else 'no'} params={digest(model)}",
                   flush=True)
         with el.guard():  # a step failed by a lost peer is dropped and run again
-            x, y = batch(args.seed, step, el.rank, args.batch)
-            loss = loss_fn(el.net(x), y)
+            x, y = batch(args.seed, step, el.rank, args.batch)  # made on the CPU: reproducible
+            loss = loss_fn(el.net(x.to(device)), y.to(device))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -157,3 +157,33 @@ def test_arrivals_table_has_completions_and_no_bound(trace_file: Path, capsys) -
     assert printed["ub_oracle"] is None and "oracle" not in printed["policies"]
     assert printed["notes"] and printed["workload"]["arrivals"] is True
     assert printed["policies"]["freetrain-exact"]["ub_oracle_share"] is None
+
+
+def test_rescale_cost_help_shows_each_models_own_figures(capsys) -> None:
+    """The help's figures are read from costs.py, so they cannot go stale again (they said
+    0.62 s, 5 s and 0.06 s while the model charged 0.13 s, 7.3 s and 0.20/0.29 s)."""
+    from malletrain_core.cli.simulate import rescale_cost_help
+    from malletrain_core.sim.costs import COST_MODELS, INPLACE, INPLACE_GPU
+
+    text = rescale_cost_help()
+    for c in (INPLACE, INPLACE_GPU):
+        assert (f"'{c.name}' (" in text and f"grow pause {c.grow_pause_s:g} s after the "
+                f"joiners' {c.joiner_start_s:g} s start, shrink pause {c.shrink_pause_s:g} s "
+                f"or preemption pause {c.preempt_pause_s:g} s" in " ".join(text.split()))
+    for stale in ("0.62 s", "' 5 s start", "0.06 s"):
+        assert stale not in text
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "{" + ",".join(COST_MODELS) + "}" in shown and "measured on one H100" in shown
+
+
+def test_inplace_gpu_cost_model_runs_and_is_named(trace_file: Path, capsys) -> None:
+    shares = {}
+    for cost in ("inplace", "inplace-gpu"):
+        assert main(_args(trace_file, "--policies", "freetrain-exact,oracle", "--json",
+                          "--noise", "0", "--rescale-cost", cost)) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert printed["perf_model"]["rescale_cost"] == cost
+        shares[cost] = printed["policies"]["freetrain-exact"]["ub_oracle_share"]
+    assert 0 < shares["inplace-gpu"] < shares["inplace"]  # dearer changes, less trained

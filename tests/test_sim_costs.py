@@ -1,4 +1,5 @@
-"""The rescale-cost models: exact losses per change, hand-computed, under both models."""
+"""The rescale-cost models: exact losses per change, hand-computed, under each model; where
+the in-place figures come from."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 from malletrain_core.errors import ConfigError
 from malletrain_core.events import Grow, ProgressReport
 from malletrain_core.model import Curve
+from malletrain_core.sim import costs as cost_models
 from malletrain_core.sim.backend import SimBackend
-from malletrain_core.sim.costs import INPLACE, RESTART, cost_model
+from malletrain_core.sim.costs import INPLACE, INPLACE_GPU, RESTART, RescaleCosts, cost_model
 from malletrain_core.sim.perfmodel import JobModel, PerfParams
 from malletrain_core.sim.policies import job_requests
 from malletrain_core.sim.replay import replay
@@ -49,25 +51,52 @@ def _scenario(m: JobModel) -> list[tuple[float, float, float, float]]:
     return out
 
 
-def test_inplace_losses_per_change_by_hand() -> None:
-    m = _model("inplace")
+def test_inplace_figures_are_the_measured_ones() -> None:
+    c = INPLACE  # bench/e2e.py's in-place medians under real Slurm (CPU, gloo)
+    assert (c.joiner_start_s, c.grow_pause_s, c.shrink_pause_s, c.preempt_pause_s) == (
+        7.3, 0.13, 0.20, 0.29)
+
+
+def test_inplace_gpu_figures_are_sums_of_the_h100_measurements() -> None:
+    """One H100, world 1 (see costs.py): re-form 0.51 s, abandon re-form 0.96 s, eager first
+    all-reduce 0.05 s, a joiner's first step 1.0 s, its start to ready 11.5 s."""
+    c = INPLACE_GPU
+    assert (cost_models.GPU_REFORM_S, cost_models.GPU_ABANDON_REFORM_S,
+            cost_models.GPU_FIRST_ALLREDUCE_S, cost_models.GPU_JOINER_FIRST_STEP_S) == (
+        0.51, 0.96, 0.05, 1.0)
+    assert (c.grow_pause_s, c.shrink_pause_s, c.preempt_pause_s) == (1.56, 0.56, 1.01)
+    assert (c.joiner_start_s, c.lost_step_s, c.first_report_s) == (11.5, 1.0, 2.0)
+    assert c.inplace
+    # every figure dearer than on CPU nodes: NCCL's destroy and abort, CUDA's start-up
+    for name in ("grow_pause_s", "shrink_pause_s", "preempt_pause_s", "joiner_start_s"):
+        assert getattr(c, name) > getattr(INPLACE, name), name
+    doc = cost_models.__doc__ or ""
+    for text in ("H100", "torch 2.11.0+cu130", "NCCL 2.28.9", "bench/gpu.py", "issue",
+                 "0.09–0.51", "0.41–0.50", "0.39–0.62", "0.96", "11.5", "3.6–4.9",
+                 "6.1–6.5", "0.6–1.4"):
+        assert text in doc, text
+
+
+@pytest.mark.parametrize("costs", [INPLACE, INPLACE_GPU], ids=lambda c: c.name)
+def test_inplace_losses_per_change_by_hand(costs: RescaleCosts) -> None:
+    m = _model(costs.name)
     got = _scenario(m)
     # Start from 0 is free: 100 s at 18/s.
     assert got[0] == pytest.approx((1800.0, 1800.0, 0.0, 0.0))
-    j, g, sp, pp = (INPLACE.joiner_start_s, INPLACE.grow_pause_s, INPLACE.shrink_pause_s,
-                    INPLACE.preempt_pause_s)
-    assert (j, g, sp, pp) == (7.3, 0.13, 0.20, 0.29)  # bench/e2e.py's in-place medians
-    # Grow 2→4: the joiners start for 7.3 s while the members train at 18/s (131.4 samples),
-    # then 0.13 s of pause, then 30/s. Against an instant change: 30 × 7.43 − 131.4 = 91.5.
+    j, g, sp, pp = (costs.joiner_start_s, costs.grow_pause_s, costs.shrink_pause_s,
+                    costs.preempt_pause_s)
+    # Grow 2→4: the joiners start for j s while the members train at 18/s, then g s of
+    # pause, then 30/s. inplace: against an instant change, 30 × 7.43 − 131.4 = 91.5.
     grow = 30 * (j + g) - 18 * j
-    assert grow == pytest.approx(91.5)
+    assert grow == pytest.approx({"inplace": 91.5, "inplace-gpu": 30 * 13.06 - 18 * 11.5}[
+        costs.name])
     assert got[1] == pytest.approx((1800 + 18 * j + 30 * (100 - j - g), 4800 - grow, grow,
                                     0.0))
-    # Planned shrink 4→2: the step in flight (1 s at 30/s) and a 0.2 s pause at 18/s.
+    # Planned shrink 4→2: the step in flight (1 s at 30/s) and the shrink pause at 18/s.
     shrink = 30.0 + 18 * sp
     p2 = got[1][0] - 30.0 + 18 * (100 - sp)
     assert got[2] == pytest.approx((p2, 6600 - grow - shrink, grow + shrink, 0.0))
-    # One of two nodes preempted: the step in flight at 18/s and a 0.29 s pause at 10/s.
+    # One of two nodes preempted: the step in flight at 18/s and the preemption pause at 10/s.
     preempt = 18.0 + 10 * pp
     p3 = p2 - 18.0 + 10 * (100 - pp)
     assert got[3] == pytest.approx((p3, 7600 - grow - shrink - preempt, grow + shrink,
@@ -110,7 +139,8 @@ def test_grow_keeps_the_old_size_training_until_the_joiners_are_ready() -> None:
 
 def test_cost_models_are_named_and_declared() -> None:
     assert cost_model("restart") is RESTART and cost_model("inplace") is INPLACE
-    with pytest.raises(ConfigError, match="choose one of restart, inplace"):
+    assert cost_model("inplace-gpu") is INPLACE_GPU
+    with pytest.raises(ConfigError, match="choose one of restart, inplace, inplace-gpu$"):
         cost_model("cheap")
     with pytest.raises(ConfigError):
         PerfParams(rescale_cost="cheap")
@@ -118,15 +148,19 @@ def test_cost_models_are_named_and_declared() -> None:
     assert INPLACE.declared(18.0, 12.0) == pytest.approx((7.43, 1.29))
     reqs = job_requests("freetrain-exact", [_job(18.0, 12.0)], 0, costs=INPLACE)
     assert (reqs[0].scale_up_s, reqs[0].scale_down_s) == pytest.approx((7.43, 1.29))
+    assert INPLACE_GPU.declared(18.0, 12.0) == pytest.approx((13.06, 2.01))
+    reqs = job_requests("freetrain-exact", [_job(18.0, 12.0)], 0, costs=INPLACE_GPU)
+    assert (reqs[0].scale_up_s, reqs[0].scale_down_s) == pytest.approx((13.06, 2.01))
 
 
-def test_first_report_comes_when_training_resumes_in_place() -> None:
+@pytest.mark.parametrize("costs", [INPLACE, INPLACE_GPU], ids=lambda c: c.name)
+def test_first_report_comes_when_training_resumes_in_place(costs: RescaleCosts) -> None:
     """The monitor measures a change's cost up to the first report: 2 s after the pause."""
     tr = synthetic(nodes=4, days=0.05, seed=1, idle_fraction=0.99,
                    fragments=np.array([100000.0]))
     job = _job()
-    backend = SimBackend(tr, [job], job_requests("freetrain-exact", [job], 0, costs=INPLACE),
-                         PerfParams(noise=0.0, rescale_cost="inplace"))
+    backend = SimBackend(tr, [job], job_requests("freetrain-exact", [job], 0, costs=costs),
+                         PerfParams(noise=0.0, rescale_cost=costs.name))
     t0 = backend.next_time()
     assert t0 is not None
     backend.poll(t0)
@@ -134,10 +168,11 @@ def test_first_report_comes_when_training_resumes_in_place() -> None:
     backend.execute([Grow(job.id, (names[0],))], t0)          # a start: no pause
     first = _next_report(backend)
     assert (first.time, first.world_size) == (pytest.approx(t0 + 2.0), 1)
-    backend.execute([Grow(job.id, (names[1],))], first.time)  # joiners 7.3 s, pause 0.13 s
+    backend.execute([Grow(job.id, (names[1],))], first.time)  # joiners' start, then the pause
     second = _next_report(backend)
     assert second.world_size == 2
-    assert second.time == pytest.approx(first.time + 7.3 + 0.13 + 2.0)
+    grow = {"inplace": 7.3 + 0.13, "inplace-gpu": 11.5 + 1.56}[costs.name]
+    assert second.time == pytest.approx(first.time + grow + 2.0)
 
 
 def _next_report(backend: SimBackend) -> ProgressReport:
@@ -155,8 +190,13 @@ def test_inplace_replay_keeps_net_at_most_ub_and_above_restart() -> None:
     jobs = [SimJob(f"j{i}", "m", Curve.of([1, 2, 4, 8], [100.0, 190.0, 350.0, 600.0]), 1, 8,
                    18.0, 12.0, None, 0.0) for i in range(3)]
     runs = {c: replay(tr, jobs, "freetrain-exact", seed=0,
-                      params=PerfParams(noise=0.0, rescale_cost=c)) for c in ("restart",
-                                                                              "inplace")}
+                      params=PerfParams(noise=0.0, rescale_cost=c))
+            for c in ("restart", "inplace", "inplace-gpu")}
     assert runs["inplace"].net_samples > runs["restart"].net_samples
     assert runs["inplace"].rescale_loss < runs["restart"].rescale_loss
     assert runs["inplace"].invalid_actions == 0
+    # the GPU figures are dearer than the CPU ones, still far below a restart per change
+    gpu = runs["inplace-gpu"]
+    assert runs["restart"].net_samples < gpu.net_samples < runs["inplace"].net_samples
+    assert runs["inplace"].rescale_loss < gpu.rescale_loss < runs["restart"].rescale_loss
+    assert gpu.invalid_actions == 0

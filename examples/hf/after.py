@@ -3,6 +3,9 @@ GPT-2, randomly initialised from a local config (nothing downloaded), learns seq
 count up modulo the vocabulary.
 
     torchrun --nproc-per-node=2 train.py --output-dir out --epochs 3
+
+--device auto (the default) trains on the GPU (NCCL) when one is visible, else on the CPU
+(gloo): the Trainer's own choice unless use_cpu is set.
 """
 
 import argparse
@@ -30,7 +33,11 @@ def main():
     parser.add_argument("--output-dir", default="out")
     parser.add_argument("--epochs", type=float, default=3)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: the GPU when one is visible, else the CPU")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this process sees no GPU")
 
     config = GPT2Config(vocab_size=32, n_positions=16, n_embd=32, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)
@@ -43,7 +50,7 @@ def main():
         logging_steps=10,
         save_steps=200,
         report_to="none",
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=CountingDataset(),
                       callbacks=[mt.MalleTrainCallback()])

@@ -1,6 +1,9 @@
 """A minimal PyTorch Lightning training script (the shape of Lightning's own examples).
 
     torchrun --nnodes=2 --nproc-per-node=1 ... train.py --num-nodes 2 --epochs 5
+
+--device auto (the default) trains on the GPU (NCCL) when one is visible, else on the CPU
+(gloo): Lightning's own choice for accelerator="auto".
 """
 
 import argparse
@@ -42,11 +45,13 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--root-dir", default=".")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: the GPU when one is visible, else the CPU")
     args = parser.parse_args()
 
     L.seed_everything(0)
     train_loader = DataLoader(make_dataset(), batch_size=args.batch_size, shuffle=True)
-    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1,
+    trainer = L.Trainer(max_epochs=args.epochs, accelerator=args.device, devices=1,
                         num_nodes=args.num_nodes, strategy="ddp",
                         default_root_dir=args.root_dir, plugins=[mt.MalleTrainEnvironment()],
                         callbacks=[mt.MalleTrainCallback()])

@@ -1,9 +1,13 @@
 """A minimal torchrun DDP training script (the shape of PyTorch's DDP tutorials).
 
     torchrun --nproc-per-node=2 train.py --epochs 5
+
+--device auto (the default) trains on this process's GPU with NCCL when one is visible, else on
+the CPU with gloo.
 """
 
 import argparse
+import os
 
 import torch
 import torch.distributed as dist
@@ -35,12 +39,18 @@ def main():
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: the GPU when one is visible, else the CPU")
     args = parser.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = ToyModel()
+    model = ToyModel().to(args.device)
     ddp_model = DDP(model)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.MSELoss()
@@ -52,7 +62,7 @@ def main():
         sampler.set_epoch(epoch)
         for x, y in loader:
             optimizer.zero_grad()
-            loss = loss_fn(ddp_model(x), y)
+            loss = loss_fn(ddp_model(x.to(args.device)), y.to(args.device))
             loss.backward()
             optimizer.step()
         if rank == 0:

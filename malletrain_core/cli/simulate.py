@@ -7,6 +7,7 @@ Examples::
     malletrain simulate --trace swf --workload hpo --jobs 20 --arrivals --json
     malletrain simulate --trace my_cluster.csv.gz --policies all --seeds 5
     malletrain simulate --rescale-cost inplace --policies malletrain,freetrain-exact,oracle
+    malletrain simulate --rescale-cost inplace-gpu --policies malletrain,freetrain-exact,oracle
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S
 from ..sim.compare import Progress, SimOptions, compare
-from ..sim.costs import COST_MODELS, DEFAULT_COST_MODEL
+from ..sim.costs import COST_MODELS, DEFAULT_COST_MODEL, INPLACE, INPLACE_GPU, RescaleCosts
 from ..sim.perfmodel import PerfParams
 from ..sim.policies import POLICIES, parse_policies
 from ..sim.report import format_table, to_json, write_plots, write_results
@@ -44,6 +45,24 @@ def _non_negative(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{value} must be ≥ 0")
     return value
+
+
+def _pauses(c: RescaleCosts) -> str:
+    return (f"grow pause {c.grow_pause_s:g} s after the joiners' {c.joiner_start_s:g} s start, "
+            f"shrink pause {c.shrink_pause_s:g} s or preemption pause {c.preempt_pause_s:g} s "
+            f"plus the step in flight")
+
+
+def rescale_cost_help() -> str:
+    """``--rescale-cost``'s help, its figures read from the cost models themselves (so they
+    cannot drift from what the simulator charges)."""
+    return ("what a grow, shrink or preemption costs a job: 'restart' (every worker restarts "
+            "from the disk checkpoint: the job's profiled scale-up / scale-down time, ≈ 18 / "
+            f"12 s), '{INPLACE.name}' (survivors keep training: {_pauses(INPLACE)}; measured "
+            f"on CPU nodes, gloo) or '{INPLACE_GPU.name}' (the same on GPU nodes, NCCL: "
+            f"{_pauses(INPLACE_GPU)}; measured on one H100). Sources: "
+            "malletrain_core/sim/costs.py; losing every node still costs a disk restart "
+            "(default: %(default)s)")
 
 
 def register(subparsers: Any) -> None:
@@ -83,13 +102,7 @@ def register(subparsers: Any) -> None:
                    help="periodic checkpoint interval; a preemption loses the progress since "
                         "the last one (default 0: continuous, the prototype's cost model)")
     p.add_argument("--rescale-cost", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
-                   help="what a grow, shrink or preemption costs a job: 'restart' (every "
-                        "worker restarts from the disk checkpoint: the job's profiled scale-up "
-                        "/ scale-down time, ≈ 18 / 12 s) or 'inplace' (survivors keep training: "
-                        "grow pause 0.62 s after the joiners' 5 s start, shrink or preemption "
-                        "pause 0.06 s plus the step in flight; measured figures, see "
-                        "malletrain_core/sim/costs.py; losing every node still costs a disk "
-                        "restart) (default: %(default)s)")
+                   help=rescale_cost_help())
     p.add_argument("--noise", type=_non_negative, default=0.03,
                    help="σ of the log-normal throughput noise (default 0.03)")
     p.add_argument("--machine-nodes", type=_positive_int, default=THETA_NODES,

@@ -33,10 +33,38 @@ torch 2.13 CPU, gloo, 2 shared cores, medians of the members' pauses):
   so the engine's monitor, which measures a change's cost as the time from the order to the
   first report at the new size, sees joiner start + pause + report delay (≈ 9.4 s for a grow).
 
-Under ``inplace`` a change that leaves no process alive — a preemption that takes every node of
-a job, or a shrink to 0 — still costs a restart from the disk checkpoint, charged as under
-``restart`` (``Tcdw`` at the rate before, plus what rolls back to the checkpoint). Starting a
-job from 0 nodes is free under both models.
+``inplace-gpu`` — the same in-place path on GPU nodes (``Elastic(..., backend="nccl")``).
+These figures come from ONE run on ONE H100 (torch 2.11.0+cu130, NCCL 2.28.9) by an earlier
+session, as reported in the project's issue; ``bench/gpu.py`` measures each of them (re-form,
+abort, eager and lazy communicator, the joiner's start-up split) and is the way to check or
+replace them. One GPU means world 1 only: re-forms of larger NCCL groups and a hand-over
+between GPUs were not measured, so these are one process's re-form costs, not a group's:
+
+* ``grow_pause_s`` 1.56 s — the re-form 0.51 s (the top of the measured 0.09–0.51 s: destroying
+  the old NCCL group, 0.41–0.50 s, is most of it and comes with every re-form after the first)
+  + the new group's first all-reduce 0.05 s (the communicator made eagerly, ``device_id``, as
+  ``Elastic`` does; a lazily made one costs that all-reduce 0.39–0.62 s; added in case the
+  measured re-form did not hold it, so at most 0.05 s counted twice) + the joiner's first step
+  1.0 s (the middle of the measured 0.6–1.4 s; the members wait for it in that step's
+  all-reduce);
+* ``shrink_pause_s`` 0.56 s — the re-form 0.51 s + the first all-reduce 0.05 s (no joiner);
+* ``preempt_pause_s`` 1.01 s — an ``abandon`` re-form 0.96 s (the communicators aborted,
+  ``_abort_default_group``, then a new group) + the first all-reduce 0.05 s;
+* ``lost_step_s`` 1.0 s — as under ``inplace`` (the profiles carry no step time);
+* ``joiner_start_s`` 11.5 s — a joiner's process from its start to ready (``import torch``
+  3.6–4.9 s, the first CUDA context, the model, the first optimizer 6.1–6.5 s); ``ready`` is
+  written once model and optimizer exist, before any step, so the first step is charged in the
+  grow pause above; the batch system's start of the task (about 0.5 s under Slurm here) is not
+  in it;
+* ``first_report_s`` 2.0 s — the worker's report interval, as under ``inplace``.
+
+So the engine measures a grow at ≈ 15.1 s (11.5 + 1.56 + 2) and a shrink at ≈ 3.6 s
+(1.0 + 0.56 + 2).
+
+Under ``inplace`` and ``inplace-gpu`` a change that leaves no process alive — a preemption that
+takes every node of a job, or a shrink to 0 — still costs a restart from the disk checkpoint,
+charged as under ``restart`` (``Tcdw`` at the rate before, plus what rolls back to the
+checkpoint). Starting a job from 0 nodes is free under every model.
 """
 
 from __future__ import annotations
@@ -74,7 +102,18 @@ RESTART = RescaleCosts("restart", inplace=False)
 INPLACE = RescaleCosts("inplace", inplace=True, grow_pause_s=0.13, shrink_pause_s=0.20,
                        preempt_pause_s=0.29, lost_step_s=1.0, joiner_start_s=7.3,
                        first_report_s=2.0)
-COST_MODELS = {c.name: c for c in (RESTART, INPLACE)}
+# One H100 (torch 2.11.0+cu130, NCCL 2.28.9), world 1; see the module docstring and bench/gpu.py.
+GPU_REFORM_S = 0.51          # re-form at world 1 (0.09-0.51 s; the NCCL destroy 0.41-0.50 s)
+GPU_ABANDON_REFORM_S = 0.96  # abandon: the communicators aborted, then a new group
+GPU_FIRST_ALLREDUCE_S = 0.05  # the new group's first all-reduce, communicator made eagerly
+GPU_JOINER_FIRST_STEP_S = 1.0  # a joiner's first step (0.6-1.4 s), the members wait for it
+INPLACE_GPU = RescaleCosts(
+    "inplace-gpu", inplace=True,
+    grow_pause_s=round(GPU_REFORM_S + GPU_FIRST_ALLREDUCE_S + GPU_JOINER_FIRST_STEP_S, 3),
+    shrink_pause_s=round(GPU_REFORM_S + GPU_FIRST_ALLREDUCE_S, 3),
+    preempt_pause_s=round(GPU_ABANDON_REFORM_S + GPU_FIRST_ALLREDUCE_S, 3),
+    lost_step_s=1.0, joiner_start_s=11.5, first_report_s=2.0)
+COST_MODELS = {c.name: c for c in (RESTART, INPLACE, INPLACE_GPU)}
 DEFAULT_COST_MODEL = RESTART.name
 
 

@@ -13,13 +13,13 @@ are taken every ``checkpoint_interval_s`` of running and before every planned re
 carries multiplicative log-normal noise with mean 1, redrawn at every report.
 
 The cost model (``PerfParams.rescale_cost``, :mod:`.costs`) says what a change costs. Under
-``restart`` it is the above. Under ``inplace`` the survivors keep training: a grow keeps the old
-size running while the joiners start (``joiner_start_s``), then pauses every member
-(``grow_pause_s``); a shrink or a preemption that leaves survivors loses the step in flight
-(``lost_step_s`` at the rate before) and pauses (``shrink_pause_s``/``preempt_pause_s``); no
-warm-up. Net samples are then charged exactly what the change lost against an instant change,
-so net and trained samples agree; a change that leaves no process alive is charged as under
-``restart``.
+``restart`` it is the above. Under ``inplace`` (and ``inplace-gpu``, the same with the GPU
+figures) the survivors keep training: a grow keeps the old size running while the joiners start
+(``joiner_start_s``), then pauses every member (``grow_pause_s``); a shrink or a preemption that
+leaves survivors loses the step in flight (``lost_step_s`` at the rate before) and pauses
+(``shrink_pause_s``/``preempt_pause_s``); no warm-up. Net samples are then charged exactly what
+the change lost against an instant change, so net and trained samples agree; a change that
+leaves no process alive is charged as under ``restart``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class PerfParams:
     """Report period once the scale has run for ``fast_window_s``."""
     fast_window_s: float = 120.0
     rescale_cost: str = DEFAULT_COST_MODEL
-    """The named cost model of :mod:`.costs` (``restart`` or ``inplace``)."""
+    """The named cost model of :mod:`.costs` (``restart``, ``inplace`` or ``inplace-gpu``)."""
 
     @property
     def costs(self) -> RescaleCosts:

@@ -20,9 +20,9 @@ curves the jobs bring at submission:
 * ``oracle`` — no run: the upper bound UB_oracle of :mod:`.bounds`.
 
 FreeTrain variants and baselines declare the true rescale costs (those of the cost model in use,
-:mod:`.costs`); MalleTrain measures them. Under the ``inplace`` cost model the engine's default
-costs (used until a job's first change is measured) are that model's, as a site running jobs in
-place would configure them.
+:mod:`.costs`); MalleTrain measures them. Under an in-place cost model (``inplace``,
+``inplace-gpu``) the engine's default costs (used until a job's first change is measured) are
+that model's, as a site running jobs in place would configure them.
 """
 
 from __future__ import annotations

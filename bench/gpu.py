@@ -1,0 +1,964 @@
+"""The in-place path on GPUs: NCCL's costs and pitfalls, measured on the CUDA devices of this host.
+
+    python bench/gpu.py --json                       # prints the figures as one JSON object
+    python bench/gpu.py --markdown BENCHMARKS.md     # and rewrites the GPU section there
+    python bench/gpu.py --cpu-check --json           # the same parts on the CPU with gloo:
+                                                     # checks the script, not a GPU figure
+
+Without a CUDA device (no torch, a CPU build, ``CUDA_VISIBLE_DEVICES=``) it prints
+``{"bench": "gpu", "skipped": "<reason>"}`` and exits 0 at once. Every part runs in fresh
+Python processes (each measures from its own start; NCCL's state does not carry between
+parts), on world 1 (one GPU, a local TCPStore) and, where 2 GPUs are visible, world 2 (else
+that part says why it was skipped):
+
+1. **stale reads** (``stale``) — many trials of an async all-reduce of a large tensor (1 GiB)
+   followed by a host read of its last element, alternating the way
+   ``inplace._Pending(device_sync=True).wait`` does it now (future done → ``value()`` →
+   ``work.wait()`` → read) and the naive way (``_Pending(device_sync=False)``, the gloo path:
+   future done → ``value()`` → read). NCCL completes a work's future when the collective is
+   queued, not when it has run: ``stale_reads`` counts reads that saw the tensor before the
+   collective wrote it (expected 0 for the fixed way), ``early`` the reads issued while the
+   work had not finished. World 1 uses NCCL's PREMUL_SUM (×2), so that the result differs from
+   the input even with one rank.
+2. **eager vs lazy communicator** (``communicator``) — ``init_process_group`` with
+   ``device_id`` (the communicator made at once) or without (made by the first collective):
+   the init and the first and second all-reduce, each in a fresh process, alternating.
+3. **re-form and abort** (``reform``) — in one process: destroy the group, init a new one
+   (eager), its first all-reduce: the pause of a re-form; then an ``abandon``: the group let go
+   the way ``inplace.abandon_action`` says for the backend (NCCL: ``_abort_default_group``,
+   gloo: ``_forget_default_group``) and a new group formed.
+4. **Elastic's own re-form** (``elastic``) — one ``inplace.Elastic`` process at world 1 driven
+   through membership files as the launcher does: start → ready, planned re-forms and
+   ``abandon`` re-forms; the pause is the gap between the last step timestamp in the old epoch
+   and the first in the new one (as in docs/inplace.md), with Elastic's own ``reform_s``.
+5. **joiner start-up** (``joiner``) — a fresh process timing ``import torch``, the first CUDA
+   context, building the NAS example's model, the first optimizer, the first and second step.
+6. **the examples** (``examples``) — examples/train_elastic.py and examples/nas_cell.py alone
+   (world 1) on ``--device cuda`` and ``--device cpu``: the median step time after warm-up;
+   examples/torchrun/after.py (and the Lightning and Hugging Face ones where installed) run on
+   ``--device cuda`` as a check that they work there.
+
+A part that fails is named in ``failed`` with its error's last line and the others go on (exit
+1); ``--budget-s`` (default 540 s, for a 10-minute slot on a lent GPU machine) skips the parts
+that no longer fit, saying so, and ``--parts`` runs a few of them (``--parts stale,reform``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from sections import host, replace_section  # noqa: E402
+
+BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
+HEADING = "GPU: the in-place path on NCCL"
+RESULT = "RESULT "
+STALE_NUMEL = 1 << 28          # 1 GiB of float32: a collective long enough to race a read
+STEP_LINE = re.compile(r"^(start )?step=\d+ ")  # train_elastic.py: its start, then each step
+PARTS = ("stale", "communicator", "reform", "elastic", "joiner", "examples")
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 4) if xs else None
+
+
+def spread(xs: list[float]) -> dict[str, Any]:
+    """Median, min, max and every value (rounded), for a list of seconds."""
+    if not xs:
+        return {"median": None, "min": None, "max": None, "all": []}
+    return {"median": median(xs), "min": round(min(xs), 4), "max": round(max(xs), 4),
+            "all": [round(x, 4) for x in xs]}
+
+
+# ----- what the host offers -----------------------------------------------------------------
+
+def probe() -> dict[str, Any]:
+    """torch's and CUDA's versions and the visible GPUs, or ``skipped`` with the reason.
+    Creates no CUDA context in this process (the children measure from theirs)."""
+    try:
+        import torch
+    except ImportError as exc:
+        return {"skipped": f"torch is not installed ({exc})"}
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if not torch.cuda.is_available():
+        why = ("a CPU build of torch" if torch.version.cuda is None else
+               "no CUDA device visible (CUDA_VISIBLE_DEVICES, the driver)")
+        return {**info, "skipped": f"no CUDA: {why}, torch {torch.__version__}"}
+    count = torch.cuda.device_count()
+    try:  # nvidia-smi: naming the GPUs through torch would make a CUDA context here
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30,
+                               check=True).stdout.split("\n")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None and all(v.strip().isdigit() for v in visible.split(",") if v):
+            names = [names[int(v)] for v in visible.split(",") if v.strip()]
+        info["gpus"] = [n.strip() for n in names if n.strip()][:count]
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        info["gpus"] = []
+    if len(info["gpus"]) != count:
+        info["gpus"] = ["CUDA GPU"] * count
+    try:
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        info["nccl"] = f"unknown ({type(exc).__name__})"
+    return info
+
+
+def machine(info: dict[str, Any]) -> str:
+    gpus = info.get("gpus") or []
+    first = (f"{len(gpus)} × {gpus[0]}" if len(set(gpus)) == 1 else ", ".join(gpus)) or "no GPU"
+    return host(f"{first}, torch {info.get('torch')}, CUDA {info.get('cuda')}, "
+                f"NCCL {info.get('nccl')}")
+
+
+# ----- the child processes --------------------------------------------------------------------
+
+def _device(spec: dict[str, Any]) -> Any:
+    """This rank's device: its GPU (bound the way Elastic binds it) or the CPU."""
+    import torch
+
+    if spec["backend"] != "nccl":
+        return torch.device("cpu")
+    from malletrain_core.worker import inplace
+
+    return torch.device("cuda", inplace.bind_device())
+
+
+def _sync(dev: Any) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _group(spec: dict[str, Any], store: Any, dev: Any, prefix: str, eager: bool = True) -> None:
+    import datetime as dt
+
+    import torch.distributed as dist
+
+    extra = {"device_id": dev} if eager and dev.type == "cuda" else {}
+    dist.init_process_group(spec["backend"], store=dist.PrefixStore(prefix, store),
+                            rank=spec["rank"], world_size=spec["world"],
+                            timeout=dt.timedelta(seconds=120), **extra)
+
+
+def _store(spec: dict[str, Any]) -> Any:
+    import datetime as dt
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", spec["port"], spec["world"], spec["rank"] == 0,
+                         timeout=dt.timedelta(seconds=120))
+
+
+def child_stale(spec: dict[str, Any]) -> dict[str, Any]:
+    """Alternate fixed and naive reads of an async all-reduce's result; count stale ones."""
+    import torch
+    import torch.distributed as dist
+
+    from malletrain_core.worker import inplace
+
+    dev = _device(spec)
+    _group(spec, _store(spec), dev, "stale")
+    world, rank = spec["world"], spec["rank"]
+    op: Any = dist.ReduceOp.SUM
+    factor = 1.0
+    if world == 1:
+        make = getattr(dist, "_make_nccl_premul_sum", None)
+        if dev.type != "cuda" or make is None:
+            return {"observable": False, "why": "world 1 needs NCCL's PREMUL_SUM so that the "
+                    "result differs from the input"}
+        op, factor = make(2.0), 2.0
+    t = torch.empty(spec["numel"], dtype=torch.float32, device=dev)
+    counts = {way: {"trials": 0, "stale_reads": 0, "early": 0, "wrong_final": 0}
+              for way in ("fixed", "naive")}
+    for trial in range(2 * spec["trials"]):
+        way = "fixed" if trial % 2 == 0 else "naive"
+        base = float(trial % 1000 + 1)
+        t.fill_(base + rank)
+        expected = factor * (world * base + world * (world - 1) / 2)
+        work = dist.all_reduce(t, op=op, async_op=True)
+        inplace._Pending(device_sync=way == "fixed").wait(work)
+        early = not work.is_completed()
+        seen = float(t[-1].item())  # the host read, on the caller's stream
+        _sync(dev)
+        c = counts[way]
+        c["trials"] += 1
+        c["early"] += int(early)
+        c["stale_reads"] += int(seen != expected)
+        c["wrong_final"] += int(float(t[-1].item()) != expected)
+    dist.destroy_process_group()
+    return {"observable": True, "numel": spec["numel"], **counts}
+
+
+def child_communicator(spec: dict[str, Any]) -> dict[str, Any]:
+    """Init (eager or lazy) and the first two all-reduces, in a fresh process."""
+    import torch
+    import torch.distributed as dist
+
+    dev = _device(spec)
+    torch.zeros(1, device=dev)  # the CUDA context, made before the clocks start
+    _sync(dev)
+    store = _store(spec)
+    t0 = time.perf_counter()
+    _group(spec, store, dev, "comm", eager=spec["eager"])
+    t1 = time.perf_counter()
+    x = torch.ones(1024, device=dev)
+    dist.all_reduce(x)
+    _sync(dev)
+    t2 = time.perf_counter()
+    dist.all_reduce(x)
+    _sync(dev)
+    t3 = time.perf_counter()
+    dist.destroy_process_group()
+    return {"eager": spec["eager"], "init_s": t1 - t0, "first_allreduce_s": t2 - t1,
+            "second_allreduce_s": t3 - t2}
+
+
+def child_reform(spec: dict[str, Any]) -> dict[str, Any]:
+    """Re-forms (destroy, init, first all-reduce) and abandons (let go, new group)."""
+    import torch
+    import torch.distributed as dist
+
+    from malletrain_core.worker import inplace
+
+    dev = _device(spec)
+    store = _store(spec)
+    x = torch.ones(1024, device=dev)
+    _group(spec, store, dev, "r0")
+    dist.all_reduce(x)
+    _sync(dev)
+    rows: dict[str, list[float]] = {k: [] for k in (
+        "destroy_s", "init_s", "first_allreduce_s", "pause_s", "let_go_s", "abandon_reform_s")}
+    for i in range(spec["rounds"]):
+        t0 = time.perf_counter()
+        dist.destroy_process_group()
+        t1 = time.perf_counter()
+        _group(spec, store, dev, f"r{i + 1}")
+        t2 = time.perf_counter()
+        dist.all_reduce(x)
+        _sync(dev)
+        t3 = time.perf_counter()
+        rows["destroy_s"].append(t1 - t0)
+        rows["init_s"].append(t2 - t1)
+        rows["first_allreduce_s"].append(t3 - t2)
+        rows["pause_s"].append(t3 - t0)
+    action = inplace.abandon_action(dist.get_backend())
+    let_go = inplace._abort_default_group if action == "abort" else inplace._forget_default_group
+    error = ""
+    try:
+        for i in range(spec["abandons"]):
+            dist.all_reduce(x, async_op=True)  # an operation in flight when the group goes
+            t0 = time.perf_counter()
+            let_go()
+            t1 = time.perf_counter()
+            _group(spec, store, dev, f"a{i}")
+            dist.all_reduce(x)
+            _sync(dev)
+            t2 = time.perf_counter()
+            rows["let_go_s"].append(t1 - t0)
+            rows["abandon_reform_s"].append(t2 - t0)
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - the re-form figures above still stand
+        error = f"{type(exc).__name__}: {_last_line(str(exc))}"
+    return {"abandon_action": action, **rows, **({"abandon_error": error} if error else {})}
+
+
+def child_joiner(spec: dict[str, Any]) -> dict[str, Any]:
+    """A joiner's start-up, part by part, from this process's start (``spec["spawned"]``)."""
+    t0 = time.time()
+    import torch  # noqa: PLC0415 - the import is what is timed
+    t1 = time.time()
+    dev = torch.device("cuda", 0) if spec["backend"] == "nccl" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    torch.zeros(1, device=dev)
+    _sync(dev)
+    t2 = time.time()
+    nas = _load_example("nas_cell")
+    model = nas.Network(nas.random_cell(3)).to(dev)
+    _sync(dev)
+    t3 = time.time()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    t4 = time.time()
+    marks = [t4]
+    for step in range(2):
+        x, y = nas.batch(3, step, 0, 16)
+        loss = torch.nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        _sync(dev)
+        marks.append(time.time())
+    return {"interpreter_s": t0 - spec["spawned"], "import_torch_s": t1 - t0,
+            "cuda_context_s": t2 - t1, "model_s": t3 - t2, "optimizer_s": t4 - t3,
+            "first_step_s": marks[1] - marks[0], "second_step_s": marks[2] - marks[1],
+            "ready_s": t4 - spec["spawned"], "total_s": marks[2] - spec["spawned"]}
+
+
+def child_elastic(spec: dict[str, Any]) -> dict[str, Any]:
+    """An ``inplace.Elastic`` process driven by membership files: one JSON line per step."""
+    import torch
+    from torch import nn
+
+    from malletrain_core.worker import inplace, training
+
+    dev = _device(spec)
+    session = training.Session(handle_sigterm=False, checkpoint_every_s=3600.0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    el = inplace.Elastic(session, model, opt, backend=spec["backend"], collective_timeout_s=60)
+    shown = 0
+    for _step in el.steps(0):
+        with el.guard():
+            x = torch.randn(64, 256, device=dev)
+            y = torch.randint(0, 10, (64,), device=dev)
+            loss = nn.functional.cross_entropy(el.net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            _sync(dev)
+        for change in el.changes[shown:]:
+            print(json.dumps({"change": change}), flush=True)
+        shown = len(el.changes)
+        print(json.dumps({"t": time.time(), "step": el.step, "epoch": el.epoch,
+                          "failed": el._step_failed}), flush=True)
+        time.sleep(spec["sleep"])
+    el.close()
+    return {}
+
+
+def _load_example(name: str) -> Any:
+    import importlib.util
+
+    path = REPO / "examples" / f"{name}.py"
+    loaded = importlib.util.spec_from_file_location(f"bench_gpu_{name}", path)
+    assert loaded is not None and loaded.loader is not None
+    module = importlib.util.module_from_spec(loaded)
+    sys.modules[loaded.name] = module
+    loaded.loader.exec_module(module)
+    return module
+
+
+CHILDREN = {"stale": child_stale, "communicator": child_communicator, "reform": child_reform,
+            "joiner": child_joiner, "elastic": child_elastic}
+
+
+def child_main(name: str, spec: dict[str, Any]) -> int:
+    out = CHILDREN[name](spec)
+    print(RESULT + json.dumps(out), flush=True)
+    return 0
+
+
+# ----- the parent: running children ---------------------------------------------------------
+
+class PartFailed(RuntimeError):
+    """A part's child failed: the message is its error's last line."""
+
+
+class Budget:
+    """What is left of ``--budget-s``: a part that does not fit is skipped, saying so, and no
+    child is waited for past it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def cap(self, timeout_s: float) -> float:
+        """``timeout_s``, or less where the budget ends sooner (at least 5 s)."""
+        return max(5.0, min(timeout_s, self.left()))
+
+
+BUDGET = Budget(3600.0)  # replaced by run() with --budget-s
+
+
+def _env(rank: int = 0, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               LOCAL_RANK=str(rank), PYTHONUNBUFFERED="1")
+    env.update(extra or {})
+    return env
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def run_children(name: str, specs: list[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
+    """Start one child per spec (the ranks of one group), wait for all, return their RESULTs.
+    Their output goes to files: a rank blocked on a full pipe would stall the others' group."""
+    timeout_s = BUDGET.cap(timeout_s)
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-child-") as tmp:
+        procs = []
+        for spec in specs:
+            spec = {**spec, "spawned": time.time()}
+            out = open(Path(tmp) / f"{spec.get('rank', 0)}.out", "w+")
+            procs.append((subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--child", name, "--spec",
+                 json.dumps(spec)], env=_env(spec.get("rank", 0)), stdout=out,
+                stderr=subprocess.STDOUT, text=True), out))
+        deadline = time.monotonic() + timeout_s
+        try:
+            for proc, _ in procs:
+                try:
+                    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    for q, _ in procs:
+                        q.kill()
+                        q.wait()
+                    raise PartFailed(f"{name}: no result within {timeout_s:.0f} s") from None
+            results = []
+            for proc, out in procs:
+                out.seek(0)
+                text = out.read()
+                got = [ln[len(RESULT):] for ln in text.splitlines() if ln.startswith(RESULT)]
+                if proc.returncode != 0 or not got:
+                    raise PartFailed(f"{name}: exit {proc.returncode}: {_last_line(text)}")
+                results.append(json.loads(got[-1]))
+            return results
+        finally:
+            for _, out in procs:
+                out.close()
+
+
+def group_specs(backend: str, world: int, **extra: Any) -> list[dict[str, Any]]:
+    port = free_port()
+    return [{"backend": backend, "world": world, "rank": r, "port": port, **extra}
+            for r in range(world)]
+
+
+def part_stale(backend: str, world: int, trials: int, numel: int) -> dict[str, Any]:
+    out = run_children("stale", group_specs(backend, world, trials=trials, numel=numel), 240)
+    r0 = out[0]
+    if not r0.get("observable"):
+        return r0
+    total = {way: {k: sum(o[way][k] for o in out) for k in r0[way]} for way in ("fixed",
+                                                                              "naive")}
+    return {"observable": True, "numel": numel, "bytes": numel * 4, "ranks": world, **total}
+
+
+def part_communicator(backend: str, world: int, rounds: int) -> dict[str, Any]:
+    rows: dict[str, list[dict[str, Any]]] = {"eager": [], "lazy": []}
+    for _ in range(rounds):
+        for kind in ("eager", "lazy"):
+            out = run_children("communicator", group_specs(backend, world, eager=kind == "eager"),
+                               180)
+            rows[kind].append(max(out, key=lambda o: o["init_s"] + o["first_allreduce_s"]))
+    return {kind: {k: spread([r[k] for r in rs]) for k in ("init_s", "first_allreduce_s",
+                                                           "second_allreduce_s")}
+            for kind, rs in rows.items()}
+
+
+def part_reform(backend: str, world: int, rounds: int, abandons: int) -> dict[str, Any]:
+    out = run_children("reform", group_specs(backend, world, rounds=rounds, abandons=abandons),
+                       240)
+    r0 = out[0]
+    return {"abandon_action": r0["abandon_action"], "rounds": rounds, "abandons": abandons,
+            **{k: spread(v) for k, v in r0.items() if isinstance(v, list)},
+            **({"abandon_error": r0["abandon_error"]} if "abandon_error" in r0 else {})}
+
+
+def part_joiner(backend: str, runs: int) -> dict[str, Any]:
+    rows = [run_children("joiner", [{"backend": backend, "rank": 0}], 240)[0]
+            for _ in range(runs)]
+    return {k: spread([r[k] for r in rows]) for k in rows[0]}
+
+
+class Lines:
+    """A child's stdout read by a thread: each line with the time it arrived."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.lock:
+                self.lines.append((time.time(), line.rstrip("\n")))
+
+    def snapshot(self) -> list[tuple[float, str]]:
+        with self.lock:
+            return list(self.lines)
+
+    def records(self) -> list[dict[str, Any]]:
+        out = []
+        for _, line in self.snapshot():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
+
+
+def _wait(cond: Any, timeout_s: float, what: str, proc: subprocess.Popen[str]) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if proc.poll() is not None:
+            raise PartFailed(f"{what}: the process exited {proc.returncode}")
+        if time.monotonic() > end:
+            raise PartFailed(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(0.02)
+
+
+def pauses(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each epoch after the first: the gap between the last step timestamp of the epoch
+    before and the first of this one (docs/inplace.md's pause), and the steps' median
+    interval in the epoch before."""
+    steps = [r for r in records if "step" in r and "change" not in r and not r.get("failed")]
+    by_epoch: dict[int, list[dict[str, Any]]] = {}
+    for r in steps:
+        by_epoch.setdefault(r["epoch"], []).append(r)
+    out = []
+    epochs = sorted(e for e in by_epoch if e is not None)
+    for before, after in zip(epochs, epochs[1:]):
+        old, new = by_epoch[before], by_epoch[after]
+        ts = [r["t"] for r in old]
+        gaps = [b - a for a, b in zip(ts, ts[1:])]
+        out.append({"epoch": after, "pause_s": round(new[0]["t"] - old[-1]["t"], 4),
+                    "step_interval_s": median(gaps)})
+    return out
+
+
+def part_elastic(backend: str, reforms: int, abandons: int, steps_per_epoch: int
+                 ) -> dict[str, Any]:
+    from malletrain_core.worker import inplace, training
+
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        control = Path(tmp) / "control"
+        control.mkdir()
+        errors = open(Path(tmp) / "stderr", "w+")  # a file: a full pipe would stop the child
+        env = _env(0, {training.ENV_CONTROL_DIR: str(control), training.ENV_INPLACE: "1",
+                       training.ENV_CHECKPOINT_DIR: str(Path(tmp) / "checkpoints")})
+        spawned = time.time()
+        spec = {"backend": backend, "rank": 0, "sleep": 0.005}
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child",
+                                 "elastic", "--spec", json.dumps(spec)], env=env,
+                                stdout=subprocess.PIPE, stderr=errors, text=True)
+        lines = Lines(proc)
+        try:
+            _wait(lambda: inplace.is_ready(control), BUDGET.cap(180), "Elastic ready", proc)
+            ready_s = time.time() - spawned
+            kinds: dict[int, str] = {}
+            first_step_s = None
+            for epoch in range(1 + reforms + abandons):
+                abandon = epoch > reforms
+                kinds[epoch] = "start" if epoch == 0 else ("abandon" if abandon else "planned")
+                told = time.time()
+                inplace.write_membership(control, inplace.Membership(
+                    epoch=epoch, rank=0, world=1, master="127.0.0.1", port=free_port(),
+                    abandon=abandon))
+
+                def enough(e: int = epoch) -> bool:
+                    return sum(1 for r in lines.records()
+                               if r.get("epoch") == e and "step" in r) >= steps_per_epoch
+
+                _wait(enough, BUDGET.cap(120), f"{steps_per_epoch} steps in epoch {epoch}",
+                      proc)
+                if epoch == 0:
+                    first = next(r for r in lines.records() if r.get("epoch") == 0)
+                    first_step_s = first["t"] - told
+            inplace.write_membership(control, inplace.Membership(epoch=1 + reforms + abandons))
+            proc.wait(timeout=BUDGET.cap(60))
+        except (PartFailed, subprocess.TimeoutExpired) as exc:
+            proc.kill()
+            proc.wait()
+            errors.seek(0)
+            raise PartFailed(f"{exc}: {_last_line(errors.read())}") from None
+        finally:
+            errors.close()
+        lines.thread.join(timeout=5)
+        records = lines.records()
+    changes = [r["change"] for r in records if "change" in r]
+    gaps = pauses(records)
+    out: dict[str, Any] = {"ready_s": round(ready_s, 3),
+                           "first_step_after_membership_s": round(first_step_s or 0.0, 4),
+                           "exit_code": proc.returncode}
+    for kind in ("planned", "abandon"):
+        mine = [g for g in gaps if kinds.get(g["epoch"]) == kind]
+        out[kind] = {"pause_s": spread([g["pause_s"] for g in mine]),
+                     "reform_s": spread([c["reform_s"] for c in changes
+                                         if c.get("epoch") in {g["epoch"] for g in mine}
+                                         and "reform_s" in c]),
+                     "step_interval_s": median([g["step_interval_s"] for g in mine
+                                               if g["step_interval_s"] is not None])}
+    return out
+
+
+def step_times(arrivals: list[float], warmup: int) -> dict[str, Any]:
+    """Median interval between consecutive steps after ``warmup`` steps, and the first
+    (``arrivals`` starts with the first step's start)."""
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    return {"steps": len(gaps), "step_s": median(gaps[warmup:]),
+            "first_interval_s": round(gaps[0], 4) if gaps else None}
+
+
+def run_example(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, float, str,
+                                                                                 list[float]]:
+    """Run one example; (exit code, wall seconds, last line of output, arrival time of each
+    ``step=N`` line)."""
+    t0 = time.time()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=REPO)
+    lines = Lines(proc)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    lines.thread.join(timeout=5)
+    got = lines.snapshot()
+    steps = [t for t, line in got if STEP_LINE.match(line)]
+    return proc.returncode, time.time() - t0, _last_line("\n".join(x for _, x in got)), steps
+
+
+def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> dict[str, Any]:
+    """The examples alone (world 1): step times per device, and the BYO scripts on cuda."""
+    import importlib.util
+
+    out: dict[str, Any] = {}
+    py = sys.executable
+    for device in devices:
+        n = steps[device]
+        with tempfile.TemporaryDirectory(prefix="bench-gpu-ex-") as tmp:
+            env = _env(0, {"MALLETRAIN_CHECKPOINT_DIR": tmp})
+            code, wall, last, arrivals = run_example(
+                [py, "examples/train_elastic.py", "--steps", str(n), "--batch", "32",
+                 "--log-every", "1", "--checkpoint-every-s", "3600", "--device", device],
+                env, budget.cap(240))
+            out[f"train_elastic/{device}"] = {"exit_code": code, "wall_s": round(wall, 2),
+                                              **step_times(arrivals, 10),
+                                              **({"error": last} if code else {})}
+        with tempfile.TemporaryDirectory(prefix="bench-gpu-ex-") as tmp:
+            env = _env(0, {"MALLETRAIN_CHECKPOINT_DIR": tmp, "SLURMD_NODENAME": "bench"})
+            code, wall, last, _ = run_example(
+                [py, "examples/nas_cell.py", "--cell-seed", "3", "--steps", str(n), "--batch",
+                 "16", "--log-every", str(n + 1), "--checkpoint-every-s", "3600", "--device",
+                 device], env, budget.cap(240))
+            log = Path(tmp) / "steps" / "bench.log"
+            spans = []
+            if log.exists():
+                spans = [tuple(map(float, ln.split())) for ln in log.read_text().splitlines()]
+            out[f"nas_cell/{device}"] = {
+                "exit_code": code, "wall_s": round(wall, 2),
+                **step_times([s for s, _ in spans] + [e for _, e in spans[-1:]], 10),
+                "compute_s": median([e - s for s, e in spans[10:]]),
+                **({"error": last} if code else {})}
+    if "cuda" in devices:
+        byo = {"torchrun": ([py, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node=1", "examples/torchrun/after.py", "--epochs", "2",
+                             "--device", "cuda"], "torch"),
+               "lightning": ([py, "examples/lightning/after.py", "--epochs", "1", "--device",
+                              "cuda", "--root-dir", "{tmp}"], "lightning"),
+               "hf": ([py, "examples/hf/after.py", "--epochs", "0.2", "--device", "cuda",
+                       "--output-dir", "{tmp}/hf"], "transformers")}
+        for name, (argv, needs) in byo.items():
+            if importlib.util.find_spec(needs) is None:
+                out[f"byo/{name}"] = {"skipped": f"{needs} is not installed"}
+                continue
+            if budget.left() < 60:
+                out[f"byo/{name}"] = {"skipped": "out of --budget-s"}
+                continue
+            with tempfile.TemporaryDirectory(prefix="bench-gpu-byo-") as tmp:
+                env = _env(0, {"MALLETRAIN_CHECKPOINT_DIR": tmp})
+                code, wall, last, _ = run_example([a.format(tmp=tmp) for a in argv], env,
+                                                  budget.cap(180))
+            out[f"byo/{name}"] = {"exit_code": code, "wall_s": round(wall, 2), "last": last}
+    return out
+
+
+# ----- the whole run --------------------------------------------------------------------------
+
+def run(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    backend = "gloo" if args.cpu_check else "nccl"
+    gpus = len(info.get("gpus") or [])
+    worlds = [1, 2] if args.cpu_check or gpus >= 2 else [1]
+    no_world2 = {"skipped": f"{gpus} GPU visible: world 2 needs 2"}
+    global BUDGET
+    budget = BUDGET = Budget(args.budget_s)
+    result: dict[str, Any] = {"backend": backend, "failed": []}
+    trials = args.trials
+    numel = args.numel if not args.cpu_check else min(args.numel, 1 << 20)
+
+    def attempt(key: str, fn: Any, need_s: float) -> None:
+        if key.split("/")[0] not in args.parts:
+            return
+        if budget.left() < need_s:
+            result[key] = {"skipped": f"out of --budget-s ({args.budget_s:g} s): "
+                                      f"{budget.left():.0f} s left, about {need_s:.0f} s needed"}
+            say(f"{key}: skipped, out of budget")
+            return
+        say(f"{key} ...")
+        t0 = time.monotonic()
+        try:
+            result[key] = fn()
+        except PartFailed as exc:
+            result[key] = {"error": str(exc)}
+            result["failed"].append(key)
+            say(f"{key}: FAILED {exc}")
+        else:
+            say(f"{key}: {time.monotonic() - t0:.1f} s")
+
+    for world in (1, 2):
+        if world in worlds:
+            attempt(f"stale/world{world}", lambda w=world: part_stale(backend, w, trials, numel),
+                    60)
+        elif "stale" in args.parts:
+            result[f"stale/world{world}"] = no_world2
+    for world in (1, 2):
+        if world in worlds:
+            attempt(f"communicator/world{world}",
+                    lambda w=world: part_communicator(backend, w, args.rounds), 25 * args.rounds)
+        elif "communicator" in args.parts:
+            result[f"communicator/world{world}"] = no_world2
+    for world in (1, 2):
+        if world in worlds:
+            attempt(f"reform/world{world}", lambda w=world: part_reform(
+                backend, w, args.reforms, args.abandons), 40)
+        elif "reform" in args.parts:
+            result[f"reform/world{world}"] = no_world2
+    attempt("elastic/world1", lambda: part_elastic(backend, args.reforms, args.abandons, 20), 60)
+    attempt("joiner", lambda: part_joiner(backend, args.joiners), 20 * args.joiners)
+    devices = ["cpu"] if args.cpu_check else ["cuda", "cpu"]
+    steps = {"cuda": args.example_steps, "cpu": max(20, args.example_steps // 5)}
+    attempt("examples", lambda: part_examples(devices, steps, budget), 90)
+    for key, ex in (result.get("examples") or {}).items():
+        if isinstance(ex, dict) and ex.get("exit_code") not in (None, 0):
+            result["failed"].append(f"examples/{key}")  # an example that fails on the device
+    return result
+
+
+# ----- the report -----------------------------------------------------------------------------
+
+def _s(cell: Any, digits: int = 3) -> str:
+    """A spread (median, min-max) in seconds, or what stood in for it."""
+    if not isinstance(cell, dict):
+        return "–"
+    if "skipped" in cell or "error" in cell:
+        return cell.get("skipped") or f"failed: {cell['error']}"
+    if cell.get("median") is None:
+        return "–"
+    if cell["min"] == cell["max"]:
+        return f"{cell['median']:.{digits}f} s"
+    return f"{cell['median']:.{digits}f} s ({cell['min']:.{digits}f}–{cell['max']:.{digits}f})"
+
+
+def _why(part: Any) -> str | None:
+    if not isinstance(part, dict):
+        return "not run"
+    if "skipped" in part:
+        return str(part["skipped"])
+    if "error" in part:
+        return f"failed: {part['error']}"
+    return None
+
+
+def stale_rows(r: dict[str, Any]) -> list[str]:
+    rows = []
+    for world in (1, 2):
+        part: Any = r.get(f"stale/world{world}")
+        why = _why(part)
+        if why or not part.get("observable", False):
+            rows.append(f"| world {world} | {why or part.get('why', 'not observable')} | | |")
+            continue
+        for way, how in (("fixed", "future done → `work.wait()` → read (now)"),
+                         ("naive", "future done → `value()` → read")):
+            c = part[way]
+            rows.append(f"| world {world}, {how} | {c['stale_reads']} of {c['trials']} | "
+                        f"{c['early']} of {c['trials']} | {c['wrong_final']} |")
+    return rows
+
+
+def section(r: dict[str, Any], command: str) -> str:
+    """The BENCHMARKS.md section for one run (``r`` as ``--json`` printed it)."""
+    date = r.get("date") or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if "skipped" in r:
+        return "\n".join([BEGIN, f"Not measured ({date}, `{command}`): {r['skipped']}.", END])
+    lines = [BEGIN, f"Measured {date} on {r.get('machine', 'unknown')}, with `{command}`"
+             f"{' (CPU/gloo check: no GPU figure)' if r.get('backend') == 'gloo' else ''}.", ""]
+    size = next((p["bytes"] for p in (r.get("stale/world1"), r.get("stale/world2"))
+                 if isinstance(p, dict) and "bytes" in p), None)
+    lines += [f"Stale reads: an async all-reduce{f' of {size / 2**20:g} MiB' if size else ''}, "
+              "then a host read of its last element (`inplace._Pending.wait`, each way in "
+              "alternate trials):", "",
+              "| how the result is read | stale reads | read before the work ended | wrong "
+              "after a full sync |", "|---|---|---|---|", *stale_rows(r), ""]
+    lines += ["| what | world 1 | world 2 |", "|---|---|---|"]
+
+    def both(part: str, kind: str | None, key: str) -> str:
+        cells = []
+        for world in (1, 2):
+            p: Any = r.get(f"{part}/world{world}")
+            why = _why(p)
+            if why:
+                cells.append(why)
+                continue
+            cells.append(_s((p[kind] if kind else p).get(key)))
+        return " | ".join(cells)
+
+    lines += [
+        f"| eager communicator (`device_id`): init | {both('communicator', 'eager', 'init_s')} |",
+        f"| eager: first all-reduce | {both('communicator', 'eager', 'first_allreduce_s')} |",
+        f"| lazy communicator: init | {both('communicator', 'lazy', 'init_s')} |",
+        f"| lazy: first all-reduce | {both('communicator', 'lazy', 'first_allreduce_s')} |",
+        f"| re-form: destroy the group | {both('reform', None, 'destroy_s')} |",
+        f"| re-form: init a new one (eager) | {both('reform', None, 'init_s')} |",
+        f"| re-form: its first all-reduce | {both('reform', None, 'first_allreduce_s')} |",
+        f"| re-form pause (all three) | {both('reform', None, 'pause_s')} |",
+        f"| abandon: let the group go (abort on NCCL) | {both('reform', None, 'let_go_s')} |",
+        f"| abandon: let go + new group + all-reduce | "
+        f"{both('reform', None, 'abandon_reform_s')} |", ""]
+    el: Any = r.get("elastic/world1")
+    why = _why(el)
+    if why:
+        lines += [f"`inplace.Elastic` driven by membership files: {why}.", ""]
+    else:
+        lines += ["`inplace.Elastic` at world 1, driven by membership files as the launcher "
+                  f"does: process start → ready {el['ready_s']:.1f} s, membership → first step "
+                  f"{el['first_step_after_membership_s']:.2f} s; planned re-form: pause "
+                  f"{_s(el['planned']['pause_s'])}, Elastic's reform_s "
+                  f"{_s(el['planned']['reform_s'])}; abandon re-form: pause "
+                  f"{_s(el['abandon']['pause_s'])}, reform_s {_s(el['abandon']['reform_s'])} "
+                  f"(a step every {el['planned']['step_interval_s'] or 0:.3f} s).", ""]
+    j: Any = r.get("joiner")
+    why = _why(j)
+    if why:
+        lines += [f"Joiner start-up: {why}.", ""]
+    else:
+        parts = [("interpreter", "interpreter_s"), ("`import torch`", "import_torch_s"),
+                 ("first CUDA context", "cuda_context_s"),
+                 ("model (the NAS example's module and a cell)", "model_s"),
+                 ("first optimizer", "optimizer_s"), ("first step", "first_step_s"),
+                 ("second step", "second_step_s"), ("start → ready (optimizer built)",
+                                                     "ready_s")]
+        lines += ["Joiner start-up, a fresh process: "
+                  + "; ".join(f"{name} {_s(j.get(key))}" for name, key in parts) + ".", ""]
+    ex: Any = r.get("examples")
+    why = _why(ex)
+    if why:
+        lines += [f"Examples: {why}.", ""]
+    else:
+        lines += ["| example (world 1, alone) | step (median after 10) | first step | exit |",
+                  "|---|---|---|---|"]
+        for key, v in ex.items():
+            if "skipped" in v:
+                lines.append(f"| {key} | {v['skipped']} | | |")
+            elif key.startswith("byo/"):
+                lines.append(f"| {key} | ran {v['wall_s']:.0f} s | | {v['exit_code']} |")
+            else:
+                step = f"{v['step_s'] * 1000:.1f} ms" if v.get("step_s") is not None else "–"
+                first = (f"{v['first_interval_s']:.2f} s" if v.get("first_interval_s")
+                         is not None else "–")
+                lines.append(f"| {key} | {step} | {first} | {v['exit_code']} |")
+        lines.append("")
+    if r.get("failed"):
+        lines += [f"Failed parts: {', '.join(r['failed'])}.", ""]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def skip(reason: str, info: dict[str, Any]) -> dict[str, Any]:
+    return {"bench": "gpu", "skipped": reason, **{k: v for k, v in info.items()
+                                                  if k != "skipped"}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print only the JSON")
+    p.add_argument("--markdown", metavar="FILE", help="rewrite the GPU section of FILE")
+    p.add_argument("--from-json", metavar="FILE", help="no run: take the figures from the "
+                   "JSON a previous --json run printed")
+    p.add_argument("--cpu-check", action="store_true",
+                   help="run every part on the CPU with gloo (checks the script; no GPU figure)")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="skip the parts that no longer fit in this many seconds (default 540)")
+    p.add_argument("--trials", type=int, default=40, help="stale-read trials per way (40)")
+    p.add_argument("--numel", type=int, default=STALE_NUMEL,
+                   help="float32 elements of the stale-read tensor (default 2^28: 1 GiB)")
+    p.add_argument("--rounds", type=int, default=3, help="fresh processes per communicator "
+                   "kind and world (3)")
+    p.add_argument("--reforms", type=int, default=8, help="re-forms per process (8)")
+    p.add_argument("--abandons", type=int, default=4, help="abandon re-forms per process (4)")
+    p.add_argument("--joiners", type=int, default=3, help="fresh joiner processes (3)")
+    p.add_argument("--example-steps", type=int, default=200,
+                   help="steps per example on cuda (a fifth, at least 20, on the CPU)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated parts to run (default: all of {','.join(PARTS)})")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child_main(args.child, json.loads(args.spec))
+    args.parts = [x for x in args.parts.split(",") if x]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown or not args.parts:
+        p.error(f"--parts: unknown {', '.join(unknown) or '(none given)'}; choose from "
+                f"{', '.join(PARTS)}")
+    if min(args.trials, args.numel, args.rounds, args.reforms, args.abandons, args.joiners,
+           args.example_steps) < 1:
+        p.error("--trials, --numel, --rounds, --reforms, --abandons, --joiners and "
+                "--example-steps must be ≥ 1")
+    t0 = time.monotonic()
+    if args.from_json:
+        result = json.loads(Path(args.from_json).read_text())
+    else:
+        info = probe()
+        if args.cpu_check and "torch" in info:  # the CPU is enough: no GPU is used
+            info = {**{k: v for k, v in info.items() if k != "skipped"}, "gpus": []}
+        if "skipped" in info:
+            result = skip(info["skipped"], info)
+        else:
+            result = {"bench": "gpu", **info, **run(args, info)}
+        flags = list(argv if argv is not None else sys.argv[1:])
+        result["command"] = "python bench/gpu.py " + shlex.join(flags)
+        result["machine"] = machine(info) if "skipped" not in result else host()
+        result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        result["wall_s"] = round(time.monotonic() - t0, 1)
+    if args.markdown and "skipped" in result:
+        say(f"{args.markdown} not rewritten: {result['skipped']}")
+    elif args.markdown:
+        replace_section(Path(args.markdown), BEGIN, END,
+                        section(result, result["command"].strip()), HEADING)
+    print(json.dumps(result, indent=None if args.json else 1))
+    if result.get("failed"):
+        say(f"failed parts: {', '.join(result['failed'])}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
