@@ -82,12 +82,15 @@ class Launch:
     deadline: float
 
 
-REUSE_SETTLE_S = 3.0
-"""A task that left a node (shrunk, preempted, failed) is not started on that same node again
-for this long: a batch system keeps a task's id across a requeue, and a node daemon still
-tearing down the previous incarnation refuses the new one (seen on Slurm: two tasks grown back
-0.4 s after their shrink, both FAILED 3 ms after their start). Another free task of the job is
-taken instead (:meth:`TaskBackend._pick`)."""
+REUSE_SETTLE_S = 2.0
+"""A task that left a node (shrunk, failed) is not started on that same node again for this
+long. A batch system keeps a task's id across a requeue; Slurm's slurmd revokes the job's
+credential when it kills it and refuses a launch whose credential was made in the same second
+("Job 10 already killed, do not launch batch job", seen in bench/e2e.py: two tasks grown back
+0.5 s after their shrink ended FAILED, although another job had run on the node in between).
+The next whole second is enough; another free task of the job is taken meanwhile
+(:meth:`TaskBackend._pick`). A task a prod job preempted needs none: the node comes back only
+once that job has ended."""
 
 
 class TaskBackend:

@@ -278,10 +278,6 @@ class SlurmBackend(TaskBackend):
                    and key not in self._workers and row.node and row.state in _ACTIVE}
         idle = self._reconcile_nodes(nodes, plan, out.reclaimed, leaving, now)
         out.reclaimed += [n for n in sorted(dropped) if n not in self._offered]
-        # A node another job holds now is clean of our tasks by the time it is free again.
-        busy = {n for n, row in nodes.items() if row.state is NodeState.BUSY
-                and not row.completing and n not in self._offered}
-        self._left = {k: v for k, v in self._left.items() if v[0] not in busy}
         self._rows = current
         self._gone &= set(tagged)  # a purged job id never comes back
         self._run_quietly("hold", out.to_hold)
@@ -329,9 +325,6 @@ class SlurmBackend(TaskBackend):
                 out.started.append(WorkerStarted(now, row.array_id, row.node))
             if row.state is TaskState.RUNNING and not row.held and key not in self._stopping:
                 out.to_hold.append(key)  # so that a preemption brings it back held
-        here = {(node, key) for key, (_, node) in self._workers.items()}
-        self._left = {k: v for k, v in self._left.items()  # another task ran there since
-                      if not any(n == v[0] and other != k for n, other in here)}
         for key in list(self._workers):
             seen = current.get(key)
             if seen is not None and seen.state in _ACTIVE:
