@@ -88,11 +88,12 @@ def test_run_orders_reform_the_live_process_and_stop_makes_it_leave(munged, tmp_
         la.shutdown()
 
 
-def test_inplace_refuses_several_processes_per_node(capsys, monkeypatch):
+def test_inplace_refuses_no_process_per_node(capsys, monkeypatch):
+    """Several processes per node are taken (tests/test_launcher_nproc.py); none is not."""
     monkeypatch.setenv("SLURM_JOB_ID", "5")
     monkeypatch.setenv("MALLETRAIN_DAEMON", "127.0.0.1:1")
-    assert mr.main(["--inplace", "--nproc-per-node", "2", "python", "t.py"]) == 2
-    assert "--inplace runs one process per node" in capsys.readouterr().err
+    assert mr.main(["--inplace", "--nproc-per-node", "0", "python", "t.py"]) == 2
+    assert "--nproc-per-node '0': give a whole number" in capsys.readouterr().err
     assert training.ENV_INPLACE == "MALLETRAIN_INPLACE"
 
 

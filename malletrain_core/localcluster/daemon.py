@@ -196,12 +196,14 @@ class LocalDaemon:
                 "MALLETRAIN_MUNGE_SOCKET": str(self.cluster.munge_socket)}
 
     def training_script(self, command: list[str], checkpoint_dir: str | Path,
-                        poll_s: float = 1.0, inplace: bool = False) -> str:
+                        poll_s: float = 1.0, inplace: bool = False,
+                        nproc_per_node: int = 1) -> str:
         """A batch script whose tasks run ``malletrain-run -- command`` against this daemon
-        (``inplace``: ``malletrain-run --inplace``)."""
+        (``inplace``: ``malletrain-run --inplace``; ``nproc_per_node`` processes per node)."""
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.job_env.items())
+        nproc = ["--nproc-per-node", str(nproc_per_node)] if nproc_per_node != 1 else []
         launcher = shlex.join([sys.executable, "-m", "malletrain_core.worker.launcher", "--poll-s",
-                               str(poll_s), *(["--inplace"] if inplace else [])])
+                               str(poll_s), *(["--inplace"] if inplace else []), *nproc])
         ckpt = f'{shlex.quote(str(checkpoint_dir))}/ckpt-"$SLURM_ARRAY_JOB_ID"'
         return (f"#!/bin/bash\n{exports}cd {shlex.quote(str(REPO))}\n"
                 f"exec {launcher} --checkpoint-dir {ckpt} -- {shlex.join(command)}\n")

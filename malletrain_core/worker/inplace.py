@@ -15,6 +15,12 @@ and applies the learning-rate rule. A script opts in with a few lines::
             optimizer.zero_grad(); loss.backward(); optimizer.step()
         session.report(samples=batch * el.world)
 
+The membership names NODES (the daemon's rank and world are a node's rank and the node count).
+``malletrain-run --inplace --nproc-per-node N`` starts N processes per node with ``LOCAL_RANK``
+and ``LOCAL_WORLD_SIZE``; each reads the node's file and takes the global rank
+``node rank × N + LOCAL_RANK`` in a group of ``node count × N`` (:meth:`Membership.for_process`),
+so a node's processes all re-form at the same epoch, and each writes its own ready file.
+
 Planned changes (grow, shrink) stop every member at the same step boundary: after each step
 the members all-reduce the newest epoch any of them has been told about, so no step is lost.
 A lost peer (SIGKILL) fails the collective in flight at once; a hung peer is abandoned when the
@@ -42,7 +48,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +56,7 @@ from . import training
 
 MEMBERSHIP_NAME = "membership.json"
 READY_NAME = "ready"
+LOST_NAME = "lost"  # several processes per node: the epoch in which one of them lost a peer
 MAX_COLLECTIVE_TIMEOUT_S = 60.0
 KEEP_WORKS_S = 60.0  # how long a finished collective stays referenced (see _Pending)
 NAP_S = (5e-5, 2e-3)  # polling a collective: the first nap, doubled up to the last
@@ -69,6 +76,15 @@ class Membership:
     @property
     def leave(self) -> bool:
         return self.world <= 0
+
+    def for_process(self, local_rank: int, local_world: int) -> Membership:
+        """This node's membership as seen by its process ``local_rank`` of ``local_world``:
+        global rank ``rank × local_world + local_rank`` in a world of ``world × local_world``
+        (every process of a node reads the same file, so they all change epoch together)."""
+        if local_world == 1 or self.leave:
+            return self
+        return replace(self, rank=self.rank * local_world + local_rank,
+                       world=self.world * local_world)
 
     @classmethod
     def from_dict(cls, data: Any) -> Membership:
@@ -102,9 +118,32 @@ def read_membership(control_dir: str | Path) -> Membership | None:
         return None
 
 
-def is_ready(control_dir: str | Path) -> bool:
-    """True once the training process in ``control_dir`` is ready to join (the launcher's view)."""
-    return (Path(control_dir) / READY_NAME).exists()
+def ready_name(local_rank: int, local_world: int) -> str:
+    """The ready file of process ``local_rank`` of a node's ``local_world``: ``ready`` alone
+    when the node runs one process (as before), else ``ready.<local_rank>``."""
+    return READY_NAME if local_world == 1 else f"{READY_NAME}.{local_rank}"
+
+
+def is_ready(control_dir: str | Path, nproc: int = 1) -> bool:
+    """True once all ``nproc`` training processes in ``control_dir`` are ready to join (the
+    launcher's view): the node is placed only when every one of them can join."""
+    return all((Path(control_dir) / ready_name(i, nproc)).exists() for i in range(nproc))
+
+
+def local_layout(env: Mapping[str, str]) -> tuple[int, int]:
+    """This process's ``(LOCAL_RANK, LOCAL_WORLD_SIZE)`` on its node; (0, 1) when unset."""
+    try:
+        local_rank = int(env.get("LOCAL_RANK", "0") or 0)
+        local_world = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+    except ValueError:
+        raise ValueError(f"LOCAL_RANK={env.get('LOCAL_RANK')!r} and LOCAL_WORLD_SIZE="
+                         f"{env.get('LOCAL_WORLD_SIZE')!r} must be whole numbers (malletrain-run "
+                         "sets both)") from None
+    if not 0 <= local_rank < local_world:
+        raise ValueError(f"LOCAL_RANK={local_rank} is not in [0, LOCAL_WORLD_SIZE="
+                         f"{local_world}): start the processes with malletrain-run "
+                         "--nproc-per-node")
+    return local_rank, local_world
 
 
 class StepAbandoned(RuntimeError):
@@ -396,7 +435,10 @@ class Elastic:
     ``backend`` is ``gloo`` or ``nccl`` (the NCCL path is written but untested on GPUs).
     ``ddp=False`` leaves the model unwrapped and the script calls :meth:`average_gradients`
     after ``backward()`` (DDP's first use imports ``torch._dynamo``, about a second of CPU at
-    every process start).
+    every process start). With several processes per node (``malletrain-run --inplace
+    --nproc-per-node N``: ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) :attr:`rank` and :attr:`world`
+    are the global ones, ``node rank × N + LOCAL_RANK`` and ``node count × N``, and
+    ``lr_for`` gets that world.
     """
 
     def __init__(self, session: training.Session, model: Any, optimizer: Any,
@@ -432,6 +474,8 @@ class Elastic:
         self.control_dir = Path(control) if control else None
         self.inplace = self.control_dir is not None and os.environ.get(
             training.ENV_INPLACE, "1" if control_dir else "") == "1"
+        # in place, the node's membership becomes this process's (see Membership.for_process)
+        self.local_rank, self.local_world = local_layout(os.environ) if self.inplace else (0, 1)
         self.net: Any = model
         self.epoch: int | None = None
         self.rank = session.rank
@@ -452,6 +496,7 @@ class Elastic:
         self._latest: Membership | None = None
         self._latest_lock = threading.Lock()
         self._step_failed = False
+        self._told_lost: int | None = None  # the epoch this process said it lost a peer in
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._exit_code = 0
@@ -463,6 +508,8 @@ class Elastic:
         path = self.control_dir / MEMBERSHIP_NAME
         seen: tuple[int, int] | None = None
         while not self._stop.wait(self.poll_s):
+            if self.local_world > 1:
+                self._sibling_lost()
             try:
                 st = path.stat()
             except OSError:
@@ -473,12 +520,39 @@ class Elastic:
             m = read_membership(self.control_dir)
             if m is None:
                 continue
+            m = m.for_process(self.local_rank, self.local_world)
             with self._latest_lock:
                 if self._latest is None or m.epoch > self._latest.epoch:
                     self._latest = m
             if m.abandon and self.epoch is not None and m.epoch > self.epoch:
                 self._pending.abandon(f"epoch {m.epoch} replaces epoch {self.epoch} "
                                       "(a peer was lost)")
+
+    def _sibling_lost(self) -> None:
+        """Abandon this epoch's operations when another process of this node lost a peer in
+        it (:meth:`_tell_siblings`). Measured without it (2 nodes × 3 processes, one node
+        SIGKILLed, the next epoch without ``abandon``, which is what a planned shrink whose
+        leaver Slurm kills at once gives): one process failed at once, its two siblings
+        waited in the step agreement for the whole collective timeout (20 s)."""
+        assert self.control_dir is not None
+        try:
+            lost = int((self.control_dir / LOST_NAME).read_text())
+        except (OSError, ValueError):
+            return
+        if lost == self.epoch and lost != self._told_lost and self._pending.reason is None:
+            self._pending.abandon(f"epoch {lost}: another process of this node lost a peer")
+
+    def _tell_siblings(self) -> None:
+        """A peer failed this process's collective: tell the node's other processes (the
+        control folder's ``lost`` file), whose operations may wait on this one."""
+        if self.local_world <= 1 or self.control_dir is None or self.epoch is None \
+                or self._told_lost == self.epoch:
+            return
+        self._told_lost = self.epoch
+        tmp = self.control_dir / f".{LOST_NAME}.{os.getpid()}.tmp"
+        with contextlib.suppress(OSError):
+            tmp.write_text(f"{self.epoch}\n")
+            os.replace(tmp, self.control_dir / LOST_NAME)
 
     def _newest(self) -> Membership | None:
         with self._latest_lock:
@@ -850,7 +924,8 @@ class Elastic:
         self._watcher = threading.Thread(target=self._watch, name="malletrain-control",
                                          daemon=True)
         self._watcher.start()
-        (self.control_dir / READY_NAME).write_text(f"{os.getpid()}\n")
+        (self.control_dir / ready_name(self.local_rank, self.local_world)).write_text(
+            f"{os.getpid()}\n")
         m = self._await_epoch(0)
         self._apply(m, "start")
 
@@ -894,8 +969,10 @@ class Elastic:
                 self._apply(self._await_epoch(target), "planned")
 
     def _note_abandoned(self) -> None:
-        """Remember that this process holds an operation the control thread abandoned."""
+        """Remember that this process holds an operation the control thread abandoned (called
+        on every peer failure: the node's other processes are told too)."""
         self.holds_abandoned = self.holds_abandoned or self._pending.reason is not None
+        self._tell_siblings()
 
     def _is_peer_failure(self, exc: BaseException) -> bool:
         import torch.distributed as dist

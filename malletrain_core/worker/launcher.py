@@ -14,6 +14,12 @@ requests by touching the control flag, stops the workers when told (or reports t
 a peer was lost: torchrun exits), keeps its epoch running and reconnects with backoff while the
 daemon is away, and exits at once on SIGTERM, killing the workers' process group.
 
+With ``--inplace`` there is no torchrun: the launcher starts the node's N training processes
+(``--nproc-per-node``, 1 by default, ``auto`` = one per visible GPU) ahead of their epoch, each
+with ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, keeps them across epochs and relays each order as
+the node's membership file (:mod:`.inplace`). The node is one unit: ready when all N are,
+and when one of them exits the others are stopped and the node's exit is reported.
+
 Kept in one module (over 400 lines) on purpose: the launcher's loop, its order handling and
 the processes it runs share one state.
 """
@@ -26,6 +32,7 @@ import ctypes
 import logging
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -82,38 +89,138 @@ def worker_env(base: Mapping[str, str], job: str, order: Order, key_hex: str,
     return env
 
 
+def local_envs(nproc: int, rank: int | None = None,
+               world: int | None = None) -> list[dict[str, str]]:
+    """The variables of each of a node's ``nproc`` in-place processes: ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE`` and, once the node's ``rank`` of ``world`` nodes is known, the global
+    ``RANK = rank × nproc + LOCAL_RANK`` and ``WORLD_SIZE = world × nproc`` (what torchrun
+    would set; :class:`.inplace.Elastic` derives the same from each new membership)."""
+    out = []
+    for i in range(nproc):
+        env = {"LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(nproc)}
+        if rank is not None and world is not None:
+            env.update(RANK=str(rank * nproc + i), WORLD_SIZE=str(world * nproc))
+        out.append(env)
+    return out
+
+
+GPU_ID = re.compile(r"\d+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+")
+NVIDIA_DEVICE = re.compile(r"nvidia\d+")
+
+
+def visible_gpus(env: Mapping[str, str], dev: Path = Path("/dev")) -> int:
+    """The GPUs this node's processes may use, counted without importing torch (seconds of
+    CPU in every task): ``CUDA_VISIBLE_DEVICES`` when set (CUDA stops at its first invalid
+    entry: ``-1``, ``NoDevFiles`` or an empty value hide every GPU), else the ``/dev/nvidiaN``
+    device files."""
+    text = env.get("CUDA_VISIBLE_DEVICES")
+    if text is not None:
+        count = 0
+        for item in text.split(","):
+            if not GPU_ID.fullmatch(item.strip()):
+                break
+            count += 1
+        return count
+    try:
+        return sum(1 for p in dev.iterdir() if NVIDIA_DEVICE.fullmatch(p.name))
+    except OSError:
+        return 0
+
+
+def nproc_per_node(text: str, env: Mapping[str, str]) -> int:
+    """``--nproc-per-node``: a whole number ≥ 1, or ``auto`` (one per visible GPU, 1 without)."""
+    if text.strip().lower() == "auto":
+        return max(1, visible_gpus(env))
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise MalleTrainError(f"--nproc-per-node {text!r}: give a whole number ≥ 1 (processes "
+                              "per node; with GPUs, one per GPU) or auto (one per visible GPU)")
+    return value
+
+
 class Workers:
-    """The torchrun of one epoch and everything it starts.
+    """The processes of one node and everything they start: the torchrun of one epoch (the
+    restart path), or the node's in-place training processes, one per ``local_envs`` entry
+    (each started with ``env`` updated by its entry).
 
     torchrun puts each worker in a session of its own, so signalling torchrun's process group
     is not enough: :meth:`stop` signals every descendant it can see, then kills the rest.
+    The node is one unit: :meth:`poll` gives its exit code once one process has ended and the
+    others have been stopped (see there).
     """
 
-    def __init__(self, argv: list[str], env: dict[str, str], epoch: int) -> None:
+    def __init__(self, argv: list[str], env: Mapping[str, str], epoch: int,
+                 local_envs: Sequence[Mapping[str, str]] = ({},),
+                 settle_s: float = 10.0) -> None:
         self.epoch = epoch
-        self.proc = subprocess.Popen(argv, env=env, start_new_session=True,
-                                     preexec_fn=_die_with_parent(os.getpid()))
+        self.settle_s = settle_s
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._rc: int | None = None
+        self._first_exit: float | None = None
+        try:
+            for extra in local_envs:
+                self.procs.append(subprocess.Popen(
+                    argv, env={**env, **extra}, start_new_session=True,
+                    preexec_fn=_die_with_parent(os.getpid())))
+        except BaseException:
+            self.stop(grace_s=0.2)  # those already started go too
+            raise
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        """The first process (the only one on the restart path: torchrun)."""
+        return self.procs[0]
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        """None while every process runs; else the node's exit code, once the others are
+        stopped: the first non-zero code, or 0. A process that ended with 0 (training done, or
+        the node left the job) is given ``settle_s`` for the others to end at the same step
+        boundary by themselves (rank 0 may still be saving its last checkpoint); a non-zero
+        code stops them at once (a node whose processes disagree or die goes as a whole)."""
+        if self._rc is not None:
+            return self._rc
+        codes = [p.poll() for p in self.procs]
+        ended = [c for c in codes if c is not None]
+        if not ended:
+            return None
+        failed = next((c for c in ended if c != 0), None)
+        if failed is None and len(ended) < len(codes):
+            now = time.monotonic()
+            if self._first_exit is None:
+                self._first_exit = now
+            if now - self._first_exit < self.settle_s:
+                return None
+        if len(ended) < len(codes):
+            self.stop()
+        self._rc = failed if failed is not None else 0
+        return self._rc
 
-    def _tree(self) -> list[psutil.Process]:
+    def _tree(self, proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+        if proc.returncode is not None:  # reaped: its pid may be another process's now
+            return []
         try:
-            root = psutil.Process(self.proc.pid)
+            root = psutil.Process(proc.pid)
             return [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             return []
 
     def stop(self, grace_s: float = 3.0) -> int:
-        """SIGTERM the workers (they exit at once), SIGKILL torchrun itself (nothing to save,
-        and no shutdown traceback in the user's output), SIGKILL what is left after
-        ``grace_s``."""
-        procs = self._tree()
-        for i, proc in enumerate(procs):
-            try:
-                proc.send_signal(signal.SIGKILL if i == 0 else signal.SIGTERM)
-            except psutil.Error:
-                pass
+        """SIGTERM the workers (they exit at once), SIGKILL each process this object started
+        (torchrun, or an in-place training process: nothing to save, and no shutdown
+        traceback in the user's output), SIGKILL what is left after ``grace_s``. Returns the
+        first process's exit code."""
+        procs: list[psutil.Process] = []
+        for started in self.procs:
+            tree = self._tree(started)
+            for i, proc in enumerate(tree):
+                try:
+                    proc.send_signal(signal.SIGKILL if i == 0 else signal.SIGTERM)
+                except psutil.Error:
+                    pass
+            procs += tree
         alive = _wait_gone(procs, grace_s)
         for proc in alive:
             try:
@@ -121,10 +228,13 @@ class Workers:
             except psutil.Error:
                 pass
         _wait_gone(alive, 5.0)
-        try:
-            return self.proc.wait(5.0)
-        except subprocess.TimeoutExpired:
-            return -9
+        codes = []
+        for started in self.procs:
+            try:
+                codes.append(started.wait(5.0))
+            except subprocess.TimeoutExpired:
+                codes.append(-9)
+        return codes[0] if codes else -9
 
 
 def _die_with_parent(parent: int) -> Callable[[], None] | None:
@@ -270,9 +380,10 @@ class Launcher:
         key_hex, report_addr = self._report_key(reply)
         env = worker_env(self.base_env, self.ident.job, order, key_hex, report_addr,
                          self.checkpoint_dir, self.control_dir)
-        if self.inplace:  # one process, kept across epochs: no torchrun
+        local: Sequence[Mapping[str, str]] = ({},)
+        if self.inplace:  # the node's processes, kept across epochs: no torchrun
             env[training.ENV_INPLACE] = "1"
-            env.update(RANK=str(order.rank), WORLD_SIZE=str(order.world), LOCAL_RANK="0")
+            local = local_envs(self.nproc_per_node, order.rank, order.world)
             argv = list(self.command)
             self._relay(order)
         else:
@@ -281,33 +392,39 @@ class Launcher:
                                  log_dir=str(Path(self.control_dir) / "torchrun"))
         log.info("epoch %s: rank %s of %s, master %s:%s", order.epoch, order.rank, order.world,
                  order.master, order.port)
-        self.workers = Workers(argv, env, int(order.epoch or 0))
+        self.workers = Workers(argv, env, int(order.epoch or 0), local_envs=local)
         self.state, self.epoch, self.rc = "running", order.epoch, None
 
     def prestart(self) -> None:
-        """In place: start the training process ahead of its epoch. The check-ins say
-        ``ready: false`` until it is ready (torch imported, model built), so the daemon does not
-        place the node and the members keep training meanwhile; they pause only for the
-        re-form itself."""
+        """In place: start the node's training processes ahead of their epoch. The check-ins
+        say ``ready: false`` until all of them are ready (torch imported, model built), so the
+        daemon does not place the node and the members keep training meanwhile; they pause only
+        for the re-form itself."""
         if not self.inplace or self.workers is not None:
             return
         env = dict(self.base_env)
         env.update({training.ENV_JOB: self.ident.job, training.ENV_INPLACE: "1",
                     training.ENV_CHECKPOINT_DIR: self.checkpoint_dir,
                     training.ENV_CONTROL_DIR: self.control_dir})
-        for stale in (inplace_mod.READY_NAME, inplace_mod.MEMBERSHIP_NAME):  # the last process's
+        control = Path(self.control_dir)  # the last processes' files
+        for stale in (inplace_mod.READY_NAME, inplace_mod.MEMBERSHIP_NAME, inplace_mod.LOST_NAME,
+                      *(p.name for p in control.glob(f"{inplace_mod.READY_NAME}.*"))):
             with contextlib.suppress(FileNotFoundError):
-                (Path(self.control_dir) / stale).unlink()
-        self.workers = Workers(list(self.command), env, 0)
+                (control / stale).unlink()
+        self.workers = Workers(list(self.command), env, 0,
+                               local_envs=local_envs(self.nproc_per_node))
         self._prestarted = time.monotonic()
-        log.info("training process started ahead of its epoch")
+        if self.nproc_per_node == 1:
+            log.info("training process started ahead of its epoch")
+        else:
+            log.info("%d training processes started ahead of their epoch", self.nproc_per_node)
 
     def ready(self) -> bool:
-        """In place: whether the node can be placed (its process is ready, or it gave up
-        waiting after ``ready_timeout_s`` and lets the daemon decide)."""
+        """In place: whether the node can be placed (all its processes are ready, or it gave
+        up waiting after ``ready_timeout_s`` and lets the daemon decide)."""
         if not self.inplace or self.state == "running":
             return True
-        if inplace_mod.is_ready(self.control_dir):
+        if inplace_mod.is_ready(self.control_dir, self.nproc_per_node):
             return True
         return self.workers is None or self.workers.poll() is not None \
             or time.monotonic() - self._prestarted > self.ready_timeout_s
@@ -327,15 +444,17 @@ class Launcher:
         inplace_mod.write_membership(self.control_dir, inplace_mod.Membership(
             epoch=order.epoch, rank=order.rank, world=order.world, master=order.master or "",
             port=order.port or 0, abandon=bool(order.abandon)))
-        log.info("epoch %s: rank %s of %s in place, master %s:%s%s", order.epoch, order.rank,
-                 order.world, order.master, order.port, " (abandon)" if order.abandon else "")
+        log.info("epoch %s: rank %s of %s in place, master %s:%s%s%s", order.epoch, order.rank,
+                 order.world, order.master, order.port, " (abandon)" if order.abandon else "",
+                 f", {self.nproc_per_node} processes" if self.nproc_per_node > 1 else "")
         self.state, self.epoch, self.rc = "running", order.epoch, None
 
     def _stop(self, reason: str) -> None:
         assert self.workers is not None
         log.info("epoch %s: stopping workers (%s)", self.epoch, reason)
         if self.inplace and self.workers.poll() is None:
-            # leave at the next step boundary, so the others stop there too
+            # leave at the next step boundary, so the others stop there too (the node's
+            # processes all read this file and leave together)
             inplace_mod.write_membership(self.control_dir,
                                          inplace_mod.Membership(epoch=(self.epoch or 0) + 1))
             deadline = time.monotonic() + self.leave_grace_s
@@ -359,12 +478,12 @@ class Launcher:
         epoch becomes ready (both are news for the daemon)."""
         deadline = time.monotonic() + seconds
         waiting_ready = self.inplace and self.state != "running" and self.workers is not None \
-            and not inplace_mod.is_ready(self.control_dir)
+            and not inplace_mod.is_ready(self.control_dir, self.nproc_per_node)
         while time.monotonic() < deadline:
             if self.state == "running" and self.workers is not None \
                     and self.workers.poll() is not None:
                 return
-            if waiting_ready and inplace_mod.is_ready(self.control_dir):
+            if waiting_ready and inplace_mod.is_ready(self.control_dir, self.nproc_per_node):
                 return
             self.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
@@ -434,11 +553,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--munge-socket", help="munged socket (default: the config's munge.socket)")
     p.add_argument("--checkpoint-dir", help="shared checkpoint folder (default: "
                    "$MALLETRAIN_CHECKPOINT_DIR, else malletrain-<job> in the submit folder)")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="workers per node (GPUs)")
+    p.add_argument("--nproc-per-node", default="1",
+                   help="training processes per node: a number (with GPUs, one per GPU) or "
+                   "auto (one per visible GPU, counted from CUDA_VISIBLE_DEVICES or the "
+                   "/dev/nvidiaN files; 1 without GPUs); default 1")
     p.add_argument("--poll-s", type=float, default=2.0, help="seconds between check-ins")
     p.add_argument("--inplace", action="store_true",
-                   help="keep the training process alive across epochs (the script uses "
-                   "malletrain_core.worker.inplace.Elastic); one process per node")
+                   help="keep the training processes alive across epochs (the script uses "
+                   "malletrain_core.worker.inplace.Elastic); no torchrun: the launcher starts "
+                   "--nproc-per-node processes itself")
     p.add_argument("--torchrun", help="the torchrun command, split like a shell would "
                    "(default: this Python's torch.distributed.run)")
     p.add_argument("--debug", action="store_true", help="debug logging")
@@ -457,10 +580,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not command:
             raise MalleTrainError("no training command; usage: malletrain-run [options] -- "
                                   "python train.py ARGS")
-        if args.poll_s <= 0 or args.nproc_per_node < 1:
-            raise MalleTrainError("--poll-s must be > 0 and --nproc-per-node ≥ 1")
-        if args.inplace and args.nproc_per_node != 1:
-            raise MalleTrainError("--inplace runs one process per node; drop --nproc-per-node")
+        if args.poll_s <= 0:
+            raise MalleTrainError("--poll-s must be > 0")
+        nproc = nproc_per_node(args.nproc_per_node, env)
         ident = identity_from_env(env)
         (host, port), cfg_socket = _daemon_address(args.daemon, env)
         secret = env.get(jobsecret.ENV_SECRET)
@@ -473,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torchrun = shlex.split(args.torchrun) if args.torchrun else TORCHRUN
         launcher = Launcher(ident, command, TcpClient(host, port, munge), munge,
                             checkpoint_dir=str(Path(ckpt).resolve()), control_dir=control,
-                            poll_s=args.poll_s, nproc_per_node=args.nproc_per_node,
+                            poll_s=args.poll_s, nproc_per_node=nproc,
                             node_addr=env.get(ENV_NODE_ADDR, ""), torchrun=torchrun,
                             inplace=args.inplace)
     except MalleTrainError as exc:

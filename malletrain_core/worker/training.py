@@ -133,6 +133,7 @@ class Session:
         self.rank = int(env.get("RANK", "0"))
         self.world_size = int(env.get("WORLD_SIZE", "1"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.local_world_size = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
         self.checkpoint_dir = Path(env.get(ENV_CHECKPOINT_DIR, "checkpoints"))
         control = env.get(ENV_CONTROL_DIR)
         self._control = Path(control) if control else None
@@ -187,6 +188,13 @@ class Session:
     def is_chief(self) -> bool:
         return self.rank == 0
 
+    @property
+    def nodes(self) -> int:
+        """The job's node count, what a report's ``world`` says: the daemon sizes jobs in
+        nodes, and a node may run several processes (``LOCAL_WORLD_SIZE``, set by torchrun and
+        by ``malletrain-run --inplace --nproc-per-node``)."""
+        return max(1, self.world_size // self.local_world_size)
+
     def report(self, samples: float, force: bool = False) -> None:
         """Count ``samples`` (global, this step) and send a report when one is due."""
         self.samples += samples
@@ -196,7 +204,7 @@ class Session:
         self._last_send_t = now
         self._seq += 1
         report = reports.Report(job=self.job_id, epoch=self.epoch, seq=self._seq, t=now,
-                                samples=self.samples, world=self.world_size, rank=self.rank,
+                                samples=self.samples, world=self.nodes, rank=self.rank,
                                 ckpt=self._ckpt_ack)
         try:
             self._sock.sendto(reports.sign(report, self._key), self._addr)  # type: ignore[arg-type]

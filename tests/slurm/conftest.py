@@ -33,7 +33,8 @@ NODES = int(os.environ.get("MALLETRAIN_TEST_NODES", "8"))
 # failed (tests/conftest.py).
 RERUN_ONCE = {"test_backend_live.py", "test_training_e2e.py", "test_faults.py", "test_faults_site.py",
               "test_daemon_live.py", "test_demo.py", "test_load.py", "test_byo_e2e.py",
-              "test_quiet_poll.py", "test_inplace_slurm.py", "test_prod_race.py",
+              "test_quiet_poll.py", "test_inplace_slurm.py", "test_inplace_nproc_slurm.py",
+              "test_prod_race.py",
               "test_liveness.py"}
 
 
@@ -150,3 +151,18 @@ def backend_path(request: pytest.FixtureRequest,
         assert runner.calls == [], f"the pyslurm path ran commands: {runner.calls}"
     else:
         assert runner.calls, "the commands path ran no command"
+
+
+@pytest.fixture
+def outdir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A folder every job's tasks may write their output to; its task-*.out files' tails are
+    printed if the test failed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    yield out
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for path in sorted(out.glob("task-*.out")):
+            print(f"\n==== {path.name} (tail) ====")
+            print("\n".join(path.read_text(errors="replace").splitlines()[-25:]))

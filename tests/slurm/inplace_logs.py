@@ -2,7 +2,8 @@
 epoch lines.
 
 The workers (tests/workers/inplace_train.py) print one JSON object per step (time, global
-step, epoch, world, rank, sampler position, pid, state digest); the daemon logs every epoch it
+step, epoch, world, rank, local rank, sampler position, pid, state digest; the N processes of
+a node, ``--nproc-per-node N``, share their task's output); the daemon logs every epoch it
 starts with the path it took (``job J: epoch N, world W, path inplace|disk``). Used by
 tests/slurm/test_inplace_slurm.py and bench/e2e_paths.py.
 """
@@ -53,7 +54,8 @@ def read(outdir: Path, job: str) -> InplaceLog:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a line cut by a kill
-            rec["task"] = path.name
+            # one process of the task: several per node share its output
+            rec["task"] = f"{path.name}:{rec.get('local', 0)}"
             if "change" in rec:
                 log.changes.append(rec)
             elif "step" in rec and not rec.get("failed") and rec.get("epoch") is not None:
@@ -102,7 +104,8 @@ def problems(log: InplaceLog, batch: int) -> list[str]:
 
 def change(log: InplaceLog, before: int, after: int) -> tuple[float, int]:
     """The pause of a change from epoch ``before`` to ``after`` on the members of both (their
-    tasks: in place the same process, on the restart path a new one; the median over them of
+    tasks' processes, by local rank: in place the same process, on the restart path a new
+    one; the median over them of
     the gap between their last step before and first step after) and the steps it lost (the
     largest: last global step before − first step after + 1)."""
     gaps, lost = [], 0

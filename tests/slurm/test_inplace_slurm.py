@@ -17,7 +17,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,19 +49,6 @@ daemons = pytest.fixture(daemons_fixture, name="daemons")
 def daemon(daemons: Callable[..., LocalDaemon]) -> LocalDaemon:
     """A malletraind for the test (its view and log are printed if the test failed)."""
     return daemons(SETTINGS)
-
-
-@pytest.fixture
-def outdir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
-    out = tmp_path / "out"
-    out.mkdir()
-    out.chmod(0o777)
-    yield out
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        for path in sorted(out.glob("task-*.out")):
-            print(f"\n==== {path.name} (tail) ====")
-            print("\n".join(path.read_text(errors="replace").splitlines()[-25:]))
 
 
 def prod(cluster: LocalCluster, nodes: int, *where: str) -> str:

@@ -1,13 +1,16 @@
 """A training process that rescales in place (driven by tests/test_inplace.py).
 
-Prints one JSON line per step: time, global step, epoch, world, rank, state digest, learning
-rate, sampler position, live threads and open file descriptors.
+Prints one JSON line per step: time, global step, epoch, world, rank, local rank (several
+processes per node share a log), state digest, learning rate, sampler position, live threads
+and open file descriptors.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
+import fcntl
 import json
 import os
 import signal
@@ -19,6 +22,12 @@ import torch
 from torch import nn
 
 from malletrain_core.worker import inplace, training
+
+
+def emit(record: dict) -> None:
+    """One JSON line in one write: the N processes of a node share their task's output file
+    (opened for appending, see main), so a line is never cut by another process's."""
+    os.write(sys.stdout.fileno(), (json.dumps(record) + "\n").encode())
 
 
 class Position:
@@ -48,6 +57,8 @@ def main() -> int:
     p.add_argument("--batchnorm", action="store_true",
                    help="a BatchNorm layer: running statistics that each rank's batch moves")
     args = p.parse_args()
+    with contextlib.suppress(OSError):  # each write at the end, whoever else writes there
+        fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_APPEND)
     torch.set_num_threads(1)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     session = training.Session(handle_sigterm=False, checkpoint_every_s=args.checkpoint_every_s)
@@ -63,11 +74,11 @@ def main() -> int:
     shown = saved = 0
     for step in el.steps(args.steps):
         for change in el.changes[shown:]:
-            print(json.dumps({"change": change, "t": time.time(), "pid": os.getpid(),
-                              "resumed_from": el.resumed_from}), flush=True)
+            emit({"change": change, "t": time.time(), "pid": os.getpid(),
+                  "local": el.local_rank, "resumed_from": el.resumed_from})
         shown = len(el.changes)
         for ckpt in el.checkpoints[saved:]:
-            print(json.dumps({"checkpoint": ckpt, "t": time.time()}), flush=True)
+            emit({"checkpoint": ckpt, "t": time.time()})
         saved = len(el.checkpoints)
         with el.guard():
             if args.compute_s:
@@ -87,14 +98,15 @@ def main() -> int:
             time.sleep(args.sleep)
         done = el.step + (0 if el._step_failed else 1)
         rec = {"t": time.time(), "step": done, "failed": el._step_failed, "epoch": el.epoch,
-               "world": el.world, "rank": el.rank, "lr": opt.param_groups[0]["lr"],
+               "world": el.world, "rank": el.rank, "local": el.local_rank,
+               "lr": opt.param_groups[0]["lr"],
                "pos": pos.pos, "threads": threading.active_count(),
                "fds": len(os.listdir("/proc/self/fd")), "pid": os.getpid()}
         if done % args.digest_every == 0 and not el._step_failed:
             st = el.state()
             st["step"] = done
             rec["digest"] = inplace.digest(st)[:16]
-        print(json.dumps(rec), flush=True)
+        emit(rec)
     el.close()
     return 0
 
