@@ -801,3 +801,19 @@ def test_a_task_preempted_where_it_started_may_go_back_there_at_once(slurm: Fake
     slurm.calls.clear()
     assert backend.execute([Grow("7", ("n01",), None)], T + 2.1) == []
     assert slurm.commands()[-1] == ["scontrol", "release", "7_0"]
+
+
+def test_a_job_whose_every_task_failed_at_once_keeps_them(slurm: FakeSlurm,
+                                                         backend: SlurmBackend) -> None:
+    """No task left running is not the end while the failures are within the budget (the
+    user cancelling some of them is: test_job_end_reasons)."""
+    slurm.squeue = held_array(7, 2)
+    slurm.sinfo = nodes(n01="idle", n02="idle")
+    backend.poll(T)
+    backend.execute([Grow("7", ("n01", "n02"), None)], T)
+    slurm.squeue = (task(20, 7, 0, "FAILED", "n01", reason="NonZeroExitCode")
+                    + task(21, 7, 1, "FAILED", "n02", reason="NonZeroExitCode"))
+    slurm.calls.clear()
+    ev = backend.poll(T + 1)
+    assert not of(ev, JobEnded) and "7" in backend.jobs
+    assert ["scontrol", "requeuehold", "7_[0-1]"] in slurm.commands()

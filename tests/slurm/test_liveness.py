@@ -193,3 +193,31 @@ def test_a_node_a_prod_job_used_is_harvested_again_within_seconds(
                                          interval_s=0.05))
     print(f"prod ended → all 4 nodes running the job again: {regained} s")
     assert len(task_states(cluster, job)) == 4
+
+
+def test_the_daemon_grows_back_onto_a_node_whose_task_failed_at_start(
+        cluster: LocalCluster, daemon: LocalDaemon, tmp_path: Path) -> None:
+    """The whole daemon: a job's two tasks both exit 1 at their first start. They are
+    requeued held (the job does not end, although none of its tasks is left running) and the
+    engine plans again at once (it used to leave the nodes idle until some other event: 4 min
+    in bench/e2e.py), so both nodes train again within the grant timeout of the failure."""
+    blocker = cluster.sbatch("-p", "prod", "-N", str(len(cluster.node_names) - 2), "-o",
+                             "/dev/null", "--wrap", "sleep 600")
+    cluster.wait_for("blocker running", lambda: "RUNNING" in cluster.run(
+        ["squeue", "-h", "-j", blocker, "-o", "%T"]).stdout, 20)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    marks.chmod(0o777)
+    job = cluster.sbatch("--qos=malletrain", "-N", "1-2", "--comment=profile=no", "-o",
+                         "/dev/null", "--chdir=/tmp", script=(
+                             f"#!/bin/sh\nf={marks}/$SLURM_ARRAY_TASK_ID\n"
+                             "[ -e $f ] || { touch $f; exit 1; }\nexec sleep 600\n"))
+    cluster.wait_for("both tasks failed", lambda: len(list(marks.iterdir())) == 2, 30,
+                     interval_s=0.05)
+    t0 = time.monotonic()
+    took = cluster.wait_for("both tasks running again", lambda: running(cluster, job) == 2,
+                            cluster.timings.grant_timeout_s, interval_s=0.1)
+    print(f"a task failed at start → both nodes running the job again: {time.monotonic() - t0:.2f} s "
+          f"(waited {took:.2f} s)")
+    assert "requeued held" in daemon.log_text()
+    assert sorted(task_states(cluster, job).values()) == ["RUNNING", "RUNNING"]

@@ -114,6 +114,15 @@ def _failed(row: sp.TaskRow) -> bool:
     return row.state is TaskState.DONE and _code(row) in _FAILED
 
 
+def _runnable(group: Sequence[sp.TaskRow]) -> bool:
+    """Whether a job still has a task to run: one not ended, one that hit its time limit, or a
+    failed one (requeued held until the job's failure budget is spent), unless the user
+    cancelled some of them (a job whose tasks all ended, some cancelled, is over)."""
+    cancelled = any(_code(r) in ("CANCELLED", "CA") for r in group)
+    return any(r.state is not TaskState.DONE or _recoverable(r)
+               or (_failed(r) and not cancelled) for r in group)
+
+
 UNPLANNED_WAIT_S = 60.0
 """How long a waiting job of another partition that Slurm has not planned yet (no start time
 and no SchedNodes in ``squeue --start``) holds back new grants, counted from its submission
@@ -202,6 +211,7 @@ class SlurmBackend(TaskBackend):
         self.task_failure_window_s = float(task_failure_window_s)
         self._failures: dict[str, list[float]] = {}   # job -> times its tasks failed
         self._failures_seen: set[tuple[str, int]] = set()  # (task, restarts) counted
+        self._no_task_logged: dict[str, float] = {}  # job -> last "no held task left" warning
 
     def _job_of(self, task: str) -> str:
         return task.split("_", 1)[0]
@@ -349,9 +359,11 @@ class SlurmBackend(TaskBackend):
     def _reconcile_tasks(self, current: dict[str, sp.TaskRow], now: float,
                          out: _PollEvents) -> None:
         """Grows that did not happen, tasks that must not run unordered, time-outs, failed
-        tasks of live jobs (a job none of whose tasks is left to run ends instead)."""
-        alive = {r.array_id for r in current.values()
-                 if r.state is not TaskState.DONE or _recoverable(r)}
+        tasks of live jobs (see :func:`_runnable`)."""
+        groups: dict[str, list[sp.TaskRow]] = {}
+        for r in current.values():
+            groups.setdefault(r.array_id, []).append(r)
+        alive = {aid for aid, group in groups.items() if _runnable(group)}
         for key, row in current.items():
             if row.array_id not in self._jobs:
                 continue
@@ -433,7 +445,7 @@ class SlurmBackend(TaskBackend):
             codes = {_code(r) for r in group if r.state is TaskState.DONE}
             if "COMPLETED" in codes:
                 reason = EndReason.COMPLETED
-            elif any(r.state is not TaskState.DONE or _recoverable(r) for r in group):
+            elif _runnable(group):
                 continue
             elif codes <= {"CANCELLED"}:
                 reason = EndReason.CANCELLED
@@ -668,6 +680,7 @@ class SlurmBackend(TaskBackend):
     def _end(self, job_id: str) -> None:
         super()._end(job_id)
         self._failures.pop(job_id, None)
+        self._no_task_logged.pop(job_id, None)
         self._failures_seen = {f for f in self._failures_seen if self._job_of(f[0]) != job_id}
 
     def _free_tasks(self, job_id: str) -> list[str]:
@@ -707,9 +720,28 @@ class SlurmBackend(TaskBackend):
                     self._withdraw(node, [])
                     events.append(NodesReclaimed(now, (node,)))
                     continue
+                if key is None and minutes < 1:
+                    log.warning("grow of job %s on %s: hole under one minute", action.job_id,
+                                node)
+                    events.append(WorkerStopped(now, action.job_id, node))
+                    continue
+                coming = sum(1 for k in self._stopping if self._job_of(k) == action.job_id)
+                if key is None and coming:
+                    # A task is on its way back (a failed one requeued by this very poll):
+                    # the node is withdrawn and offered again by the next poll, so the engine
+                    # plans again then, instead of keeping it idle until some other event.
+                    last = self._no_task_logged.get(action.job_id, -math.inf)
+                    (log.info if now - last >= 60 else log.debug)(
+                        "grow of job %s on %s: its %d task(s) being requeued are not held yet: "
+                        "node offered again by the next poll", action.job_id, node, coming)
+                    if now - last >= 60:
+                        self._no_task_logged[action.job_id] = now
+                    events.append(WorkerStopped(now, action.job_id, node))
+                    self._withdraw(node, [])
+                    events.append(NodesReclaimed(now, (node,)))
+                    continue
                 if key is None:
-                    log.warning("grow of job %s on %s: %s", action.job_id, node,
-                                "hole under one minute" if minutes < 1 else "no held task left")
+                    log.warning("grow of job %s on %s: no held task left", action.job_id, node)
                     events.append(WorkerStopped(now, action.job_id, node))
                     continue
                 try:
