@@ -219,7 +219,9 @@ class Engine:
         self._requeue()
         self._advisor.extend(now)
         self._allocate(now)
-        if self._pool.free:  # nodes nobody is given: measure a doubtful estimate again
+        if self._pool.free:  # nodes nobody is given: a cut step back up, or measure a
+            self._advisor.restore(now)  # doubtful estimate again
+        if self._pool.free:
             self._advisor.remeasure(now)
         return self._emit(now)
 
