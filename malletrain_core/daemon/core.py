@@ -337,6 +337,7 @@ class Daemon:
             self.store.append(events)
             self.counters.events += len(events)
             actions = self.engine.handle_many(events)
+            events = []
             if not actions:
                 break
             for action in actions:
@@ -359,6 +360,12 @@ class Daemon:
             self._changed = True
             if self.on_actions is not None:
                 self.on_actions(actions, now)
+        if events:
+            # The last round's follow-ups (grows that failed at once): handled by the next
+            # cycle, never dropped. Dropped, the engine kept nodes the backend had taken back
+            # and waited for workers that would never start.
+            self.pending.extend(events)
+            self._poke = True
         self._hook_at = None
         self._maybe_compact()
         self.counters.cycles += 1

@@ -697,7 +697,13 @@ class SlurmBackend(TaskBackend):
                      ",".join(nodes))
             for action in grows:
                 events += [WorkerStopped(now, action.job_id, n) for n in action.nodes]
-            for node in nodes:  # offered again by the first poll without such a job
+            # Every idle node is withdrawn, not only these: the engine, planning again at
+            # once, would otherwise try the next ones, held back in turn. All are offered
+            # again by the first poll without such a job.
+            busy = {node for _, node in self._workers.values()} | {
+                launch.node for launch in self._launching.values()}
+            nodes = sorted(set(nodes) | {n for n in self._offered if n not in busy})
+            for node in nodes:
                 self._offered.pop(node, None)
             events.append(NodesReclaimed(now, tuple(nodes)))
             return
