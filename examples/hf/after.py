@@ -5,7 +5,8 @@ count up modulo the vocabulary.
     torchrun --nproc-per-node=2 train.py --output-dir out --epochs 3
 
 --device auto (the default) trains on the GPU (NCCL) when one is visible, else on the CPU
-(gloo): the Trainer's own choice unless use_cpu is set.
+(gloo; without a GPU the Trainer must be told use_cpu, or under torchrun each process
+trains alone).
 """
 
 import argparse
@@ -50,7 +51,7 @@ def main():
         logging_steps=10,
         save_steps=200,
         report_to="none",
-        use_cpu=args.device == "cpu",
+        use_cpu=args.device == "cpu" or not torch.cuda.is_available(),
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=CountingDataset(),
                       callbacks=[mt.MalleTrainCallback()])
