@@ -819,3 +819,24 @@ def test_a_job_whose_every_task_failed_at_once_keeps_them(slurm: FakeSlurm,
     ev = backend.poll(T + 1)
     assert not of(ev, JobEnded) and "7" in backend.jobs
     assert ["scontrol", "requeuehold", "7_[0-1]"] in slurm.commands()
+
+
+def test_a_hung_scontrol_gives_back_every_idle_node_and_waits_for_a_poll(
+        slurm: FakeSlurm, backend: SlurmBackend) -> None:
+    """After one grow's scontrol timed out, the batch's other grows are not tried (each would
+    wait the command timeout again, the daemon's lock held: its API stopped answering in
+    tests/slurm/test_faults.py), and every idle node is withdrawn, so the engine, planning
+    again at once, does not try the next ones either; the next poll offers them again."""
+    slurm.squeue = held_array(7, 3)
+    slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle")
+    backend.poll(T)
+    slurm.hangs.add(("scontrol", "update"))
+    slurm.calls.clear()
+    ev = backend.execute([Grow("7", ("n01", "n02"), None)], T)
+    assert [c[:2] for c in slurm.commands()] == [["scontrol", "update"]]
+    assert of(ev, WorkerStopped) == [WorkerStopped(T, "7", "n01"), WorkerStopped(T, "7", "n02")]
+    assert {n for e in of(ev, NodesReclaimed) for n in e.nodes} == {"n01", "n02", "n03"}
+    assert backend.offered == {}
+    slurm.hangs.clear()
+    assert of(backend.poll(T + 1), NodesIdle)[0].nodes == (
+        IdleNode("n01"), IdleNode("n02"), IdleNode("n03"))

@@ -707,6 +707,7 @@ class SlurmBackend(TaskBackend):
                 self._offered.pop(node, None)
             events.append(NodesReclaimed(now, tuple(nodes)))
             return
+        hung = False
         for action in grows:
             if action.job_id not in self._jobs:
                 log.warning("grow of job %s: not a live elastic job", action.job_id)
@@ -750,6 +751,12 @@ class SlurmBackend(TaskBackend):
                     log.warning("grow of job %s on %s: no held task left", action.job_id, node)
                     events.append(WorkerStopped(now, action.job_id, node))
                     continue
+                if hung:  # scontrol did not answer: the rest of this batch waits for a poll
+                    free.insert(0, key)
+                    events.append(WorkerStopped(now, action.job_id, node))
+                    self._withdraw(node, [])
+                    events.append(NodesReclaimed(now, (node,)))
+                    continue
                 try:
                     if self._acts is not None:
                         self._acts.grow(key, node, minutes)
@@ -762,11 +769,17 @@ class SlurmBackend(TaskBackend):
                 except CommandError as exc:  # a timed-out update leaves the task held
                     log.warning("grow of job %s on %s: %s", action.job_id, node, exc)
                     events.append(WorkerStopped(now, action.job_id, node))
-                    if isinstance(exc, CommandTimeout) and node in self._offered:
-                        # Withdrawn now and offered again by the next poll: the engine
-                        # plans with the node again instead of leaving it idle.
-                        del self._offered[node]
-                        events.append(NodesReclaimed(now, (node,)))
+                    if isinstance(exc, CommandTimeout):
+                        # Withdrawn now, with every other idle node, and offered again by the
+                        # next poll: the engine plans with them again then, instead of trying
+                        # the next node at once and waiting for scontrol again each time.
+                        hung = True
+                        busy = {n for _, n in self._workers.values()} | {
+                            la.node for la in self._launching.values()}
+                        gone = sorted({node} | {n for n in self._offered if n not in busy})
+                        for n in gone:
+                            self._offered.pop(n, None)
+                        events.append(NodesReclaimed(now, tuple(gone)))
                     continue
                 self._launching[key] = Launch(action.job_id, node, now + self.grow_timeout_s)
                 released.append(key)
