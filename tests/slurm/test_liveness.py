@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from slurm_helpers import elastic
+from test_backend_live import poll_until
 
 from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.events import (
@@ -44,18 +45,6 @@ LINGER = "#!/bin/bash\ntrap 'sleep 1; exit 0' TERM\nsleep 600 &\nwait\n"
 def backend_for(cluster: LocalCluster, **kw: float) -> SlurmBackend:
     return SlurmBackend(CommandRunner(env=cluster.env),
                         grow_timeout_s=cluster.timings.grant_timeout_s, **kw)  # type: ignore[arg-type]
-
-
-def poll_until(backend: SlurmBackend, done: Callable[[list[Event]], bool],
-               timeout_s: float = 30.0, every_s: float = 0.2) -> list[Event]:
-    seen: list[Event] = []
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen += backend.poll(time.time())
-        if done(seen):
-            return seen
-        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {seen}"
-        time.sleep(every_s)
 
 
 def admitted(backend: SlurmBackend, job: str) -> None:
@@ -84,7 +73,8 @@ def test_a_shrink_then_a_grow_onto_the_same_nodes_within_a_second_loses_nothing(
     poll_until(backend, started({a, b}))
     before = {node: key for key, (_, node) in backend.workers.items()}
     assert backend.execute([Shrink(job, (a, b))], time.time()) == []
-    poll_until(backend, lambda ev: not backend.workers and len(backend._free_tasks(job)) == 2)
+    poll_until(backend, lambda ev: not backend.workers and len(backend._free_tasks(job)) == 2,
+               interval_s=0.2)
     t0 = time.monotonic()
     assert backend.execute([Grow(job, (a, b), None)], time.time()) == []
     poll_until(backend, started({a, b}), timeout_s=cluster.timings.grant_timeout_s)
