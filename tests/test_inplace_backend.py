@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,44 @@ def test_an_abandoned_gloo_group_is_forgotten_not_aborted():
         el._graveyard.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_abort_within_gives_up_on_an_abort_that_hangs():
+    assert inplace.abort_within(5.0, lambda: None)
+    with pytest.raises(RuntimeError, match="driver"):
+        inplace.abort_within(5.0, lambda: (_ for _ in ()).throw(RuntimeError("driver gone")))
+    started = time.monotonic()
+    assert not inplace.abort_within(0.2, lambda: time.sleep(30))
+    assert time.monotonic() - started < 5.0
+
+
+HUNG_ABORT = textwrap.dedent("""
+    import datetime as dt, sys, time, torch, torch.distributed as dist
+    from malletrain_core.worker import inplace, training
+    store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 1, is_master=True,
+                          timeout=dt.timedelta(seconds=10), wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    model = torch.nn.Linear(2, 1)
+    el = inplace.Elastic(training.Session(env={}, handle_sigterm=False), model, None,
+                         control_dir="")
+    inplace.abandon_action = lambda backend: "abort"          # as NCCL's group would be
+    inplace._abort_default_group = lambda: time.sleep(600)    # an abort stuck in the driver
+    inplace.ABORT_BOUND_S = 0.5
+    el._pending.abandon("a peer hung")
+    el._teardown()
+    print("not reached", flush=True)
+""")
+
+
+def test_a_hung_abort_makes_the_process_leave_for_the_restart_path(tmp_path):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", HUNG_ABORT, str(free_port())],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == inplace.EXIT_ABORT_HUNG, proc.stderr[-2000:]
+    assert "did not return within 0.5 s" in proc.stderr and "restart path" in proc.stderr
+    assert "not reached" not in proc.stdout
+    assert time.monotonic() - started < 60  # the bound, not the 600 s of the stuck abort
 
 
 WORKER = textwrap.dedent("""

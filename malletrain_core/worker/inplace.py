@@ -367,6 +367,40 @@ def abandon_action(backend: str) -> str:
     return "abort" if "nccl" in str(backend).lower() else "forget"
 
 
+ABORT_BOUND_S = 15.0
+"""How long an NCCL abort may take before the process gives up on it (an abort can itself hang
+on a communicator stuck in the driver): NCCL's abort of a healthy group takes well under a
+second; the node's processes then leave and the daemon restarts them (the restart path)."""
+EXIT_ABORT_HUNG = 75
+"""The exit code of a process whose NCCL abort did not return within :data:`ABORT_BOUND_S`
+(EX_TEMPFAIL): the launcher reports the node's epoch failed and it is started afresh."""
+
+
+def abort_within(bound_s: float, abort: Callable[[], None] | None = None) -> bool:
+    """Run ``abort`` (default: :func:`_abort_default_group`) in a thread of its own and wait
+    at most ``bound_s``; True when it returned (its exception, if any, is raised here), False
+    when it is still running: the caller must leave the process, which cannot be trusted with
+    the device any more."""
+    done = threading.Event()
+    failed: list[BaseException] = []
+    run = abort if abort is not None else _abort_default_group
+
+    def body() -> None:
+        try:
+            run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=body, name="malletrain-abort", daemon=True).start()
+    if not done.wait(bound_s):
+        return False
+    if failed:
+        raise failed[0]
+    return True
+
+
 def _abort_default_group() -> None:
     """Abort every communicator of this process's groups and clear torch.distributed's
     records of them: ``torch.distributed.distributed_c10d._abort_process_group`` (torch 2.13;
@@ -453,8 +487,9 @@ class Elastic:
             raise ValueError(f"collective_timeout_s must be in (0, {MAX_COLLECTIVE_TIMEOUT_S:g}]"
                              " (it is only the backstop for a hung peer)")
         if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend {backend!r}: give gloo or nccl (nccl is written but "
-                             "untested on GPUs, see docs/inplace.md)")
+            raise ValueError(f"backend {backend!r} cannot rescale in place: give gloo or nccl "
+                             "(a backend without an abort, such as xccl, cannot let go of a "
+                             "lost peer's operation); run without --inplace (the restart path)")
         self.backend = backend
         self.ddp = ddp
         self.session = session
@@ -578,12 +613,19 @@ class Elastic:
         if not dist.is_initialized():
             self._store = None
             return
+        backend = str(dist.get_backend())
         if self._pending.reason is None:
             dist.destroy_process_group()
-        elif abandon_action(dist.get_backend()) == "abort":
+        elif abandon_action(backend) == "abort":
             # NCCL: aborting the communicators ends the abandoned operation, so the process
-            # keeps no operation that could block its exit (untested on GPUs, docs/inplace.md)
-            _abort_default_group()
+            # keeps no operation that could block its exit (untested on GPUs, docs/inplace.md).
+            # An abort that hangs itself (a communicator stuck in the driver) is given up on:
+            # the node's processes leave and restart (never a hung job).
+            if not abort_within(ABORT_BOUND_S):
+                self.holds_abandoned = True  # leave with os._exit: nothing may wait on it
+                self._leave(EXIT_ABORT_HUNG, f"aborting the abandoned {backend} "
+                            f"group did not return within {ABORT_BOUND_S:g} s: this node's "
+                            "processes leave and are started again (the restart path)")
             self.holds_abandoned = bool(self._graveyard)  # nothing of this group is pending
         else:
             # An abandoned gloo operation is still pending on a hung peer: shutting the group
