@@ -21,7 +21,7 @@ from slurm_helpers import (
     wait_task,
 )
 
-from malletrain_core.cli.admin import parse_show_config
+from malletrain_core.backends.slurm.settings import parse_show_config
 from malletrain_core.localcluster import SITE_TIMINGS, LocalCluster
 
 pytestmark = pytest.mark.slow
