@@ -28,8 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("--slurm-release")
     if name:
+        from devtools.localcluster.releases import release
         from malletrain_core.errors import ConfigError
-        from malletrain_core.localcluster.releases import release
         try:
             release(name)
         except ConfigError as exc:

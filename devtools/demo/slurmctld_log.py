@@ -12,8 +12,8 @@ import math
 import re
 from collections.abc import Iterator
 
-from ..backends.slurm.parse import parse_time
-from ..hostlist import expand
+from malletrain_core.backends.slurm.parse import parse_time
+from malletrain_core.hostlist import expand
 
 PROD_PARTITION = "prod"
 

@@ -32,8 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.slurm.parse import parse_scontrol_show_job, parse_time
-from ..hostlist import expand
+from malletrain_core.backends.slurm.parse import parse_scontrol_show_job, parse_time
+from malletrain_core.hostlist import expand
+
 from .report import format_summary, markdown  # noqa: F401 - importable from here too
 from .slurmctld_log import (  # noqa: F401 - the summary's inputs, importable from here too
     PROD_PARTITION,
