@@ -2,7 +2,7 @@
 
 * No import cycle among modules (imports at module level).
 * Arrows point down: the engine, allocator and shared vocabulary reach no backend, daemon,
-  CLI, worker or development-cluster code; the worker side (``malletrain-run`` and the
+  CLI or worker code; the worker side (``malletrain-run`` and the
   training API) reaches no daemon or backend code; the wire formats reach only the shared
   vocabulary. Function-local imports count for these rules too.
 * No import cycle anywhere in the repository's Python (package, development tools, tests,
@@ -23,18 +23,16 @@ ROOT = "malletrain_core"
 
 LAYERS = {
     # module prefix: prefixes it must never reach (directly or transitively)
-    "malletrain_core.engine": ["backends", "daemon", "cli", "worker", "localcluster", "demo"],
-    "malletrain_core.allocator": ["backends", "daemon", "cli", "worker", "localcluster",
-                                  "demo", "engine", "sim"],
+    "malletrain_core.engine": ["backends", "daemon", "cli", "worker"],
+    "malletrain_core.allocator": ["backends", "daemon", "cli", "worker",
+                                  "engine", "sim"],
     "malletrain_core.model": ["backends", "daemon", "cli", "worker", "engine", "sim"],
     "malletrain_core.events": ["backends", "daemon", "cli", "worker", "engine", "sim"],
-    "malletrain_core.worker": ["daemon", "backends", "localcluster", "cli", "engine",
-                               "allocator", "sim", "demo"],
-    "malletrain_core.wire": ["daemon", "backends", "localcluster", "cli", "engine",
-                             "allocator", "sim", "demo", "worker"],
-    "malletrain_core.backends": ["daemon", "cli", "worker", "engine", "allocator", "sim",
-                                 "demo", "localcluster"],
-    "malletrain_core.sim": ["daemon", "cli", "worker", "backends", "localcluster", "demo"],
+    "malletrain_core.worker": ["daemon", "backends", "cli", "engine", "allocator", "sim"],
+    "malletrain_core.wire": ["daemon", "backends", "cli", "engine", "allocator", "sim",
+                             "worker"],
+    "malletrain_core.backends": ["daemon", "cli", "worker", "engine", "allocator", "sim"],
+    "malletrain_core.sim": ["daemon", "cli", "worker", "backends"],
 }
 
 

@@ -32,7 +32,8 @@ NEVER_IN_DAEMON = ["malletrain_core.worker.launcher", "malletrain_core.worker.tr
 
 
 def sources() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py")) + HOOKS
+    """The package, the development tools beside it and the hooks."""
+    return sorted(PACKAGE.rglob("*.py")) + sorted((REPO / "devtools").rglob("*.py")) + HOOKS
 
 
 def parsed(path: Path) -> ast.Module:
