@@ -55,7 +55,7 @@ from ..wire.orders import VERSION as ORDERS_VERSION
 from ..wire.orders import EpochError, Order
 from . import control, runid, training
 from .client import TcpClient
-from .identity import Identity, identity_from_env
+from .identity import Identity, identity_from_env, job_variable
 
 log = logging.getLogger("malletrain-run")
 
@@ -587,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         secret = env.get(jobsecret.ENV_SECRET)
         munge: Munge | jobsecret.JobSecretAuth = Munge(args.munge_socket or cfg_socket) \
             if not secret else jobsecret.JobSecretAuth(ident.job, secret)
-        submit_dir = env.get("SLURM_SUBMIT_DIR") or env.get("PBS_O_WORKDIR") or "."
+        submit_dir = job_variable(env, "submit_dir") or "."
         ckpt = args.checkpoint_dir or env.get(training.ENV_CHECKPOINT_DIR) or str(
             Path(submit_dir) / f"malletrain-{ident.job}")
         control_dir = tempfile.mkdtemp(prefix=f"malletrain-{ident.job}-{ident.task}-")
