@@ -87,9 +87,9 @@ def register(subparsers: Any) -> None:
                    help="replay only this many days of the trace (default: all)")
     p.add_argument("--policies", default="malletrain,freetrain-exact,freetrain-linear,oracle",
                    help="comma-separated policies to compare")
-    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="first seed (default %(default)s)")
     p.add_argument("--seeds", type=_positive_int, default=1,
-                   help="number of seeds, seed … seed+K−1 (default 1)")
+                   help="number of seeds, seed … seed+K−1 (default %(default)s)")
     p.add_argument("--out", type=Path, default=None,
                    help="write results.json, nodes.png and throughput.png into this folder")
     p.add_argument("--json", action="store_true", help="print results.json instead of a table")
@@ -100,7 +100,7 @@ def register(subparsers: Any) -> None:
                         "lowest name first, or names shuffled by the seed (default: name)")
     p.add_argument("--checkpoint-s", type=_non_negative, default=0.0,
                    help="periodic checkpoint interval; a preemption loses the progress since "
-                        "the last one (default 0: continuous, the prototype's cost model)")
+                        "the last one (default %(default)g: continuous, the prototype's cost model)")
     p.add_argument("--rescale-cost", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
                    help=rescale_cost_help())
     p.add_argument("--noise", type=_non_negative, default=PerfParams().noise,
@@ -117,7 +117,7 @@ def register(subparsers: Any) -> None:
                    "LEARN_DAYS, then replay the --days after them (default: learn from the "
                    "Summit fragment lengths, replay from the start)")
     p.add_argument("--workers", type=_positive_int, default=1,
-                   help="replay policies and seeds in this many processes (default 1; the "
+                   help="replay policies and seeds in this many processes (default %(default)s; the "
                         "results do not depend on it)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=run)
