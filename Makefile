@@ -61,8 +61,8 @@ check: setup lint
 	$(PYTEST) -q -m "not slurm and not torch and not slow" || [ $$? -eq 5 ]
 
 lint:
-	$(PYTHON) -m ruff check malletrain_core tests bench pbs_hooks
-	$(PYTHON) -m mypy malletrain_core
+	$(PYTHON) -m ruff check malletrain_core devtools tests bench pbs_hooks
+	$(PYTHON) -m mypy malletrain_core devtools
 
 demo: setup
 	bash scripts/demo.sh

@@ -48,8 +48,8 @@ sys.path.insert(0, str(REPO))
 from e2e_paths import SETTINGS, lost_tasks, run_paths  # noqa: E402
 from sections import host, replace_section  # noqa: E402
 
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
-from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
+from devtools.localcluster import LocalCluster  # noqa: E402
+from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 
 BEGIN, END = "<!-- e2e:begin -->", "<!-- e2e:end -->"
 STEP = re.compile(r"^step=\d+ epoch=(\d+) world=(\d+) ")

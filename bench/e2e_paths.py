@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO / "tests" / "slurm"))
 
 from inplace_logs import change, daemon_epochs, read  # noqa: E402
 
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
-from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
+from devtools.localcluster import LocalCluster  # noqa: E402
+from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 
 TRAIN = [sys.executable, "tests/workers/inplace_train.py", "--batch", "8", "--sleep", "0.05",
          "--checkpoint-every-s", "10", "--digest-every", "50"]

@@ -43,7 +43,7 @@ from e2e import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
 from pbs_real_helpers import complex_root, start_daemon, subjob  # noqa: E402
 from sections import host, replace_section  # noqa: E402
 
-from malletrain_core.localcluster.pbs import PbsComplex  # noqa: E402
+from devtools.localcluster.pbs import PbsComplex  # noqa: E402
 from malletrain_core.worker.client import UnixClient  # noqa: E402
 
 BEGIN, END = "<!-- e2e-pbs:begin -->", "<!-- e2e-pbs:end -->"

@@ -533,7 +533,7 @@ class Sbatch(Target):
     name = "sbatch"
 
     def __init__(self) -> None:
-        from malletrain_core.localcluster import JOB_SUBMIT_LUA
+        from devtools.localcluster import JOB_SUBMIT_LUA
         lua = shutil.which("lua5.1")
         if lua is None:
             raise RuntimeError("lua5.1 is not installed (scripts/setup-machine.sh installs it)")

@@ -51,8 +51,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from e2e import machine, p95, say  # noqa: E402
 from sections import replace_section  # noqa: E402
 
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
-from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
+from devtools.localcluster import LocalCluster  # noqa: E402
+from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 from malletrain_core.wire import hooks as protocol  # noqa: E402
 
 BEGIN, END = "<!-- load:begin -->", "<!-- load:end -->"

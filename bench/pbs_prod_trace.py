@@ -29,7 +29,7 @@ from e2e import say, wait  # noqa: E402
 from e2e_pbs import IDLE, MOMS, QUIET, ended, running_subjobs, state_of  # noqa: E402
 from pbs_real_helpers import complex_root, start_daemon  # noqa: E402
 
-from malletrain_core.localcluster.pbs import PbsComplex  # noqa: E402
+from devtools.localcluster.pbs import PbsComplex  # noqa: E402
 
 NOISE = ("tpp_mbox_read", "request received from", "Type 0 request", "Compiling script file",
          "Server@pbsserver;Svr;Server@pbsserver;attributes")

@@ -42,9 +42,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from e2e import say  # noqa: E402
 from sections import host, replace_section  # noqa: E402
 
+from devtools.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.backends.slurm.backend import SlurmBackend  # noqa: E402
 from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource, choose  # noqa: E402
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.runner import CommandRunner  # noqa: E402
 
 BEGIN, END = "<!-- slurm-paths:begin -->", "<!-- slurm-paths:end -->"

@@ -56,9 +56,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from e2e import machine, say  # noqa: E402
 from sections import replace_section  # noqa: E402
 
+from devtools.localcluster import LocalCluster  # noqa: E402
+from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 from malletrain_core.backends.slurm import parse as sp  # noqa: E402
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
-from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
 
 BEGIN, END = "<!-- slurmctld-load:begin -->", "<!-- slurmctld-load:end -->"
 PATHS_BEGIN, PATHS_END = "<!-- slurmctld-load-paths:begin -->", "<!-- slurmctld-load-paths:end -->"

@@ -57,8 +57,8 @@ from e2e import machine, say  # noqa: E402
 from load import Churn, elastic_tasks, end_elastic, job_script, sent_reports, squeue  # noqa: E402
 from sections import replace_section  # noqa: E402
 
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
-from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
+from devtools.localcluster import LocalCluster  # noqa: E402
+from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
 RESULTS = REPO / "bench" / "results"

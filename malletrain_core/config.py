@@ -25,7 +25,9 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
 from . import hostlist
+from .defaults import DEFAULT_LOOKAHEAD_S as DEFAULT_LOOKAHEAD_S
 from .errors import ConfigError, MalleTrainError
+from .tomltables import dataclass_from_table
 
 DEFAULT_PATH = Path("/etc/malletrain/malletrain.toml")
 DOCUMENTED_DEFAULTS = Path(__file__).with_name("malletrain.toml")
@@ -49,12 +51,6 @@ class DaemonConfig:
     hook_group: str = "slurm"
     journal_max_events: int = 50_000
     finished_job_retention_s: float = 600.0
-
-
-DEFAULT_LOOKAHEAD_S = 120.0
-"""FreeTrain's look-ahead (the prototype used 10 s, shorter than one ~18 s scale-up). Defined
-here and re-exported by ``model``, which imports numpy: the launcher (``malletrain-run``,
-started on every newly idle node) reads the configuration without it (0.17 s)."""
 
 
 @dataclass(frozen=True)
@@ -272,63 +268,6 @@ class Config:
                               "trainer may take the nodes no other trainer names")
 
 
-def _convert(value: Any, typ: Any, where: str) -> Any:
-    """Check (and gently coerce) one TOML value against the field's type."""
-    origin = getattr(typ, "__origin__", None)
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                pass
-    elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif typ is str:
-        if isinstance(value, str):
-            return value
-    elif origin is tuple:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-        return _bad(where, value, "a list of strings")
-    elif origin in (Mapping, dict) or typ is Mapping:
-        if isinstance(value, dict) and all(isinstance(v, int) and not isinstance(v, bool)
-                                           for v in value.values()):
-            return dict(value)
-        return _bad(where, value, "a table of whole numbers")
-    return _bad(where, value, getattr(typ, "__name__", str(typ)))
-
-
-def _bad(where: str, value: Any, expected: str) -> Any:
-    article = "" if expected.startswith("a ") else "an " if expected[0] in "aeiou" else "a "
-    raise ConfigError(f"{where}: {value!r} is not {article}{expected}")
-
-
-def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in table.items():
-        if key not in hints:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(names)}")
-        values[key] = _convert(value, hints[key], f"{where}.{key}")
-    return cls(**values)
-
-
 def from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
     """Build a :class:`Config` from nested tables (as TOML gives them)."""
     hints = get_type_hints(Config)
@@ -338,7 +277,7 @@ def from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
             if not isinstance(table, list) or not all(isinstance(t, dict) for t in table):
                 raise ConfigError(f"{source}: trainer must be an array of tables: write each "
                                   "trainer as a [[trainer]] section")
-            sections[name] = tuple(_section(TrainerConfig, t, f"{source}: trainer[{i}]")
+            sections[name] = tuple(dataclass_from_table(TrainerConfig, t, f"{source}: trainer[{i}]")
                                    for i, t in enumerate(table))
             continue
         if name not in hints:
@@ -346,7 +285,7 @@ def from_mapping(data: Mapping[str, Any], source: str = "<config>") -> Config:
                               f"{', '.join(hints)}")
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: [{name}] must be a table of keys")
-        sections[name] = _section(hints[name], table, f"{source}: {name}")
+        sections[name] = dataclass_from_table(hints[name], table, f"{source}: {name}")
     return Config(**sections)
 
 

@@ -14,8 +14,7 @@ from enum import Enum
 
 import numpy as np
 
-# Defined in config, which the launcher imports without numpy; re-exported here.
-from .config import DEFAULT_LOOKAHEAD_S as DEFAULT_LOOKAHEAD_S
+from .defaults import DEFAULT_LOOKAHEAD_S as DEFAULT_LOOKAHEAD_S
 from .errors import ValidationError
 
 

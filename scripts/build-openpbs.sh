@@ -2,7 +2,7 @@
 # Build OpenPBS for the real-PBS test tier from the vendored source, once.
 #   Source:  ../shared/vendor/openpbs/openpbs-23.06.06.tar.gz plus its two patches (Python 3.11).
 #   Result:  build/openpbs/install (the PBS_EXEC of the local complex, see
-#            malletrain_core/localcluster/pbs.py); logs under build/openpbs/logs.
+#            devtools/localcluster/pbs.py); logs under build/openpbs/logs.
 # A second run with the same source and patches does nothing (stamp keyed on their sha256).
 # Needs root only for the Debian packages (scripts/setup-machine.sh installs them with
 # MALLETRAIN_PBS=1) and for running the complex, not for the build itself.

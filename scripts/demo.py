@@ -2,7 +2,7 @@
 
 It starts a 16-node local Slurm cluster and ``malletraind``, replays onto the ``prod``
 partition a main-queue workload whose idle gaps follow the Summit trace's fragment lengths
-(time-compressed, see :mod:`malletrain_core.demo.workload`; big jobs wait and leave planned
+(time-compressed, see :mod:`devtools.demo.workload`; big jobs wait and leave planned
 holes), and keeps a stream of elastic jobs in the queue, each training a random NAS-Bench-101
 cell. By default (``--compute standin``) the accelerator's compute of each step is STOOD IN by
 a timed wait (``examples/nas_standin.sbatch``: a small real cell whose gradients are
@@ -38,10 +38,10 @@ from typing import Any, NoReturn, TextIO
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from malletrain_core.demo import live, summary, timeline, workload  # noqa: E402
+from devtools.demo import live, summary, timeline, workload  # noqa: E402
+from devtools.localcluster import LocalCluster  # noqa: E402
+from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 from malletrain_core.errors import CommandError, MalleTrainError  # noqa: E402
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
-from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
 from malletrain_core.runner import CommandRunner  # noqa: E402
 
 SAMPLE_EVERY_S = 2.0

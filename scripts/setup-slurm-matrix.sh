@@ -8,7 +8,7 @@
 #
 #   scripts/setup-slurm-matrix.sh [all|chroot|24.11|25.11|pyslurm|mount|umount]   (default: all)
 #
-# How the releases run (malletrain_core/localcluster/releases.py): slurmctld and slurmd run
+# How the releases run (devtools/localcluster/releases.py): slurmctld and slurmd run
 # chrooted (their slurmstepd and plugins are the chroot's); the chroot sees the checkout's parent,
 # /tmp, /home and the host's Python (with torch) at the same paths, so job scripts and the
 # epilog run unchanged. Client commands run on the host through the chroot's dynamic loader

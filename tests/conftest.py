@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The development tools (devtools/: the local test clusters, the demo) are not installed with
+# the package: the tests import them from the checkout.
+_REPO = str(Path(__file__).resolve().parents[1])
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -21,8 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("--slurm-release")
     if name:
+        from devtools.localcluster.releases import release
         from malletrain_core.errors import ConfigError
-        from malletrain_core.localcluster.releases import release
         try:
             release(name)
         except ConfigError as exc:

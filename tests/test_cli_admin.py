@@ -14,18 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.cli import main
-from malletrain_core.cli.admin import (
-    Check,
+from malletrain_core.backends.checks import Check
+from malletrain_core.backends.slurm.checks import (
     SlurmChecker,
     check_grant_timeout,
     check_hole_margin,
-    format_checks,
-    lua_settings,
-    parse_records,
-    parse_show_config,
     scheduler_parameter,
 )
+from malletrain_core.backends.slurm.settings import lua_settings, parse_records, parse_show_config
+from malletrain_core.cli import main
+from malletrain_core.cli.admin import format_checks
 from malletrain_core.config import Config
 from malletrain_core.runner import CommandRunner
 
@@ -324,3 +322,12 @@ def test_the_grant_timeout_covers_a_backfill_cycle_and_killwait():
     low = check_grant_timeout("(null)", "30 sec", 60.0)  # Slurm's defaults: 30 + 3 + 30 + 10
     assert not low.ok and "KillWait=30" in low.detail
     assert "slurm.grant_timeout_s = 73" in low.fix
+
+
+def test_a_batch_system_without_checks_is_one_line(tmp_path, capsys):
+    """admin check asks the configured batch system's registry entry; the toy has no checks."""
+    cfg = tmp_path / "toy.toml"
+    cfg.write_text("[daemon]\nbatch_system = \"toy\"\n")
+    assert main(["admin", "check", "--config", str(cfg)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no checks for daemon.batch_system = 'toy'" in err[0]

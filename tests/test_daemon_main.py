@@ -70,6 +70,35 @@ def test_a_trainers_lookahead_is_its_lifetime_predictors_horizon_too(tmp_path):
     assert daemon_main.engine_config(cfg).lifetime.horizon_s == 120.0
 
 
+def test_the_time_limit_of_an_open_hole_comes_from_the_batch_systems_entry(tmp_path):
+    """Slurm's default_time_limit_s reaches the engine under Slurm only; PBS and the toy leave
+    the engine's default (the daemon once applied [slurm]'s setting to every batch system)."""
+    from malletrain_core.engine import EngineConfig
+
+    body = "[slurm]\ndefault_time_limit_s = 7200\n"
+    assert daemon_main.engine_config(config_file(tmp_path, body)).default_time_limit_s == 7200.0
+    for name in ("pbs", "toy"):
+        cfg = config_file(tmp_path, f"[daemon]\nbatch_system = \"{name}\"\n" + body)
+        assert daemon_main.engine_config(cfg).default_time_limit_s == \
+            EngineConfig().default_time_limit_s
+
+
+def test_the_daemon_and_the_simulator_build_the_same_engine():
+    """One builder: the simulator's engine for a configured policy has the daemon's settings
+    but for what the replay sets itself (finished jobs kept, its look-ahead)."""
+    import dataclasses
+
+    from malletrain_core.config import Config
+    from malletrain_core.sim.policies import make_engine
+
+    daemon = daemon_main.engine_config(Config())
+    sim = make_engine("malletrain", 300.0).config
+    differ = {f.name for f in dataclasses.fields(daemon)
+              if getattr(daemon, f.name) != getattr(sim, f.name)}
+    assert differ == {"done_retention_s", "lookahead_s"}
+    assert sim.done_retention_s is None and sim.lookahead_s == 300.0
+
+
 def test_bad_config_is_one_line_exit_2(tmp_path, capsys):
     path = tmp_path / "bad.toml"
     path.write_text("[daemon]\nbatch_systen = \"pbs\"\n")

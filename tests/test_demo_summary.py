@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from malletrain_core.demo import summary, timeline
+from devtools.demo import summary, timeline
 
 NODES = 4
 SINFO_UP = "\n".join(f"n0{i}|idle" for i in range(1, 5))
@@ -151,7 +151,7 @@ def test_timeline_png(samples, tmp_path):
 def test_live_view_plain_and_terminal(samples):
     import io
 
-    from malletrain_core.demo import live
+    from devtools.demo import live
 
     plain = io.StringIO()
     view = live.LiveView([f"n0{i}" for i in range(1, 5)], out=plain, tty=False)

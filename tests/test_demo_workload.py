@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from malletrain_core.demo import workload
+from devtools.demo import workload
 from malletrain_core.errors import ConfigError
 
 NODES = [f"n{i:02d}" for i in range(1, 17)]

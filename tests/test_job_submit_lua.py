@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.localcluster import JOB_SUBMIT_LUA, render_job_submit
+from devtools.localcluster import JOB_SUBMIT_LUA, render_job_submit
 
 LUA = shutil.which("lua5.1")
 pytestmark = pytest.mark.skipif(LUA is None, reason="lua5.1 not installed "

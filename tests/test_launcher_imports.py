@@ -17,9 +17,12 @@ def test_the_config_default_look_ahead_is_the_model_one():
     assert config.AllocatorConfig().lookahead_s == model.DEFAULT_LOOKAHEAD_S
 
 
-def test_the_launcher_imports_neither_numpy_nor_torch():
+def test_the_launcher_imports_neither_numpy_nor_torch_nor_the_training_side():
+    """The control-file format is worker/control.py: the launcher does not load the in-place
+    training code (worker/inplace.py) to write a membership."""
+    banned = ("numpy", "torch", "malletrain_core.worker.inplace")
     out = subprocess.run(
         [sys.executable, "-c", "import sys, malletrain_core.worker.launcher; "
-         "print(sorted(m for m in ('numpy', 'torch') if m in sys.modules))"],
+         f"print(sorted(m for m in {banned!r} if m in sys.modules))"],
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

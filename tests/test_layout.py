@@ -2,9 +2,13 @@
 
 * No import cycle among modules (imports at module level).
 * Arrows point down: the engine, allocator and shared vocabulary reach no backend, daemon,
-  CLI, worker or development-cluster code; the worker side (``malletrain-run`` and the
+  CLI or worker code; the worker side (``malletrain-run`` and the
   training API) reaches no daemon or backend code; the wire formats reach only the shared
   vocabulary. Function-local imports count for these rules too.
+* No import cycle anywhere in the repository's Python (package, development tools, tests,
+  benches, scripts), and the runtime package never imports the development tools.
+* No batch system is tested by name outside ``backends/`` (and the hooks, outside the package):
+  everything else asks the batch system's registry entry.
 """
 
 from __future__ import annotations
@@ -19,24 +23,31 @@ ROOT = "malletrain_core"
 
 LAYERS = {
     # module prefix: prefixes it must never reach (directly or transitively)
-    "malletrain_core.engine": ["backends", "daemon", "cli", "worker", "localcluster", "demo"],
-    "malletrain_core.allocator": ["backends", "daemon", "cli", "worker", "localcluster",
-                                  "demo", "engine", "sim"],
+    "malletrain_core.engine": ["backends", "daemon", "cli", "worker"],
+    "malletrain_core.allocator": ["backends", "daemon", "cli", "worker",
+                                  "engine", "sim"],
     "malletrain_core.model": ["backends", "daemon", "cli", "worker", "engine", "sim"],
     "malletrain_core.events": ["backends", "daemon", "cli", "worker", "engine", "sim"],
-    "malletrain_core.worker": ["daemon", "backends", "localcluster", "cli", "engine",
-                               "allocator", "sim", "demo"],
-    "malletrain_core.wire": ["daemon", "backends", "localcluster", "cli", "engine",
-                             "allocator", "sim", "demo", "worker"],
-    "malletrain_core.backends": ["daemon", "cli", "worker", "engine", "allocator", "sim",
-                                 "demo", "localcluster"],
-    "malletrain_core.sim": ["daemon", "cli", "worker", "backends", "localcluster", "demo"],
+    "malletrain_core.worker": ["daemon", "backends", "cli", "engine", "allocator", "sim"],
+    "malletrain_core.wire": ["daemon", "backends", "cli", "engine", "allocator", "sim",
+                             "worker"],
+    "malletrain_core.backends": ["daemon", "cli", "worker", "engine", "allocator", "sim"],
+    "malletrain_core.sim": ["daemon", "cli", "worker", "backends"],
 }
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def from_target(node: ast.ImportFrom, base: list[str]) -> str:
+    """The module a ``from ... import`` reads from, relative ones resolved against ``base``
+    (the importing module's package)."""
+    if not node.level:
+        return node.module or ""
+    anchor = base[: len(base) - node.level + 1]
+    return ".".join(anchor + ([node.module] if node.module else []))
 
 
 def imports(path: Path, top_level_only: bool) -> set[str]:
@@ -51,11 +62,7 @@ def imports(path: Path, top_level_only: bool) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith(ROOT)}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                anchor = base[: len(base) - node.level + 1]
-                target = ".".join(anchor + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = from_target(node, base)
             if not target.startswith(ROOT):
                 continue
             for alias in node.names:  # "from pkg import module" names a module
@@ -111,3 +118,131 @@ def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     g = {"malletrain_core.engine.x": {"malletrain_core.daemon.main"},
          "malletrain_core.daemon.main": set()}
     assert "malletrain_core.daemon.main" in reach(g, "malletrain_core.engine.x")
+
+
+# -- the whole repository ----------------------------------------------------------------------
+REPO = PACKAGE.parent
+PACKAGES = ("malletrain_core", "devtools")  # imported by their dotted names from the checkout
+SKIP = {".git", ".cluster", "build", "node_modules", "__pycache__"}
+
+
+def repo_files() -> list[Path]:
+    return sorted(p for p in REPO.rglob("*.py")
+                  if not SKIP & set(p.relative_to(REPO).parts))
+
+
+def repo_module(path: Path) -> str:
+    """A file's name as Python imports it: dotted from the repository for the packages,
+    from its own folder otherwise (tests, bench and scripts put their folder on sys.path)."""
+    rel = path.relative_to(REPO)
+    parts = list(rel.with_suffix("").parts)
+    if parts[0] not in PACKAGES:
+        return f"{rel.parent}::{parts[-1]}"
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def repo_graph() -> dict[str, set[str]]:
+    """Module-level imports between the repository's own Python files."""
+    files = {repo_module(p): p for p in repo_files()}
+    g: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        try:
+            tree = ast.parse(path.read_text(), filename=str(path))
+        except SyntaxError:  # a template or a file for another Python: not imported here
+            continue
+        here = f"{path.relative_to(REPO).parent}::"
+        base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        found: set[str] = set()
+
+        def known(name: str, here: str = here) -> str | None:
+            return next((c for c in (name, here + name) if c in files), None)
+
+        for node in tree.body:
+            hits: list[str | None] = []
+            if isinstance(node, ast.Import):
+                hits = [known(a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                target = from_target(node, base)
+                # "from pkg import module" names a module, "from pkg import name" the package
+                hits = [known(f"{target}.{a.name}") or known(target) for a in node.names]
+            found |= {h for h in hits if h is not None and h != mod}
+        g[mod] = found
+    return g
+
+
+def cycles(g: dict[str, set[str]]) -> list[str]:
+    """Modules on an import cycle; a package's ``__init__`` importing its own modules (and
+    they the package's names) is not one."""
+    on = sorted(m for m in g if m in reach(g, m))
+    return [m for m in on if any(m in reach(g, n) for n in g[m]
+                                 if not m.startswith(n + ".") and not n.startswith(m + "."))]
+
+
+def test_no_import_cycle_anywhere_in_the_repository() -> None:
+    found = cycles(repo_graph())
+    assert found == [], f"modules on an import cycle: {found}"
+
+
+def test_the_cycle_finder_sees_a_cycle() -> None:
+    g = {"a.x": {"a.y"}, "a.y": {"a.x"}, "a": {"a.x"}}
+    assert cycles(g) == ["a.x", "a.y"]
+
+
+def test_the_runtime_package_does_not_import_the_development_tools() -> None:
+    """What a site installs (malletrain_core) never reaches the local test clusters or the
+    demo (devtools/): function-local imports count too."""
+    bad = sorted(f"{m} -> {t}" for m, p in MODULES.items()
+                 for t in imports_any(p) if t == "devtools" or t.startswith("devtools."))
+    assert bad == [], f"the runtime package imports development tools: {bad}"
+
+
+def imports_any(path: Path) -> set[str]:
+    """Every absolute import name in ``path``, at any depth."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+    return out
+
+
+# -- batch-system names --------------------------------------------------------------------------
+NAMES_ALLOWED = ("malletrain_core.backends",)  # the registry and the batch systems' packages
+
+
+def batch_system_tests(path: Path, names: set[str]) -> list[str]:
+    """Places in ``path`` that compare something with a batch system's name (``== "pbs"``,
+    ``in ("slurm", ...)``, ``match "slurm":``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        consts: list[ast.expr] = []
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                consts += side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) \
+                    else [side]
+        elif isinstance(node, ast.MatchValue):
+            consts = [node.value]
+        hits = [c.value for c in consts if isinstance(c, ast.Constant) and c.value in names]
+        if hits:
+            found.append(f"{path.name}:{node.lineno} tests {hits[0]!r}")
+    return found
+
+
+def test_no_batch_system_name_is_tested_outside_the_backends() -> None:
+    """The daemon, CLI, worker, engine and simulator ask the registry entry
+    (backends/system.py) instead of testing ``daemon.batch_system``; only the backends and the
+    hooks (plugin/, pbs_hooks/, outside the package) know a batch system by name."""
+    from malletrain_core.backends import BATCH_SYSTEMS
+
+    bad = [hit for m, p in sorted(MODULES.items())
+           if not any(m == a or m.startswith(a + ".") for a in NAMES_ALLOWED)
+           for hit in batch_system_tests(p, set(BATCH_SYSTEMS))]
+    assert bad == [], f"a batch system tested by name outside backends/: {bad}"
+
+
+def test_the_name_finder_sees_a_test(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text('if cfg.batch_system == "pbs":\n    pass\nok = name in ("toy", "x")\n'
+                   'label = "slurm"\n')
+    assert len(batch_system_tests(src, {"pbs", "toy", "slurm"})) == 2

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.errors import ConfigError
-from malletrain_core.localcluster import (
+from devtools.localcluster import (
     SITE_TIMINGS,
     TEST_TIMINGS,
     LocalCluster,
@@ -21,6 +20,7 @@ from malletrain_core.localcluster import (
     port_free,
     render_job_submit,
 )
+from malletrain_core.errors import ConfigError
 
 
 def conf_lines(cluster: LocalCluster) -> dict[str, str]:

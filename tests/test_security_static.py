@@ -5,7 +5,7 @@ never runs user code and never deserialises input into code.
 * ``malletrain_core/worker/launcher.py`` is the one place a user's command runs: ``malletrain-run``
   starts the user's training command as an argument list inside the job's own batch task, as
   the job's user; the daemon never imports it.
-* ``malletrain_core/localcluster/`` starts a development Slurm cluster (slurmctld, slurmd) for
+* ``devtools/localcluster/`` starts a development Slurm cluster (slurmctld, slurmd) for
   the tests and the demo; the daemon never imports it either.
 * The hooks (EpilogSlurmctld, the PBS hook) only send a datagram: no process, no eval.
 """
@@ -28,11 +28,12 @@ MAY_START_PROCESSES = {"runner.py", "launcher.py", "localcluster"}
 DAEMON_MODULES = ["malletrain_core.daemon.main", "malletrain_core.daemon.api",
                   "malletrain_core.backends.slurm.backend", "malletrain_core.backends.pbs.backend"]
 NEVER_IN_DAEMON = ["malletrain_core.worker.launcher", "malletrain_core.worker.training",
-                   "malletrain_core.localcluster", "torch"]
+                   "devtools.localcluster", "torch"]
 
 
 def sources() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py")) + HOOKS
+    """The package, the development tools beside it and the hooks."""
+    return sorted(PACKAGE.rglob("*.py")) + sorted((REPO / "devtools").rglob("*.py")) + HOOKS
 
 
 def parsed(path: Path) -> ast.Module:

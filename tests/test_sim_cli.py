@@ -187,3 +187,29 @@ def test_inplace_gpu_cost_model_runs_and_is_named(trace_file: Path, capsys) -> N
         assert printed["perf_model"]["rescale_cost"] == cost
         shares[cost] = printed["policies"]["freetrain-exact"]["ub_oracle_share"]
     assert 0 < shares["inplace-gpu"] < shares["inplace"]  # dearer changes, less trained
+
+
+def test_every_default_a_help_text_quotes_is_the_options_default() -> None:
+    """A "(default N)" in the CLI's help is the option's real default (argparse's
+    %(default)s or the code's constant), never a number typed in that went stale."""
+    import argparse
+    import re
+
+    from malletrain_core.cli import build_parser
+
+    quoted = re.compile(r"\(default:? ([0-9][0-9.]*)[;:)]")
+    checked, wrong = 0, []
+    todo = [build_parser()]
+    while todo:
+        parser = todo.pop()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+                continue
+            text = parser._get_formatter()._expand_help(action) if action.help else ""
+            m = quoted.search(" ".join(text.split()))
+            if m and isinstance(action.default, (int, float)):
+                checked += 1
+                if float(m.group(1)) != float(action.default):
+                    wrong.append(f"{parser.prog} {action.dest}: {m.group(1)} != {action.default}")
+    assert wrong == [] and checked >= 8, (wrong, checked)

@@ -149,9 +149,9 @@ def test_release_support(text: str, series: str, tested: bool, supported: bool) 
 
 # ----------------------------------------------------------------------------- the switch
 def test_the_local_cluster_release_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from devtools.localcluster import LocalCluster
+    from devtools.localcluster.releases import CHROOT, Release, release
     from malletrain_core.errors import ConfigError
-    from malletrain_core.localcluster import LocalCluster
-    from malletrain_core.localcluster.releases import CHROOT, Release, release
 
     monkeypatch.delenv("MALLETRAIN_SLURM", raising=False)
     assert release().name == "22.05" and not release().chrooted

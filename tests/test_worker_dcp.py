@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.localcluster.daemon import free_port
+from devtools.localcluster.daemon import free_port
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")

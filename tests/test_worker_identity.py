@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from malletrain_core.errors import MalleTrainError
-from malletrain_core.worker.identity import Identity, from_pbs, from_slurm, identity_from_env
+from malletrain_core.worker.identity import (
+    Identity,
+    from_pbs,
+    from_slurm,
+    identity_from_env,
+    job_variable,
+)
 
 # The variables of a real OpenPBS 23.06 subjob (qsub -J 1-3, started with qrun -H on n04).
 PBS_SUBJOB = {"PBS_JOBID": "5[2].pbsserver", "PBS_ARRAY_ID": "5[].pbsserver",
@@ -77,3 +83,17 @@ def test_outside_any_job_says_how_to_submit() -> None:
     with pytest.raises(MalleTrainError) as err:
         identity_from_env({"HOME": "/root"})
     assert "sbatch --qos=malletrain" in str(err.value) and "qsub -q malletrain" in str(err.value)
+
+
+def test_the_other_job_variables_come_from_the_same_module() -> None:
+    """Run ids and the default checkpoint folder read the job's variables here (worker/runid.py
+    and the launcher once read SLURM_*/PBS_* themselves): Slurm's first, then PBS's."""
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "6", "SLURM_CLUSTER_NAME": "big",
+             "SLURM_SUBMIT_DIR": "/home/a"}
+    pbs = {"PBS_JOBID": "5[2].srv", "PBS_SERVER": "srv", "PBS_O_WORKDIR": "/home/b"}
+    assert [job_variable(slurm, w) for w in ("job", "cluster", "submit_dir")] == \
+        ["6", "big", "/home/a"]
+    assert [job_variable(pbs, w) for w in ("job", "cluster", "submit_dir")] == \
+        ["5[2].srv", "srv", "/home/b"]
+    assert job_variable({**pbs, **slurm}, "cluster") == "big"
+    assert job_variable({"SLURM_CLUSTER_NAME": ""}, "cluster") == ""

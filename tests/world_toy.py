@@ -22,7 +22,7 @@ class ToyWorld:
         self.cluster = ToyCluster(Path(self._dir.name) / "toy-cluster.json")
 
     def backend(self) -> Backend:
-        return BATCH_SYSTEMS["toy"](self.config)
+        return BATCH_SYSTEMS["toy"].backend(self.config)
 
     def add_node(self, name: str) -> None:
         self.cluster.set_node(name, FREE)

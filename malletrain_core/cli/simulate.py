@@ -24,7 +24,7 @@ from ..sim.costs import COST_MODELS, DEFAULT_COST_MODEL, INPLACE, INPLACE_GPU, R
 from ..sim.perfmodel import PerfParams
 from ..sim.policies import POLICIES, parse_policies
 from ..sim.report import format_table, to_json, write_plots, write_results
-from ..sim.sources import THETA_NODES
+from ..sim.sources import SUMMIT_SKIP_EVENTS, THETA_NODES
 
 
 def _positive_int(text: str) -> int:
@@ -79,7 +79,7 @@ def register(subparsers: Any) -> None:
                         "unix_time,node,idle .csv[.gz] file (default: summit)")
     p.add_argument("--workload", default="imagenet", choices=("imagenet", "hpo"),
                    help="job mix from the measured profiles (default: imagenet)")
-    p.add_argument("--jobs", type=_positive_int, default=50, help="number of jobs (default 50)")
+    p.add_argument("--jobs", type=_positive_int, default=50, help="number of jobs (default %(default)s)")
     p.add_argument("--arrivals", action="store_true",
                    help="jobs arrive at their Tsub and finish after Pmax samples (default: "
                         "saturated, all at the start, never finishing)")
@@ -87,9 +87,9 @@ def register(subparsers: Any) -> None:
                    help="replay only this many days of the trace (default: all)")
     p.add_argument("--policies", default="malletrain,freetrain-exact,freetrain-linear,oracle",
                    help="comma-separated policies to compare")
-    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="first seed (default %(default)s)")
     p.add_argument("--seeds", type=_positive_int, default=1,
-                   help="number of seeds, seed … seed+K−1 (default 1)")
+                   help="number of seeds, seed … seed+K−1 (default %(default)s)")
     p.add_argument("--out", type=Path, default=None,
                    help="write results.json, nodes.png and throughput.png into this folder")
     p.add_argument("--json", action="store_true", help="print results.json instead of a table")
@@ -100,24 +100,24 @@ def register(subparsers: Any) -> None:
                         "lowest name first, or names shuffled by the seed (default: name)")
     p.add_argument("--checkpoint-s", type=_non_negative, default=0.0,
                    help="periodic checkpoint interval; a preemption loses the progress since "
-                        "the last one (default 0: continuous, the prototype's cost model)")
+                        "the last one (default %(default)g: continuous, the prototype's cost model)")
     p.add_argument("--rescale-cost", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
                    help=rescale_cost_help())
-    p.add_argument("--noise", type=_non_negative, default=0.03,
-                   help="σ of the log-normal throughput noise (default 0.03)")
+    p.add_argument("--noise", type=_non_negative, default=PerfParams().noise,
+                   help="σ of the log-normal throughput noise (default %(default)g)")
     p.add_argument("--machine-nodes", type=_positive_int, default=THETA_NODES,
                    help=f"machine size for SWF traces (default {THETA_NODES})")
     p.add_argument("--nodes", type=_positive_int, default=256,
-                   help="machine size for synthetic traces (default 256)")
+                   help="machine size for synthetic traces (default %(default)s)")
     p.add_argument("--skip-events", type=int, default=None,
                    help="fold this many first event times into the start state (default: "
-                        "1000 for summit, the first day for SWF, else 0)")
+                        f"{SUMMIT_SKIP_EVENTS} for summit, the first day for SWF, else 0)")
     p.add_argument("--learn-days", type=float, default=None,
                    help="learn reclaim statistics for malletrain-lifetime on the trace's first "
                    "LEARN_DAYS, then replay the --days after them (default: learn from the "
                    "Summit fragment lengths, replay from the start)")
     p.add_argument("--workers", type=_positive_int, default=1,
-                   help="replay policies and seeds in this many processes (default 1; the "
+                   help="replay policies and seeds in this many processes (default %(default)s; the "
                         "results do not depend on it)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=run)

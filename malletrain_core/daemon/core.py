@@ -9,6 +9,10 @@ batch of events is journalled before the engine sees it, so a restarted daemon r
 journal into a fresh engine and then reconciles with the batch system. Batch-system command
 failures skip one cycle (the next poll reconciles); only :class:`~malletrain_core.daemon.store.StateError` stops the
 daemon.
+
+Kept in one module (over 400 lines) on purpose: the cycle, the recovery from the journal and
+the wake-ups share the daemon's lock, its journal and its timers; the listeners are
+:mod:`.intake`, the wiring :mod:`.main`.
 """
 
 from __future__ import annotations

@@ -14,18 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .. import __version__, backends, hostlist, logs
+from .. import __version__, backends, logs
 from ..backends.base import Backend
 from ..config import Config, TrainerConfig, load
 from ..engine import Engine, EngineConfig
+from ..engine import build as engine_build
 from ..engine.router import Router
-from ..engine.survival import LifetimePredictor, SurvivalModel
-from ..errors import ConfigError, MalleTrainError
-from ..events import Event, JobRequest
+from ..errors import MalleTrainError
+from ..events import Event
 from ..jobsecret import JobSecretVerifier, read_key_file
-from ..model import Constraints, Objective
 from ..munge import Munge
 from ..wire import hooks as protocol
 from ..wire.orders import EpochError
@@ -44,68 +41,21 @@ log = logging.getLogger("malletraind")
 EPOCHS_KEY = "epochs"
 
 
-def lifetime_predictor(config: Config,
-                       lookahead_s: float | None = None) -> LifetimePredictor | None:
-    """The reclaim predictor ``allocator.lifetime`` asks for, or ``None``; its horizon is the
-    engine's look-ahead (``lookahead_s``: a ``[[trainer]]``'s own, else the allocator's)."""
-    a = config.allocator
-    if not a.lifetime:
-        return None
-    survival = SurvivalModel()
-    if a.lifetime_fragments:
-        path = a.lifetime_fragments
-        try:
-            lengths = np.load(path) if path.endswith(".npy") else np.loadtxt(path, ndmin=1)
-            survival = SurvivalModel.from_fragments(np.asarray(lengths, dtype=float).ravel())
-        except (OSError, ValueError, MalleTrainError) as exc:
-            raise ConfigError(f"allocator.lifetime_fragments: cannot read {path} ({exc}); "
-                              "give a .npy or a text file of fragment lengths in seconds, "
-                              "or leave it empty") from None
-    return LifetimePredictor(survival, a.lookahead_s if lookahead_s is None else lookahead_s)
-
-
 def engine_config(config: Config, trainer: TrainerConfig | None = None) -> EngineConfig:
-    a, p = config.allocator, config.profiler
-    solver, lookahead_s, max_running = a.solver, a.lookahead_s, a.max_running_jobs
-    if trainer is not None:
-        solver = trainer.solver.strip() or solver
-        lookahead_s = trainer.lookahead_s or lookahead_s
-        max_running = max_running if trainer.max_running_jobs < 0 else trainer.max_running_jobs
-    return EngineConfig(lifetime=lifetime_predictor(config, lookahead_s),
-        lookahead_s=lookahead_s, objective=Objective(a.objective),
-        max_running_jobs=max_running or None,
-        constraints=Constraints(user_max_nodes=dict(a.user_max_nodes), min_share=a.min_share),
-        solver=solver, profiling=p.enabled, profile_window_s=p.window_s,
-        default_scale_up_s=p.default_scale_up_s, default_scale_down_s=p.default_scale_down_s,
-        default_time_limit_s=config.slurm.default_time_limit_s,
-        done_retention_s=config.daemon.finished_job_retention_s)
+    """The engine settings of ``trainer`` (else of the whole file), with the time limit the
+    configured batch system gives a grow onto a hole of unknown end."""
+    return engine_build.engine_config(config, trainer, **_daemon_overrides(config))
 
 
 def make_engine(config: Config) -> Engine | Router:
-    """One engine, or with ``[[trainer]]`` tables a router over one engine per trainer: nodes
-    go to the trainer whose node set names them (else to the trainer without one, else to
-    none), jobs to the trainer they name (else to the first)."""
-    if not config.trainer:
-        return Engine(engine_config(config))
-    engines = {t.name: Engine(engine_config(config, t), name=t.name) for t in config.trainer}
-    sets = {t.name: frozenset(hostlist.expand(t.nodes)) for t in config.trainer if t.nodes}
-    rest = next((t.name for t in config.trainer if not t.nodes), None)
-    first = config.trainer[0].name
-    warned: set[str] = set()
+    """The daemon's engine, or router over one engine per ``[[trainer]]``
+    (:func:`~malletrain_core.engine.build.make_engine`)."""
+    return engine_build.make_engine(config, **_daemon_overrides(config))
 
-    def node_owner(node: str) -> str | None:
-        return next((name for name, members in sets.items() if node in members), rest)
 
-    def job_owner(job: JobRequest) -> str:
-        if job.trainer in engines:
-            return job.trainer
-        if job.trainer and job.trainer not in warned:
-            warned.add(job.trainer)
-            log.warning("job %s asks for trainer %r, which is not configured (%s): it goes "
-                        "to trainer %s", job.id, job.trainer, ", ".join(engines), first)
-        return first
-
-    return Router(engines, node_owner, job_owner)
+def _daemon_overrides(config: Config) -> dict[str, Any]:
+    limit = backends.system(config).default_time_limit_s(config)
+    return {} if limit is None else {"default_time_limit_s": limit}
 
 
 def make_backend(config: Config) -> Backend:
@@ -274,13 +224,14 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
     else:
         munge = Munge(config.munge.socket, ttl_s=config.munge.credential_ttl_s)
         job_secret = None
-        if d.batch_system == "pbs" and config.pbs.job_key_file:
+        key_file = backends.system(config).job_key_file(config)
+        if key_file:
 
             def owner_of(job: str) -> int | None:
                 with daemon.lock:
                     return coordinator.owner(job)
 
-            job_secret = JobSecretVerifier(read_key_file(config.pbs.job_key_file), owner_of,
+            job_secret = JobSecretVerifier(read_key_file(key_file), owner_of,
                                            ttl_s=config.munge.credential_ttl_s)
 
         def key_for(job: str) -> bytes | None:

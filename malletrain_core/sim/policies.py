@@ -108,15 +108,20 @@ def job_requests(policy: str, jobs: Sequence[SimJob], seed: int,
 
 
 def make_engine(policy: str, lookahead_s: float, **config: Any) -> Any:
-    """The Engine that plays ``policy`` (profiling only for the MalleTrain policies)."""
-    from ..engine import Engine, EngineConfig
+    """The Engine that plays ``policy`` (profiling only for the MalleTrain policies), built as
+    the daemon builds its own (:func:`~malletrain_core.engine.build.build_engine`) from the
+    default configuration with the simulation's look-ahead; ``config`` overrides engine
+    settings."""
+    from ..config import AllocatorConfig, Config
+    from ..engine.build import build_engine
 
     if policy in LIFETIME_POLICIES:
         config = dict(config)
         config["lifetime"] = lifetime_predictor(policy, config.get("lifetime"), lookahead_s)
-    cfg = EngineConfig(lookahead_s=lookahead_s, profiling=policy in PROFILED, **config)
+    config.setdefault("done_retention_s", None)  # the replay counts every finished job
     chosen = allocator.POLICIES[policy] if policy in ALLOCATION_POLICIES else None
-    return Engine(cfg, policy=chosen, name=policy)
+    return build_engine(Config(allocator=AllocatorConfig(lookahead_s=lookahead_s)),
+                        policy=chosen, name=policy, profiling=policy in PROFILED, **config)
 
 
 def lifetime_predictor(policy: str, given: Any = None, lookahead_s: float = DEFAULT_LOOKAHEAD_S) -> Any:

@@ -13,6 +13,9 @@ ones the backends use:
   like the test harness's network namespaces, all report the same one). PBS_NODEFILE names
   hosts: on a mom with several vnodes it is the host, not the vnode.
 
+The other job variables the worker side reads (the cluster's name, the submission folder) are
+in :data:`JOB_VARIABLES`, so this module is the worker's whole knowledge of batch systems.
+
 ``python -m malletrain_core.worker.identity`` prints the identity as JSON (what the real-PBS
 tests run inside a job).
 """
@@ -83,6 +86,32 @@ def from_pbs(env: Mapping[str, str]) -> Identity | None:
 
 
 READERS: tuple[Callable[[Mapping[str, str]], Identity | None], ...] = (from_slurm, from_pbs)
+
+
+@dataclass(frozen=True)
+class JobVariables:
+    """The other variables of a batch system's job the worker side reads, each in the order
+    tried: the job id (for a run id outside ``malletrain-run``), the cluster's name (part of
+    the run id) and the folder the job was submitted from (the default checkpoint folder's
+    parent)."""
+
+    job: tuple[str, ...]
+    cluster: tuple[str, ...]
+    submit_dir: tuple[str, ...]
+
+
+JOB_VARIABLES = (
+    JobVariables(job=("SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID"), cluster=("SLURM_CLUSTER_NAME",),
+                 submit_dir=("SLURM_SUBMIT_DIR",)),
+    JobVariables(job=("PBS_JOBID",), cluster=("PBS_SERVER",), submit_dir=("PBS_O_WORKDIR",)),
+)
+
+
+def job_variable(env: Mapping[str, str], what: str) -> str:
+    """The first non-empty ``what`` (``job``, ``cluster``, ``submit_dir``) of any batch system
+    in ``env``, else ``""``."""
+    return next((env[name] for table in JOB_VARIABLES for name in getattr(table, what)
+                 if env.get(name)), "")
 
 
 def identity_from_env(env: Mapping[str, str]) -> Identity:

@@ -40,7 +40,6 @@ import contextlib
 import datetime as dt
 import hashlib
 import io
-import json
 import os
 import random
 import socket
@@ -48,102 +47,26 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import training
+from .control import (  # the control-file format, also importable from here as before
+    LOST_NAME,
+    MEMBERSHIP_NAME,
+    READY_NAME,  # noqa: F401
+    Membership,
+    is_ready,  # noqa: F401
+    local_layout,
+    read_membership,
+    ready_name,
+    write_membership,  # noqa: F401
+)
 
-MEMBERSHIP_NAME = "membership.json"
-READY_NAME = "ready"
-LOST_NAME = "lost"  # several processes per node: the epoch in which one of them lost a peer
 MAX_COLLECTIVE_TIMEOUT_S = 60.0
 KEEP_WORKS_S = 60.0  # how long a finished collective stays referenced (see _Pending)
 NAP_S = (5e-5, 2e-3)  # polling a collective: the first nap, doubled up to the last
-
-
-@dataclass(frozen=True)
-class Membership:
-    """One process's place in an epoch; ``world == 0`` means: leave the job."""
-
-    epoch: int
-    rank: int = 0
-    world: int = 0
-    master: str = ""
-    port: int = 0
-    abandon: bool = False
-
-    @property
-    def leave(self) -> bool:
-        return self.world <= 0
-
-    def for_process(self, local_rank: int, local_world: int) -> Membership:
-        """This node's membership as seen by its process ``local_rank`` of ``local_world``:
-        global rank ``rank × local_world + local_rank`` in a world of ``world × local_world``
-        (every process of a node reads the same file, so they all change epoch together)."""
-        if local_world == 1 or self.leave:
-            return self
-        return replace(self, rank=self.rank * local_world + local_rank,
-                       world=self.world * local_world)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Membership:
-        if not isinstance(data, dict) or not isinstance(data.get("epoch"), int):
-            raise ValueError(f"malformed membership {data!r}; expected an object with an "
-                             "integer epoch")
-        m = cls(epoch=int(data["epoch"]), rank=int(data.get("rank", 0)),
-                world=int(data.get("world", 0)), master=str(data.get("master", "")),
-                port=int(data.get("port", 0)), abandon=bool(data.get("abandon", False)))
-        if not m.leave and (not 0 <= m.rank < m.world or not m.master or m.port <= 0):
-            raise ValueError(f"incomplete membership {data!r}; need rank < world, master, port")
-        return m
-
-
-def write_membership(control_dir: str | Path, m: Membership) -> None:
-    """Publish ``m`` atomically (the launcher's side of the control channel)."""
-    final = Path(control_dir) / MEMBERSHIP_NAME
-    tmp = final.with_name(f".{MEMBERSHIP_NAME}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(m)))
-    os.replace(tmp, final)
-
-
-def read_membership(control_dir: str | Path) -> Membership | None:
-    try:
-        text = (Path(control_dir) / MEMBERSHIP_NAME).read_text()
-    except OSError:
-        return None
-    try:
-        return Membership.from_dict(json.loads(text))
-    except (ValueError, TypeError):
-        return None
-
-
-def ready_name(local_rank: int, local_world: int) -> str:
-    """The ready file of process ``local_rank`` of a node's ``local_world``: ``ready`` alone
-    when the node runs one process (as before), else ``ready.<local_rank>``."""
-    return READY_NAME if local_world == 1 else f"{READY_NAME}.{local_rank}"
-
-
-def is_ready(control_dir: str | Path, nproc: int = 1) -> bool:
-    """True once all ``nproc`` training processes in ``control_dir`` are ready to join (the
-    launcher's view): the node is placed only when every one of them can join."""
-    return all((Path(control_dir) / ready_name(i, nproc)).exists() for i in range(nproc))
-
-
-def local_layout(env: Mapping[str, str]) -> tuple[int, int]:
-    """This process's ``(LOCAL_RANK, LOCAL_WORLD_SIZE)`` on its node; (0, 1) when unset."""
-    try:
-        local_rank = int(env.get("LOCAL_RANK", "0") or 0)
-        local_world = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
-    except ValueError:
-        raise ValueError(f"LOCAL_RANK={env.get('LOCAL_RANK')!r} and LOCAL_WORLD_SIZE="
-                         f"{env.get('LOCAL_WORLD_SIZE')!r} must be whole numbers (malletrain-run "
-                         "sets both)") from None
-    if not 0 <= local_rank < local_world:
-        raise ValueError(f"LOCAL_RANK={local_rank} is not in [0, LOCAL_WORLD_SIZE="
-                         f"{local_world}): start the processes with malletrain-run "
-                         "--nproc-per-node")
-    return local_rank, local_world
 
 
 class StepAbandoned(RuntimeError):

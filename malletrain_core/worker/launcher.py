@@ -17,7 +17,7 @@ daemon is away, and exits at once on SIGTERM, killing the workers' process group
 With ``--inplace`` there is no torchrun: the launcher starts the node's N training processes
 (``--nproc-per-node``, 1 by default, ``auto`` = one per visible GPU) ahead of their epoch, each
 with ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, keeps them across epochs and relays each order as
-the node's membership file (:mod:`.inplace`). The node is one unit: ready when all N are,
+the node's membership file (:mod:`.control`). The node is one unit: ready when all N are,
 and when one of them exits the others are stopped and the node's exit is reported.
 
 Kept in one module (over 400 lines) on purpose: the launcher's loop, its order handling and
@@ -53,10 +53,9 @@ from ..munge import Munge
 from ..wire.api import ApiError, ApiUnavailable, parse_address
 from ..wire.orders import VERSION as ORDERS_VERSION
 from ..wire.orders import EpochError, Order
-from . import inplace as inplace_mod
-from . import runid, training
+from . import control, runid, training
 from .client import TcpClient
-from .identity import Identity, identity_from_env
+from .identity import Identity, identity_from_env, job_variable
 
 log = logging.getLogger("malletrain-run")
 
@@ -406,11 +405,11 @@ class Launcher:
         env.update({training.ENV_JOB: self.ident.job, training.ENV_INPLACE: "1",
                     training.ENV_CHECKPOINT_DIR: self.checkpoint_dir,
                     training.ENV_CONTROL_DIR: self.control_dir})
-        control = Path(self.control_dir)  # the last processes' files
-        for stale in (inplace_mod.READY_NAME, inplace_mod.MEMBERSHIP_NAME, inplace_mod.LOST_NAME,
-                      *(p.name for p in control.glob(f"{inplace_mod.READY_NAME}.*"))):
+        folder = Path(self.control_dir)  # the last processes' files
+        for stale in (control.READY_NAME, control.MEMBERSHIP_NAME, control.LOST_NAME,
+                      *(p.name for p in folder.glob(f"{control.READY_NAME}.*"))):
             with contextlib.suppress(FileNotFoundError):
-                (control / stale).unlink()
+                (folder / stale).unlink()
         self.workers = Workers(list(self.command), env, 0,
                                local_envs=local_envs(self.nproc_per_node))
         self._prestarted = time.monotonic()
@@ -424,7 +423,7 @@ class Launcher:
         up waiting after ``ready_timeout_s`` and lets the daemon decide)."""
         if not self.inplace or self.state == "running":
             return True
-        if inplace_mod.is_ready(self.control_dir, self.nproc_per_node):
+        if control.is_ready(self.control_dir, self.nproc_per_node):
             return True
         return self.workers is None or self.workers.poll() is not None \
             or time.monotonic() - self._prestarted > self.ready_timeout_s
@@ -441,7 +440,7 @@ class Launcher:
     def _relay(self, order: Order) -> None:
         """In place: hand the order to the live training process (membership file)."""
         assert order.epoch is not None and order.rank is not None and order.world is not None
-        inplace_mod.write_membership(self.control_dir, inplace_mod.Membership(
+        control.write_membership(self.control_dir, control.Membership(
             epoch=order.epoch, rank=order.rank, world=order.world, master=order.master or "",
             port=order.port or 0, abandon=bool(order.abandon)))
         log.info("epoch %s: rank %s of %s in place, master %s:%s%s%s", order.epoch, order.rank,
@@ -455,8 +454,8 @@ class Launcher:
         if self.inplace and self.workers.poll() is None:
             # leave at the next step boundary, so the others stop there too (the node's
             # processes all read this file and leave together)
-            inplace_mod.write_membership(self.control_dir,
-                                         inplace_mod.Membership(epoch=(self.epoch or 0) + 1))
+            control.write_membership(self.control_dir,
+                                         control.Membership(epoch=(self.epoch or 0) + 1))
             deadline = time.monotonic() + self.leave_grace_s
             while self.workers.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -478,12 +477,12 @@ class Launcher:
         epoch becomes ready (both are news for the daemon)."""
         deadline = time.monotonic() + seconds
         waiting_ready = self.inplace and self.state != "running" and self.workers is not None \
-            and not inplace_mod.is_ready(self.control_dir, self.nproc_per_node)
+            and not control.is_ready(self.control_dir, self.nproc_per_node)
         while time.monotonic() < deadline:
             if self.state == "running" and self.workers is not None \
                     and self.workers.poll() is not None:
                 return
-            if waiting_ready and inplace_mod.is_ready(self.control_dir, self.nproc_per_node):
+            if waiting_ready and control.is_ready(self.control_dir, self.nproc_per_node):
                 return
             self.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
@@ -575,7 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="malletrain-run: %(message)s")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     env = os.environ
-    control = ""
+    control_dir = ""
     try:
         if not command:
             raise MalleTrainError("no training command; usage: malletrain-run [options] -- "
@@ -588,13 +587,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         secret = env.get(jobsecret.ENV_SECRET)
         munge: Munge | jobsecret.JobSecretAuth = Munge(args.munge_socket or cfg_socket) \
             if not secret else jobsecret.JobSecretAuth(ident.job, secret)
-        submit_dir = env.get("SLURM_SUBMIT_DIR") or env.get("PBS_O_WORKDIR") or "."
+        submit_dir = job_variable(env, "submit_dir") or "."
         ckpt = args.checkpoint_dir or env.get(training.ENV_CHECKPOINT_DIR) or str(
             Path(submit_dir) / f"malletrain-{ident.job}")
-        control = tempfile.mkdtemp(prefix=f"malletrain-{ident.job}-{ident.task}-")
+        control_dir = tempfile.mkdtemp(prefix=f"malletrain-{ident.job}-{ident.task}-")
         torchrun = shlex.split(args.torchrun) if args.torchrun else TORCHRUN
         launcher = Launcher(ident, command, TcpClient(host, port, munge), munge,
-                            checkpoint_dir=str(Path(ckpt).resolve()), control_dir=control,
+                            checkpoint_dir=str(Path(ckpt).resolve()), control_dir=control_dir,
                             poll_s=args.poll_s, nproc_per_node=nproc,
                             node_addr=env.get(ENV_NODE_ADDR, ""), torchrun=torchrun,
                             inplace=args.inplace)
@@ -604,7 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def _terminate(signum: int, _frame: FrameType | None) -> None:
         launcher.shutdown()
-        shutil.rmtree(control, ignore_errors=True)
+        shutil.rmtree(control_dir, ignore_errors=True)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, _terminate)
@@ -613,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return launcher.run()
     finally:
         launcher.shutdown()
-        shutil.rmtree(control, ignore_errors=True)
+        shutil.rmtree(control_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import os
 import re
 from collections.abc import Mapping
 
+from .identity import job_variable
+
 ENV_RUN_ID = "MALLETRAIN_RUN_ID"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -33,7 +35,7 @@ def for_job(job: str, env: Mapping[str, str]) -> str:
     given = env.get(ENV_RUN_ID, "").strip()
     if given:
         return given
-    return derive(job, env.get("SLURM_CLUSTER_NAME", "") or env.get("PBS_SERVER", ""))
+    return derive(job, job_variable(env, "cluster"))
 
 
 def run_id(env: Mapping[str, str] | None = None) -> str:
@@ -43,5 +45,5 @@ def run_id(env: Mapping[str, str] | None = None) -> str:
     given = env.get(ENV_RUN_ID, "").strip()
     if given:
         return given
-    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("PBS_JOBID")
+    job = job_variable(env, "job")
     return for_job(job, env) if job else "local"

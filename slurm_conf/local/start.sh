@@ -27,4 +27,4 @@ for a in "$@"; do
   fi
 done
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python3}" -m malletrain_core.localcluster start "${args[@]}" "$@"
+exec "${PYTHON:-python3}" -m devtools.localcluster start "${args[@]}" "$@"

@@ -8,4 +8,4 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python3}" -m malletrain_core.localcluster stop "$@"
+exec "${PYTHON:-python3}" -m devtools.localcluster stop "$@"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from malletrain_core.cli.admin_pbs import (
+from malletrain_core.backends.pbs.checks import (
     check_hook,
     check_preemption,
     check_queue,

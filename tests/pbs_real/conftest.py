@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from pbs_real_helpers import complex_root, worker_processes
 
-from malletrain_core.localcluster.pbs import BUILD_SCRIPT, PbsComplex
+from devtools.localcluster.pbs import BUILD_SCRIPT, PbsComplex
 
 HERE = Path(__file__).resolve().parent
 TEST_USER = "mtuser1"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from malletrain_core.localcluster.daemon import free_port
-from malletrain_core.localcluster.pbs import REPO, SERVER_ADDR, PbsComplex
+from devtools.localcluster.daemon import free_port
+from devtools.localcluster.pbs import REPO, SERVER_ADDR, PbsComplex
 from malletrain_core.wire.api import ApiUnavailable
 from malletrain_core.worker.client import UnixClient
 

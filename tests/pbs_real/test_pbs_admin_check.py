@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import HOOK_FREQ_S
 
-from malletrain_core.localcluster.pbs import REPO, PbsComplex
+from devtools.localcluster.pbs import REPO, PbsComplex
 
 
 def admin_check(pbs: PbsComplex, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from pbs_real_helpers import job, state, subjob, submit, wait_state
 
+from devtools.localcluster.pbs import PbsComplex
 from malletrain_core.backends.pbs import PbsBackend
 from malletrain_core.events import (
     Event,
@@ -21,7 +22,6 @@ from malletrain_core.events import (
     WorkerStarted,
     WorkerStopped,
 )
-from malletrain_core.localcluster.pbs import PbsComplex
 
 
 def poll_until(backend: PbsBackend, done: Callable[[list[Event]], bool],

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pbs_real_helpers import complex_root, job, state, subjob, submit, wait_state
 
-from malletrain_core.localcluster.pbs import SUBNET, PbsComplex
+from devtools.localcluster.pbs import SUBNET, PbsComplex
 
 
 @pytest.fixture

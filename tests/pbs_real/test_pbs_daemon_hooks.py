@@ -17,7 +17,7 @@ import pytest
 from conftest import HOOK_FREQ_S
 from pbs_real_helpers import now, start_daemon, state, subjob, submit, wait_state
 
-from malletrain_core.localcluster.pbs import PbsComplex
+from devtools.localcluster.pbs import PbsComplex
 
 
 @pytest.fixture

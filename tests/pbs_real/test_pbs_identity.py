@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pbs_real_helpers import subjob, submit, wait_state
 
-from malletrain_core.localcluster.pbs import REPO, PbsComplex
+from devtools.localcluster.pbs import REPO, PbsComplex
 
 
 def test_identity_inside_pbs_subjobs(pbs: PbsComplex, test_user: str) -> None:

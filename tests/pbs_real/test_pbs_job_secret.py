@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from pbs_real_helpers import Daemon, start_daemon, submit
 
+from devtools.localcluster.pbs import REPO, PbsComplex
 from malletrain_core.jobsecret import ENV_SECRET, derive, read_key_file
-from malletrain_core.localcluster.pbs import REPO, PbsComplex
 
 OTHER_USER = "mtuser2"
 PROBE = '''

@@ -39,9 +39,9 @@ from pbs_real_helpers import (
     worker_processes,
 )
 
+from devtools.localcluster.pbs import REPO, PbsComplex
+from devtools.localcluster.procs import ClusterError
 from malletrain_core.backends.pbs import parse as pp
-from malletrain_core.localcluster.pbs import REPO, PbsComplex
-from malletrain_core.localcluster.procs import ClusterError
 from malletrain_core.worker.client import UnixClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))

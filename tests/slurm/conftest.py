@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from slurm_helpers import after_test, cluster_root, start_cluster
 
+from devtools.localcluster import LocalCluster
 from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource, choose
-from malletrain_core.localcluster import LocalCluster
 from malletrain_core.runner import CommandRunner
 from malletrain_core.wire.hooks import HookSocket
 

@@ -25,8 +25,8 @@ import pytest
 from inplace_logs import daemon_epochs
 from training_logs import JobLog, invariant_problems
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 BATCH = 16
 TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", str(BATCH),

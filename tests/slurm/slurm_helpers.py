@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from training_logs import read_job
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 from malletrain_core.wire.hooks import HookSocket, JobEnd, Received
 
 

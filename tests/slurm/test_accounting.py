@@ -19,9 +19,9 @@ from slurm_helpers import (
     wait_task,
 )
 
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.accounting import add_user
 from malletrain_core.errors import CommandError
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.accounting import add_user
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("slurmdbd") and shutil.which("mariadbd")),

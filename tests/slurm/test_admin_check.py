@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from devtools.localcluster import LocalCluster
 from malletrain_core.cli import main
-from malletrain_core.localcluster import LocalCluster
 
 
 def test_the_local_cluster_is_set_up_right(cluster: LocalCluster, tmp_path, capsys,

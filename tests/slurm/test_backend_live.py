@@ -13,6 +13,7 @@ from typing import Any
 
 from slurm_helpers import SCRIPT, elastic, task_state, wait_task
 
+from devtools.localcluster import LocalCluster
 from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.events import (
     Event,
@@ -25,7 +26,6 @@ from malletrain_core.events import (
     WorkerStarted,
     WorkerStopped,
 )
-from malletrain_core.localcluster import LocalCluster
 from malletrain_core.runner import CommandRunner
 
 

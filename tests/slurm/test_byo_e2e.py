@@ -21,8 +21,8 @@ from byo_logs import lineage, lost_per_epoch_change, problems, read
 from slurm_helpers import running
 from test_training_e2e import daemon  # noqa: F401  (the daemon fixture)
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from slurm_helpers import cluster_root, elastic, grow, start_cluster, wait_task
 
-from malletrain_core.localcluster import LocalCluster
+from devtools.localcluster import LocalCluster
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("slurmdbd") and shutil.which("mariadbd")),

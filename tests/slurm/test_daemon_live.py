@@ -17,8 +17,8 @@ import pytest
 from ClusterShell.NodeSet import NodeSet
 from slurm_helpers import SCRIPT, elastic
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 
 @pytest.fixture

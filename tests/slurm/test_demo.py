@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.demo.summary import (
+from devtools.demo.summary import (
     KEYS,
     Sample,
     exact_node_seconds,

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from slurm_helpers import elastic
 
-from malletrain_core.localcluster import REPO, LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import REPO, LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 CLI = "import sys; from malletrain_core.cli import main; sys.exit(main())"
 

@@ -59,15 +59,15 @@ from slurm_helpers import (
 )
 from training_logs import read_job
 
-from malletrain_core.errors import MalleTrainError
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
-from malletrain_core.localcluster.faults import (
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
+from devtools.localcluster.faults import (
     fail_node,
     restore_node,
     start_controller,
     stop_controller,
 )
+from malletrain_core.errors import MalleTrainError
 
 pytestmark = [pytest.mark.faults]
 

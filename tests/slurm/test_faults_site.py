@@ -45,9 +45,9 @@ from faults_common import (
 from slurm_helpers import running, wait_agree, wait_consistent
 from training_logs import read_job
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
-from malletrain_core.localcluster.faults import (
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
+from devtools.localcluster.faults import (
     controller_pid,
     pause,
     resume,

@@ -21,8 +21,8 @@ from inplace_logs import change, daemon_epochs, read
 from slurm_helpers import running
 from test_inplace_slurm import BATCH, SETTINGS, STANDIN, check, nodes_of, prod, report
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 pytestmark = [pytest.mark.torch]
 

@@ -27,8 +27,8 @@ from inplace_logs import change, daemon_epochs, problems, read
 from slurm_helpers import running, wait_consistent
 from training_logs import invariant_problems, read_job
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 pytestmark = [pytest.mark.torch]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from slurm_helpers import SCRIPT, elastic
 
+from devtools.localcluster import LocalCluster
 from malletrain_core.errors import CommandError
-from malletrain_core.localcluster import LocalCluster
 
 
 def test_range_becomes_held_array_in_preemptable(cluster: LocalCluster) -> None:

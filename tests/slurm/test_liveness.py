@@ -22,6 +22,8 @@ import pytest
 from slurm_helpers import elastic
 from test_backend_live import poll_until
 
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.events import (
     EndReason,
@@ -34,8 +36,6 @@ from malletrain_core.events import (
     WorkerStarted,
     WorkerStopped,
 )
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
 from malletrain_core.runner import CommandRunner
 
 LINGER = "#!/bin/bash\ntrap 'sleep 1; exit 0' TERM\nsleep 600 &\nwait\n"

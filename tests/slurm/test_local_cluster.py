@@ -9,7 +9,7 @@ from pathlib import Path
 
 from slurm_helpers import SCRIPT, cluster_root, wait_task
 
-from malletrain_core.localcluster import LocalCluster, pid_alive
+from devtools.localcluster import LocalCluster, pid_alive
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "slurm_conf" / "local"
 

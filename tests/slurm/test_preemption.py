@@ -6,7 +6,7 @@ import time
 
 from slurm_helpers import SCRIPT, elastic, grow, squeue, task_state, wait_message, wait_task
 
-from malletrain_core.localcluster import LocalCluster
+from devtools.localcluster import LocalCluster
 from malletrain_core.wire.hooks import HookSocket, expand_hostlist
 
 

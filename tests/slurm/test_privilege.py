@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from slurm_helpers import SCRIPT
 
-from malletrain_core.localcluster import LocalCluster
+from devtools.localcluster import LocalCluster
 
 pytestmark = pytest.mark.security
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from slurm_helpers import after_test, cluster_root, elastic, start_cluster, task_state
 
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.events import Grow, JobSubmitted, NodesIdle, WorkerStarted, WorkerStopped
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
 from malletrain_core.runner import CommandRunner
 
 START_BOUND_S = 5.0

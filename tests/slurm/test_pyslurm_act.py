@@ -15,13 +15,13 @@ import pytest
 from conftest import pyslurm_helper
 from slurm_helpers import elastic, running, wait_agree, wait_task
 
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
+from devtools.localcluster.releases import CLIENTS
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.pyslurm_reader import JOB_DESC, PyslurmSource, series
 from malletrain_core.cli import main
 from malletrain_core.errors import CommandError
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
-from malletrain_core.localcluster.releases import CLIENTS
 
 PROBE = r"""#include <stddef.h>
 #include <stdio.h>

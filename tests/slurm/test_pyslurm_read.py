@@ -12,10 +12,10 @@ import pytest
 from conftest import Recording
 from slurm_helpers import elastic, grow, wait_task
 
+from devtools.localcluster import LocalCluster
 from malletrain_core.backends.slurm import SlurmBackend
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource
-from malletrain_core.localcluster import LocalCluster
 from malletrain_core.runner import CommandRunner
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from slurm_helpers import elastic, elastic_nodes
 
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 from malletrain_core.backends.slurm import parse as sp
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
 from malletrain_core.wire.hooks import HookSocket, JobSubmit
 
 

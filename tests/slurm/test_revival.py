@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.localcluster import REPO, LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import REPO, LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from slurm_helpers import SCRIPT, elastic, task_state, wait_task
 
-from malletrain_core.localcluster import LocalCluster
+from devtools.localcluster import LocalCluster
 
 pytestmark = pytest.mark.security
 

@@ -21,8 +21,8 @@ from slurm_helpers import (
     wait_task,
 )
 
-from malletrain_core.cli.admin import parse_show_config
-from malletrain_core.localcluster import SITE_TIMINGS, LocalCluster
+from devtools.localcluster import SITE_TIMINGS, LocalCluster
+from malletrain_core.backends.slurm.settings import parse_show_config
 
 pytestmark = pytest.mark.slow
 

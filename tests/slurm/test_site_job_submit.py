@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from slurm_helpers import SCRIPT, elastic
 
+from devtools.localcluster import LocalCluster, render_job_submit
 from malletrain_core.errors import CommandError
-from malletrain_core.localcluster import LocalCluster, render_job_submit
 
 SITE_SCRIPT = """\
 -- A site's job_submit.lua: its own policy, and MalleTrain called from it.

@@ -14,8 +14,8 @@ import pytest
 from ClusterShell.NodeSet import NodeSet
 from slurm_helpers import elastic
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 pytestmark = [pytest.mark.slurm]
 

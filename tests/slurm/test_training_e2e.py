@@ -20,8 +20,8 @@ import pytest
 from slurm_helpers import running, wait_consistent
 from training_logs import invariant_problems, read_job
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -35,6 +35,10 @@ node; a subjob is not started again on the vnode it left under ``REUSE_SETTLE_S`
 job after its Finish. A vnode is offered only when it is free (no state bit), runs no job, has
 no reservation pending and is not tied to another queue. Hole ends are not read from PBS's
 plan: IdleNode.hole_end is None.
+
+Kept in one module (over 400 lines) on purpose: one class, whose poll's reconciliations and
+whose actions share its bookkeeping (workers, launches, vnodes taken); the parsing of PBS's
+output is :mod:`.parse`, the admin checks :mod:`.checks`.
 """
 
 from __future__ import annotations

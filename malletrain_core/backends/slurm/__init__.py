@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from ...config import Config
 from ...runner import with_bin_dir
+from ..system import BatchSystem
 from .backend import SlurmBackend
+from .checks import admin_checks
 from .pyslurm_reader import source_for
 
-__all__ = ["SlurmBackend", "from_config"]
+__all__ = ["SYSTEM", "SlurmBackend", "from_config"]
 
 
 def from_config(config: Config) -> SlurmBackend:
@@ -23,3 +25,7 @@ def from_config(config: Config) -> SlurmBackend:
                         task_failures_max=s.task_failures_max,
                         task_failure_window_s=s.task_failure_window_s,
                         source=source_for(s.pyslurm, runner))
+
+
+SYSTEM = BatchSystem(from_config, admin_checks=admin_checks,
+                     default_time_limit_s=lambda config: config.slurm.default_time_limit_s)

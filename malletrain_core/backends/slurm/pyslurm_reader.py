@@ -22,6 +22,10 @@ matching pyslurm, :class:`PyslurmSource` calls :func:`snapshot` in-process. The 
 cluster's newer releases run in a chroot whose libslurm needs a newer glibc than the host's,
 so there the same file runs as a long-lived helper in the chroot (``python -I
 pyslurm_reader.py``: standard library and pyslurm only), one JSON line per poll.
+
+Kept in one file (over 400 lines) on purpose: run as that helper it is a script on its own,
+which can import no sibling module, so its reads, its actions and the loop that serves them
+stay together.
 """
 
 from __future__ import annotations

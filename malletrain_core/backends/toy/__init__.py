@@ -35,6 +35,7 @@ from ...events import (
     WorkerStopped,
 )
 from ..base import Launch, PollEvents, TaskBackend
+from ..system import BatchSystem
 
 FREE, TAKEN, DOWN = "free", "taken", "down"              # node states
 QUEUED, RUNNING, DONE = "queued", "running", "done"      # task states
@@ -227,3 +228,6 @@ class ToyBackend(TaskBackend):
 def from_config(config: Config) -> ToyBackend:
     """``daemon.batch_system = "toy"``: the cluster's state in ``<state_dir>/toy-cluster.json``."""
     return ToyBackend(ToyCluster(Path(config.daemon.state_dir) / "toy-cluster.json"))
+
+
+SYSTEM = BatchSystem(from_config)

@@ -21,8 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
+from devtools.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.backends.slurm import parse as sp  # noqa: E402
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
 
 SCRIPT = "#!/bin/sh\nexec sleep 600\n"
 

@@ -1,4 +1,4 @@
-"""``python -m malletrain_core.localcluster start|stop|status|dump``: what start.sh and stop.sh
+"""``python -m devtools.localcluster start|stop|status|dump``: what start.sh and stop.sh
 run."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..errors import MalleTrainError
+from malletrain_core.errors import MalleTrainError
+
 from . import LocalCluster
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m malletrain_core.localcluster start|stop|status|dump`` (start.sh, stop.sh)."""
+    """``python -m devtools.localcluster start|stop|status|dump`` (start.sh, stop.sh)."""
     p = argparse.ArgumentParser(prog="localcluster",
                                 description="A real multi-node Slurm cluster on one host.")
     p.add_argument("action", choices=("start", "stop", "status", "dump"))

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import MalleTrainError
+from malletrain_core.errors import MalleTrainError
 
 PORT_RANGE = (20000, 32000)
 """Below Linux's ephemeral range (32768-60999), so outgoing connections do not take them."""

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, InputFileError
-from ..sim.measured import shared_dir
+from malletrain_core.errors import ConfigError, InputFileError
+from malletrain_core.sim.measured import shared_dir
 
 FRAGMENTS_FILE = ("data", "summit", "fragments.npy")
 DEFAULT_COMPRESS = 60.0

@@ -45,8 +45,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import CommandError, ConfigError, MalleTrainError
-from ..runner import CommandRunner, Result
+from malletrain_core.errors import CommandError, ConfigError, MalleTrainError
+from malletrain_core.runner import CommandRunner, Result
+
 from .procs import ClusterError, PhaseClock, comm, kill, start_or_clean_up
 
 REPO = Path(__file__).resolve().parents[2]
@@ -538,7 +539,7 @@ class PbsComplex:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m malletrain_core.localcluster.pbs start|stop|status|dump``."""
+    """``python -m devtools.localcluster.pbs start|stop|status|dump``."""
     p = argparse.ArgumentParser(prog="localcluster.pbs",
                                 description="A real OpenPBS complex on one host, in network "
                                             "namespaces.")

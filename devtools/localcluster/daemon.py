@@ -1,4 +1,4 @@
-"""``malletraind`` beside a :class:`~malletrain_core.localcluster.LocalCluster`.
+"""``malletraind`` beside a :class:`~devtools.localcluster.LocalCluster`.
 
 Used by the integration tests, ``bench/e2e.py`` and the demo: a config file under the
 cluster's root (state, sockets and log there too), the API and the report listener on a free
@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import MalleTrainError
+from malletrain_core.errors import MalleTrainError
+
 from . import REPO, LocalCluster
 
 EPOCH_PORTS = (61000, 65535)
@@ -176,7 +177,7 @@ class LocalDaemon:
 
     def query(self, op: str, **args: Any) -> Any:
         """One read-only API call over the unix socket (``status``, ``jobs``, ``nodes``)."""
-        from ..worker.client import UnixClient
+        from malletrain_core.worker.client import UnixClient
 
         with UnixClient(str(self.api_socket), timeout_s=10.0) as client:
             return client.call(op, **args)

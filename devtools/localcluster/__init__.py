@@ -9,7 +9,7 @@ its PID files (and checks that each still is the process it started).
 
 Two modes: ``partition`` (a ``prod`` partition with PriorityTier=10 preempts ``preemptable``,
 no accounting) and ``accounting`` (MariaDB + slurmdbd, a ``malletrain`` QOS, preempt/qos; see
-:mod:`malletrain_core.localcluster.accounting`).
+:mod:`devtools.localcluster.accounting`).
 
 Kept in one module (over 400 lines) on purpose: the cluster's start, stop and state file
 follow one another over one set of paths and ports.
@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..backends.slurm.backend import grant_timeout_for, hole_margin_for
-from ..backends.slurm.parse import parse_scontrol_show_job
-from ..errors import CommandError, ConfigError, MalleTrainError
-from ..runner import CommandRunner, Result
+from malletrain_core.backends.slurm.backend import grant_timeout_for, hole_margin_for
+from malletrain_core.backends.slurm.parse import parse_scontrol_show_job
+from malletrain_core.errors import CommandError, ConfigError, MalleTrainError
+from malletrain_core.runner import CommandRunner, Result
+
 from .procs import (
     PORT_RANGE,
     ClusterError,

@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from malletrain_core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "build" / "slurm-matrix"
@@ -107,7 +107,7 @@ class Release:
             if not target.is_file():
                 continue
             text = (f"#!/bin/sh\n# Slurm {self.name}'s {name}, run with the chroot's loader "
-                    "and libraries (malletrain_core/localcluster/releases.py)\n"
+                    "and libraries (devtools/localcluster/releases.py)\n"
                     f"exec {loader} --inhibit-cache --library-path {libs} --argv0 {name} "
                     f"{target} \"$@\"\n")
             path = bin_dir / name

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
-from ..errors import CommandError
-from ..runner import CommandRunner
-from .admin import Check, _missing, _ok, _wrong
+from ...config import Config
+from ...errors import CommandError
+from ...runner import CommandRunner, with_bin_dir
+from ..checks import Check, missing, ok, warn, wrong
 
 HOOK_MARKER = "MalleTrain's PBS hooks"
 ENTRY_QUEUE = "malletrain"
@@ -35,10 +35,6 @@ HOOKS = {  # name: the events install.sh gives it
     "mt_modifyjob": "modifyjob,movejob",
 }
 LAUNCH_HOOK = ("mt_launch", "execjob_launch")
-
-
-def _warn(check: str, detail: str, fix: str) -> Check:
-    return Check(check, "WARN", detail, fix)
 
 
 def parse_qmgr_list(text: str) -> dict[str, dict[str, str]]:
@@ -79,7 +75,7 @@ def check_queue(name: str, queues: Mapping[str, Mapping[str, Any]]) -> list[Chec
     """The stopped execution queue where workers wait and run."""
     q = queues.get(name)
     if q is None:
-        return [_missing(f"queue {name}", "does not exist",
+        return [missing(f"queue {name}", "does not exist",
                          f'qmgr -c "create queue {name} queue_type = execution" (then the other '
                          "settings of docs/pbs.md, Install step 1)")]
     problems = []
@@ -100,8 +96,8 @@ def check_queue(name: str, queues: Mapping[str, Mapping[str, Any]]) -> list[Chec
         problems.append((f"kill_delay is {kill_delay} s, and every preempting job waits for it",
                          f'qmgr -c "set queue {name} kill_delay = 2"'))
     if problems:
-        return [_wrong(f"queue {name}", detail, fix) for detail, fix in problems]
-    return [_ok(f"queue {name}", f"execution, enabled, stopped, max_run_soft {SOFT_LIMIT}, "
+        return [wrong(f"queue {name}", detail, fix) for detail, fix in problems]
+    return [ok(f"queue {name}", f"execution, enabled, stopped, max_run_soft {SOFT_LIMIT}, "
                                  f"kill_delay {kill_delay} s")]
 
 
@@ -109,18 +105,18 @@ def check_entry_queue(name: str, target: str,
                       queues: Mapping[str, Mapping[str, Any]]) -> Check:
     q = queues.get(name)
     if q is None:
-        return _missing(f"queue {name}", "the entry queue users submit to does not exist",
+        return missing(f"queue {name}", "the entry queue users submit to does not exist",
                         f'qmgr -c "create queue {name} queue_type = route" (then docs/pbs.md, '
                         "Install step 1)")
     dests = [d.strip().split("@", 1)[0] for d in str(q.get("route_destinations", "")).split(",")]
     if str(q.get("queue_type", "")).lower() != "route" or target not in dests:
-        return _wrong(f"queue {name}", f"must be a route queue to {target}", f'qmgr -c "set '
+        return wrong(f"queue {name}", f"must be a route queue to {target}", f'qmgr -c "set '
                       f'queue {name} route_destinations = {target}"')
     if str(q.get("enabled")) != "True" or str(q.get("started")) != "True":
-        return _wrong(f"queue {name}", "is not enabled and started",
+        return wrong(f"queue {name}", "is not enabled and started",
                       f'qmgr -c "set queue {name} enabled = true"; qmgr -c "set queue {name} '
                       'started = true"')
-    return _ok(f"queue {name}", f"route queue to {target}, enabled, started")
+    return ok(f"queue {name}", f"route queue to {target}, enabled, started")
 
 
 def check_hook(name: str, events: str, hooks: Mapping[str, Mapping[str, str]],
@@ -128,21 +124,21 @@ def check_hook(name: str, events: str, hooks: Mapping[str, Mapping[str, str]],
                socket: str) -> Check:
     attrs = hooks.get(name)
     if attrs is None:
-        return _missing(f"hook {name}", "not installed", INSTALL)
+        return missing(f"hook {name}", "not installed", INSTALL)
     if attrs.get("enabled") != "true":
-        return _wrong(f"hook {name}", "disabled", f'qmgr -c "set hook {name} enabled = true"')
+        return wrong(f"hook {name}", "disabled", f'qmgr -c "set hook {name} enabled = true"')
     if set(attrs.get("event", "").split(",")) != set(events.split(",")):
-        return _wrong(f"hook {name}", f"bound to {attrs.get('event')}, not {events}", INSTALL)
+        return wrong(f"hook {name}", f"bound to {attrs.get('event')}, not {events}", INSTALL)
     if script is None or HOOK_MARKER not in script:
-        return _wrong(f"hook {name}", "its script is not MalleTrain's pbs_hooks/malletrain_pbs.py",
+        return wrong(f"hook {name}", "its script is not MalleTrain's pbs_hooks/malletrain_pbs.py",
                       INSTALL)
     if hook_config is None:
-        return _wrong(f"hook {name}", "has no readable config file", INSTALL)
+        return wrong(f"hook {name}", "has no readable config file", INSTALL)
     if socket and hook_config.get("socket") != socket:
-        return _wrong(f"hook {name}", f"sends to {hook_config.get('socket')}, but the daemon "
+        return wrong(f"hook {name}", f"sends to {hook_config.get('socket')}, but the daemon "
                       f"listens on {socket}", f"pbs_hooks/install.sh --socket {socket}")
     extra = f", freq {attrs['freq']} s" if "freq" in attrs else ""
-    return _ok(f"hook {name}", f"enabled, {events}, order {attrs.get('order', '?')}, "
+    return ok(f"hook {name}", f"enabled, {events}, order {attrs.get('order', '?')}, "
                                f"alarm {attrs.get('alarm', '?')} s{extra}")
 
 
@@ -150,30 +146,30 @@ def check_preemption(sched: Mapping[str, str], sched_config: str | None) -> list
     order = sched.get("preempt_order", "SCR").strip('"').split()
     out = []
     if not order or order[0] != "R":
-        out.append(_wrong("preempt_order", f"{' '.join(order)}: preempted workers must be "
+        out.append(wrong("preempt_order", f"{' '.join(order)}: preempted workers must be "
                           "requeued (a suspended worker keeps its node)",
                           "qmgr -c 'set sched preempt_order = \"R\"'"))
     else:
-        out.append(_ok("preempt_order", "R: preempted workers are requeued"))
+        out.append(ok("preempt_order", "R: preempted workers are requeued"))
     prio = [p.strip() for p in sched.get("preempt_prio", "").strip('"').split(",")]
     if "queue_softlimits" not in prio:
-        out.append(_wrong("preempt_prio", f"{', '.join(prio)}: regular jobs cannot preempt "
+        out.append(wrong("preempt_prio", f"{', '.join(prio)}: regular jobs cannot preempt "
                           "MalleTrain's workers and would wait behind them",
                           "qmgr -c 'set sched preempt_prio = \"express_queue, normal_jobs, "
                           "queue_softlimits\"'"))
     else:
-        out.append(_ok("preempt_prio", ", ".join(prio)))
+        out.append(ok("preempt_prio", ", ".join(prio)))
     strict = sched_setting(sched_config, "strict_ordering") if sched_config else None
     if strict is None:
-        out.append(_warn("strict_ordering", "sched_config unreadable here: hole ends unknown",
+        out.append(warn("strict_ordering", "sched_config unreadable here: hole ends unknown",
                          "run admin check on the server host as root"))
     elif strict.lower() != "true":
-        out.append(_warn("strict_ordering", "false: PBS estimates no start times, so idle "
+        out.append(warn("strict_ordering", "false: PBS estimates no start times, so idle "
                          "nodes are lent without a known end (preemption still protects the "
                          "main queue)", "strict_ordering: true ALL in sched_config, then HUP "
                          "pbs_sched"))
     else:
-        out.append(_ok("strict_ordering", "true: top jobs get estimated start times"))
+        out.append(ok("strict_ordering", "true: top jobs get estimated start times"))
     return out
 
 
@@ -200,9 +196,9 @@ class PbsChecker:
         except (CommandError, ValueError) as exc:
             why = f"qstat failed: {exc}" if isinstance(exc, CommandError) else \
                 "qstat -F json printed no JSON (is this PBS older than 19.1?)"
-            return [_wrong("pbs_server", why, "start pbs_server, or put the PBS commands on "
+            return [wrong("pbs_server", why, "start pbs_server, or put the PBS commands on "
                            "PATH ([pbs] bin_dir in malletrain.toml)")]
-        out = [_ok("pbs_server", f"{server.get('pbs_server', '?')}, PBS "
+        out = [ok("pbs_server", f"{server.get('pbs_server', '?')}, PBS "
                                  f"{server.get('pbs_version', '?')}")]
         queue = self.config.pbs.queue
         out += check_queue(queue, queues)
@@ -231,3 +227,9 @@ class PbsChecker:
                 sched_config = None
         out += check_preemption(sched, sched_config)
         return out
+
+
+def admin_checks(config: Config) -> list[Check]:
+    """Every check against the PBS server that ``pbs.bin_dir``'s commands reach."""
+    return PbsChecker(with_bin_dir(config.pbs.bin_dir, config.pbs.command_timeout_s),
+                      config).checks()

@@ -1,4 +1,4 @@
-"""Faults to inject into a :class:`~malletrain_core.localcluster.LocalCluster`.
+"""Faults to inject into a :class:`~devtools.localcluster.LocalCluster`.
 
 A node failure (its slurmd and every process of the jobs on it killed at once), a controller
 restart over the same state directory, munged stopped and started again with the same key, a

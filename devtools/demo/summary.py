@@ -26,19 +26,32 @@ task that stopped on a node that runs prod work at the next sample).
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import statistics
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..backends.slurm.parse import parse_scontrol_show_job, parse_time
-from ..hostlist import expand
+from malletrain_core.backends.slurm.parse import parse_scontrol_show_job, parse_time
+from malletrain_core.hostlist import expand
 
-PROD_PARTITION = "prod"
+from .report import format_summary, markdown  # noqa: F401 - importable from here too
+from .slurmctld_log import (  # noqa: F401 - the summary's inputs, importable from here too
+    PROD_PARTITION,
+    Span,
+    count_preemptions_in_log,
+    job_times,
+    prod_busy_from_log,
+)
+from .worker_logs import (  # noqa: F401 - importable from here too
+    STARTUP_PARTS,
+    STEP_JOIN_S,
+    read_counters,
+    read_startups,
+    read_step_logs,
+    training_stretches,
+)
+
 ELASTIC_PARTITION = "preemptable"
 SQUEUE_FORMAT = "%i|%F|%K|%P|%T|%N"
 SINFO_FORMAT = "%N|%T"
@@ -113,47 +126,6 @@ def node_seconds(samples: Sequence[Sample], nodes: int) -> tuple[float, float]:
     return idle, harvested
 
 
-STEP_JOIN_S = 0.25
-"""Completed steps of one node less than this apart count as one stretch of training (the
-bookkeeping between two steps); a longer pause (a re-form, a restart) is not counted."""
-
-
-def read_step_logs(paths: Iterable[Path], until: float | None = None
-                   ) -> dict[str, list[tuple[float, float]]]:
-    """Per node, the ``(start, end)`` of every completed step, from the workers' step logs
-    (``steps/<node>.log``: one ``START END`` line per completed step; the node is the file's
-    name), only steps that ended by ``until`` when given (to read the logs again as they were
-    read then). Malformed lines (a process killed mid-write) are skipped."""
-    out: dict[str, list[tuple[float, float]]] = {}
-    for path in paths:
-        try:
-            text = Path(path).read_text()
-        except OSError:
-            continue
-        steps = out.setdefault(Path(path).stem, [])
-        for line in text.splitlines():
-            parts = line.split()
-            try:
-                start, end = float(parts[0]), float(parts[1])
-            except (IndexError, ValueError):
-                continue
-            if len(parts) == 2 and end >= start and (until is None or end <= until):
-                steps.append((start, end))
-    return out
-
-
-def training_stretches(steps: Iterable[tuple[float, float]],
-                       join_s: float = STEP_JOIN_S) -> list[tuple[float, float]]:
-    """The union of the steps' spans, joining spans less than ``join_s`` apart."""
-    out: list[list[float]] = []
-    for start, end in sorted(steps):
-        if out and start - out[-1][1] < join_s:
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
-    return [(a, b) for a, b in out]
-
-
 def stepping_node_seconds(samples: Sequence[Sample],
                           steps: Mapping[str, Sequence[tuple[float, float]]],
                           join_s: float = STEP_JOIN_S) -> float:
@@ -173,74 +145,6 @@ def stepping_node_seconds(samples: Sequence[Sample],
                 total += max(0.0, min(end, b.t) - max(start, a.t))
     return total
 
-
-Span = tuple[float, float]
-
-_LOG_STAMP = r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] "
-_LOG_ALLOC = re.compile(_LOG_STAMP + r"sched: Allocate JobId=(\d+) NodeList=(\S+) .*"
-                        r"Partition=(\S+)")
-_LOG_BF_START = re.compile(_LOG_STAMP + r"sched/backfill: _start_job: Started JobId=(\d+) "
-                           r"in (\S+) on (\S+)")
-_LOG_DONE = re.compile(_LOG_STAMP + r"_job_complete: JobId=(\d+) done")
-_LOG_SUBMIT = re.compile(_LOG_STAMP + r"_slurm_rpc_submit_batch_job: JobId=(\d+) ")
-
-
-def _log_time(stamp: str) -> float:
-    """slurmctld's log time (local, ``2026-11-25T02:42:54.288``) → Unix seconds: Slurm's own
-    time format (:func:`parse_time`) and the milliseconds."""
-    whole, _, millis = stamp.partition(".")
-    return (parse_time(whole) or 0.0) + (float(f"0.{millis}") if millis else 0.0)
-
-
-def _log_job_lines(text: str) -> Iterator[tuple[str, float, str, str, str]]:
-    """slurmctld's log lines about a job's life: ``(what, time, job, nodelist, partition)``
-    with ``what`` one of ``submit``, ``start`` (main scheduler or backfill) and ``done``;
-    nodelist and partition only for ``start``."""
-    for line in text.splitlines():
-        m = _LOG_ALLOC.match(line)
-        if m:
-            stamp, job, nodelist, partition = m.groups()
-            yield "start", _log_time(stamp), job, nodelist, partition
-            continue
-        m = _LOG_BF_START.match(line)
-        if m:
-            stamp, job, partition, nodelist = m.groups()
-            yield "start", _log_time(stamp), job, nodelist, partition
-            continue
-        for what, pattern in (("done", _LOG_DONE), ("submit", _LOG_SUBMIT)):
-            m = pattern.match(line)
-            if m:
-                yield what, _log_time(m.group(1)), m.group(2), "", ""
-                break
-
-
-def _log_job_times(text: str) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """Each job's submission, (last) start and (last) end in slurmctld's log, to the ms."""
-    times: dict[str, dict[str, float]] = {"submit": {}, "start": {}, "done": {}}
-    for what, t, job, _, _ in _log_job_lines(text):
-        times[what][job] = t
-    return times["submit"], times["start"], times["done"]
-
-
-def prod_busy_from_log(text: str) -> dict[str, list[Span]]:
-    """Per node, the spans in which a prod job held it, from slurmctld's log: from the job's
-    start (``sched: Allocate JobId=N NodeList=... Partition=prod``, or backfill's
-    ``_start_job: Started JobId=N in prod on ...``) to its end (``_job_complete: JobId=N
-    done``); a job with no end in the log holds its nodes for good (``inf``). Jobs of other
-    partitions are left out; an empty result means the log had no such line."""
-    started: dict[str, tuple[float, list[str]]] = {}
-    busy: dict[str, list[Span]] = {}
-    for what, t, job, nodelist, partition in _log_job_lines(text):
-        if what == "start" and partition == PROD_PARTITION:
-            started[job] = (t, expand(nodelist))
-        elif what == "done" and job in started:
-            start, nodes = started.pop(job)
-            for node in nodes:
-                busy.setdefault(node, []).append((start, t))
-    for start, nodes in started.values():
-        for node in nodes:
-            busy.setdefault(node, []).append((start, math.inf))
-    return busy
 
 
 def _complement(busy: Iterable[Span], t0: float, t1: float) -> list[Span]:
@@ -296,27 +200,6 @@ def exact_node_seconds(samples: Sequence[Sample], node_names: Iterable[str],
             stretches = training_stretches(steps[node], join_s)
             harvested += sum(b - a for a, b in _intersect(free, stretches))
     return idle, harvested
-
-
-_STARTUP = re.compile(r"first step ([0-9.]+) s after the task started: launcher ([0-9.]+) s, "
-                      r"torch and model ([0-9.]+) s, ready to placed and formed ([0-9.]+) s")
-STARTUP_PARTS = ("launcher", "torch_and_model", "placed_and_formed")
-
-
-def read_startups(paths: Iterable[Path]) -> list[dict[str, float]]:
-    """Every worker start-up the tasks' output names (``examples/standin_nas.py`` writes one
-    line to stderr at its first completed step): ``total`` from the task's start to the first
-    step, and its parts (:data:`STARTUP_PARTS`). Unreadable files and other lines are skipped."""
-    out = []
-    for path in paths:
-        try:
-            text = Path(path).read_text(errors="replace")
-        except OSError:
-            continue
-        for m in _STARTUP.finditer(text):
-            values = [float(v) for v in m.groups()]
-            out.append({"total": values[0], **dict(zip(STARTUP_PARTS, values[1:]))})
-    return out
 
 
 def startup_summary(startups: Sequence[Mapping[str, float]]) -> dict[str, Any]:
@@ -381,7 +264,7 @@ def prod_starts(records: Iterable[Mapping[str, str]], log_text: str = "") -> lis
     log to the millisecond where it has them (a begin time later than the submission still
     counts, from the record).
     """
-    submitted, started, ended = _log_job_times(log_text)
+    submitted, started, ended = job_times(log_text)
     rows: list[tuple[str, str, float, float, float | None, set[str]]] = []
     for rec in records:
         if rec.get("Partition") != PROD_PARTITION:
@@ -413,28 +296,6 @@ def prod_records(scontrol_text: str) -> list[dict[str, str]]:
     """The prod-partition records of ``scontrol -o show job`` output."""
     return [r for r in parse_scontrol_show_job(scontrol_text)
             if r.get("Partition") == PROD_PARTITION]
-
-
-_PREEMPTED = re.compile(r"preempted \S+ has been (?:requeued|killed) to reclaim resources")
-
-
-def count_preemptions_in_log(text: str) -> int:
-    """Preemptions slurmctld logged (``preempted JobId=... has been requeued to reclaim
-    resources for JobId=...``)."""
-    return sum(bool(_PREEMPTED.search(line)) for line in text.splitlines())
-
-
-def read_counters(paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
-    """Each elastic job's counter file (unreadable or partial files are skipped)."""
-    out: dict[str, dict[str, Any]] = {}
-    for path in paths:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and "samples" in data:
-            out[str(data.get("job") or Path(path).parent.name)] = data
-    return out
 
 
 def _interval(samples: Sequence[Sample]) -> float:
@@ -518,123 +379,3 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
                                                                   cap_per_job), 1)}),
         "jobs": jobs,
     }
-
-
-def format_summary(summary: Mapping[str, Any]) -> str:
-    """A few human lines."""
-    delay = summary.get("prod_start_delay_s")
-    lines = [
-        f"compute                {summary.get('compute', 'cpu')}: "
-        f"{summary.get('compute_note', 'real training on the host cores')}",
-        f"idle node-seconds      {summary['idle_node_seconds']:.0f} over "
-        f"{summary.get('span_s', 0):.0f} s on {summary.get('nodes', '?')} nodes"
-        + (f" ({summary['idle_counted_from']})" if summary.get("idle_counted_from") else ""),
-        f"harvested              {summary['harvested_node_seconds']:.0f} node-seconds "
-        f"({100 * summary['harvested_share']:.1f} % of idle; "
-        f"{summary.get('harvest_counted_from', 'squeue')}; held by elastic tasks "
-        f"{summary.get('held_node_seconds', summary['harvested_node_seconds']):.0f})",
-        f"samples trained        {summary['samples']}",
-        *([f"where the rest went    {summary['idle_not_held_node_seconds']:.0f} node-seconds "
-           "idle with no task running, "
-           f"{summary['held_not_training_node_seconds']:.0f} held by a task not inside a "
-           "completed step (start-up, re-forms, steps cut short)"
-           + (" (2-s samples)" if "idle_node_seconds_sampled" in summary else "")]
-          if "idle_not_held_node_seconds" in summary and summary.get("held_node_seconds")
-          != summary.get("harvested_node_seconds") else []),
-        *([f"worker start-ups       {st['count']}, task start → first step median "
-           f"{st['median_s']:.2f} s (p90 {st['p90_s']:.2f}): "
-           + ", ".join(f"{k.replace('_', ' ')} {v:.2f} s"
-                       for k, v in st["parts_median_s"].items())]
-          if (st := summary.get("startups") or {}).get("count") else []),
-        f"rescales / preemptions {summary['rescales']} / {summary['preemptions']}",
-        "prod start delay       " + ("n/a (no prod job started)" if delay is None else
-                                     f"median {delay:.1f} s, p90 "
-                                     f"{summary.get('prod_start_delay_p90_s', 0):.1f} s over "
-                                     f"{summary.get('prod_jobs_started', 0)} jobs"),
-    ]
-    for job, info in summary.get("jobs", {}).items():
-        lines.append(f"  job {job}: {info['samples']} samples, {info['restarts']} restarts, "
-                     f"up to {info['max_running_tasks']} nodes, {info['cell']}")
-    return "\n".join(lines)
-
-
-def markdown(summary: Mapping[str, Any], command: str) -> str:
-    """The BENCHMARKS.md paragraph and table for one demo run."""
-    delay = summary.get("prod_start_delay_s")
-    standin = summary.get("compute") == "standin"
-    rows = [
-        ("compute", "STOOD IN: each step's accelerator compute is a timed wait of "
-                    f"{summary.get('compute_s', 0):g} s" if standin else "real, on the CPU cores"),
-        ("idle node-seconds (not in prod work)", f"{summary['idle_node_seconds']:.0f}"
-         + (f" ({summary['idle_counted_from']})" if summary.get("idle_counted_from") else "")),
-        ("harvested node-seconds (inside completed training steps)"
-         if summary.get("held_node_seconds") is not None else "harvested node-seconds",
-         f"{summary['harvested_node_seconds']:.0f} "
-         f"({100 * summary['harvested_share']:.1f} % of idle)"),
-        ("samples trained (workers' counters)", f"{summary['samples']}"),
-        ("rescales (RUNNING task count changed)", f"{summary['rescales']}"),
-        ("preemptions (slurmctld log)", f"{summary['preemptions']}"),
-        ("prod start delay, median / p90", "n/a" if delay is None else
-         f"{delay:.1f} s / {summary.get('prod_start_delay_p90_s', 0):.1f} s over "
-         f"{summary.get('prod_jobs_started', 0)} prod jobs"),
-    ]
-    held = summary.get("held_node_seconds")
-    if held is not None:
-        rows.insert(3, ("node-seconds elastic tasks held (RUNNING in squeue)", f"{held:.0f}"))
-    if "idle_not_held_node_seconds" in summary:
-        idle = summary.get("idle_node_seconds_sampled", summary["idle_node_seconds"]) or 1.0
-        of = " of the 2-s samples' idle" if "idle_node_seconds_sampled" in summary else ""
-        rows += [("idle, no elastic task running (node-seconds)",
-                  f"{summary['idle_not_held_node_seconds']:.0f} "
-                  f"({100 * summary['idle_not_held_node_seconds'] / idle:.1f} %{of})"),
-                 ("held, not inside a completed step (start-up, re-forms, cut steps)",
-                  f"{summary['held_not_training_node_seconds']:.0f} "
-                  f"({100 * summary['held_not_training_node_seconds'] / idle:.1f} %{of})")]
-    st = summary.get("startups") or {}
-    if st.get("count"):
-        parts = st["parts_median_s"]
-        rows.append(("worker start-ups: task start → first step, median (p90)",
-                     f"{st['median_s']:.2f} s ({st['p90_s']:.2f} s) over {st['count']}: "
-                     f"launcher {parts['launcher']:.2f} s, torch import and model "
-                     f"{parts['torch_and_model']:.2f} s, placed and group formed "
-                     f"{parts['placed_and_formed']:.2f} s"))
-    capped = summary.get("idle_node_seconds_within_cap")
-    if capped and not standin:
-        rows.insert(2, ("idle node-seconds the queued elastic jobs could hold (node caps)",
-                        f"{capped:.0f} ({100 * summary['harvested_node_seconds'] / capped:.1f} "
-                        "% of it harvested)"))
-    table = ["| measure | value |", "| --- | --- |", *(f"| {a} | {b} |" for a, b in rows)]
-    return "\n".join([
-        f"`{command}`: a {summary.get('nodes')}-node local Slurm cluster (one slurmd per "
-        f"virtual node on one host) and `malletraind`; {summary.get('span_s', 0):.0f} s of a "
-        f"main-queue workload on `prod` ({summary.get('prod_jobs_planned', '?')} jobs, "
-        f"{summary.get('big_jobs_planned', '?')} of them big jobs that wait and leave planned "
-        "holes) whose idle gaps are drawn from the Summit fragment lengths, one trace hour "
-        f"compressed to {3600 / float(summary.get('compress', 60.0)):.0f} s; " + (
-            f"{summary.get('elastic_jobs', 4)} elastic jobs (`sbatch --qos=malletrain -N "
-            f"1-{summary.get('max_nodes', 16)} examples/nas_standin.sbatch`, rescaling in place) "
-            "each training a random NAS-Bench-101 cell whose accelerator compute is STOOD IN by "
-            f"a timed wait of {summary.get('compute_s', 0):g} s per step, while the gradients of "
-            "a small real cell are all-reduced over gloo between the job's nodes"
-            if standin else
-            "elastic jobs (`sbatch --qos=malletrain -N 1-2 examples/nas.sbatch`) training "
-            "random NAS-Bench-101 cells with torch DDP (gloo) on the host's CPU cores") +
-        ". Computed from Slurm's records (squeue/sinfo every 2 s, `scontrol show job`, "
-        "slurmctld's log) and the workers' counter files and step logs, not from the daemon's "
-        "plan:",
-        "",
-        *table,
-        "",
-        "The prod start delay is each prod job's StartTime minus the moment it became "
-        "startable: eligible, and every node it runs on released by the prod job before it "
-        "(its end), from slurmctld's log to the millisecond. It is what preempting elastic "
-        "tasks cost the main queue (KillWait is 2 s in the local cluster's test timings). " + (
-            "Harvested node-seconds count only time inside training steps that completed "
-            "(each worker logs the start and end of every step it completed); a task's "
-            "start-up (launcher, torch import, joining the group), re-form pauses and a step "
-            "cut short by a preemption count as idle."
-            if standin else
-            "The harvested share is bounded by the elastic jobs' node caps (at most "
-            "`--elastic-jobs` × `--max-nodes` = 6 torch workers, for 2 shared cores) and by "
-            "gaps shorter than a task start."),
-    ])

@@ -17,7 +17,7 @@ import socket
 import subprocess
 from typing import TYPE_CHECKING
 
-from ..errors import MalleTrainError
+from malletrain_core.errors import MalleTrainError
 
 if TYPE_CHECKING:
     from . import LocalCluster
