@@ -73,6 +73,27 @@ def test_corrected_curve_keeps_the_prior_shape() -> None:
     assert linear_curve(2, 30.0, 8).at(8) == pytest.approx(120.0)
 
 
+def test_corrected_curve_takes_agreeing_ratios_for_one_factor() -> None:
+    """Noise in two scales' estimates scales the prior; it does not bend its slopes."""
+    prior = Curve.of([1, 16, 32, 64], [10.0, 150.0, 300.0, 560.0])
+    curve = corrected_curve(prior, {16: 150.0 * 0.98, 32: 300.0 * 1.03}, extrapolate=False)
+    factor = (0.98 + 1.03) / 2
+    assert curve.throughput == pytest.approx([p * factor for p in prior.throughput])
+    # the marginal rate 16 -> 32 keeps the prior's (not 8 % more, as per-scale values gave)
+    assert (curve.at(32) - curve.at(16)) / curve.at(16) == \
+        pytest.approx((prior.at(32) - prior.at(16)) / prior.at(16))
+    # a scale above the prior's range is added as measured
+    above = corrected_curve(prior, {32: 300.0, 128: 900.0}, extrapolate=False)
+    assert above.at(128) == pytest.approx(900.0) and above.at(64) == pytest.approx(560.0)
+
+
+def test_corrected_curve_follows_ratios_that_disagree() -> None:
+    prior = Curve.of([1, 16, 32, 64], [10.0, 150.0, 300.0, 560.0])
+    curve = corrected_curve(prior, {16: 150.0, 32: 200.0}, extrapolate=False)
+    assert curve.at(16) == pytest.approx(150.0) and curve.at(32) == pytest.approx(200.0)
+    assert curve.at(64) == pytest.approx(560.0 * 200.0 / 300.0)
+
+
 def test_lender_is_the_least_recently_interrupted() -> None:
     lenders = [Lender("a", 4, 100.0, 0), Lender("b", 2, 50.0, 1), Lender("c", 0, None, 2),
                Lender("d", 3, None, 3)]
