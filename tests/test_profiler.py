@@ -244,6 +244,25 @@ def test_learned_curve_follows_the_truth() -> None:
     assert after.at(4) == pytest.approx(18.0, rel=0.05)  # unvisited scales drift alike
 
 
+def test_a_profiled_curve_keeps_its_shape_under_a_noisy_estimate() -> None:
+    """After profiling, a 4 % higher estimate at the running scale scales the measured curve
+    as a whole: the marginal rate below it is not raised by the noise."""
+    later = 1200.0
+
+    def truth(t: float, k: int) -> float:
+        return TRUTH.at(k) * (1.04 if t > later and k == 16 else 1.0)
+
+    cluster = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=16)
+    cluster.submit(JobRequest("p", 1, 16), truth)
+    cluster.run(later + 300.0)
+    view = cluster.engine.jobs["p"]
+    assert view.phase is JobPhase.RUNNING and len(view.nodes) == 16
+    assert view.measured[16] == pytest.approx(104.0, rel=0.01)
+    curve = view.curve
+    assert curve is not None and curve.at(16) == pytest.approx(100.0)  # the median ratio, 1
+    assert curve.at(8) / curve.at(16) == pytest.approx(TRUTH.at(8) / TRUTH.at(16))
+
+
 def test_reclaim_during_profiling() -> None:
     cluster = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=16)
     cluster.submit(JobRequest("p", 4, 16), curve_truth(TRUTH))
