@@ -349,10 +349,22 @@ def test_jobs_of_a_model_being_profiled_wait_for_its_curve() -> None:
     phases = {j: v.phase for j, v in engine.jobs.items()}
     assert phases == {"p1": JobPhase.PROFILING, "p2": JobPhase.QUEUED,
                       "p3": JobPhase.PROFILING}  # p2 waits without holding up p3
+    first = len(cluster.actions)
+    for _ in range(30):
+        if "vgg" in store:
+            break  # p2 waited for the profile's first point
+        assert engine.jobs["p2"].phase is JobPhase.QUEUED
+        first = len(cluster.actions)
+        cluster.run(10.0)
+    assert "p2" not in {a.job_id for a in cluster.actions[:first]}
+    assert engine.jobs["p2"].phase is JobPhase.RUNNING  # ... and starts on it, before the end
+    assert engine.jobs["p1"].phase is JobPhase.PROFILING and len(store["vgg"].nodes) == 1
     cluster.run(600.0)
     assert engine.jobs["p2"].phase is JobPhase.RUNNING
     assert engine.stats.profiled == 2 and set(store) == {"vgg", "bert"}
-    assert "p2" not in {a.job_id for a in cluster.actions[:6]}
+    assert store["vgg"].nodes == (1, 2, 4)  # every scale p1's profile measured
+    prior = engine._jobs["p2"].prior  # the whole profile, taken as it was measured
+    assert prior is store["vgg"]
 
 
 def test_a_short_curve_is_extended_when_nodes_allow() -> None:
