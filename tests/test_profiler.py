@@ -367,6 +367,24 @@ def test_jobs_of_a_model_being_profiled_wait_for_its_curve() -> None:
     assert prior is store["vgg"]
 
 
+@pytest.mark.parametrize("stored, idle, learned", [(8, 2, (2, 8)), (4, 3, (4,))])
+def test_the_store_learns_scales_running_jobs_measured(stored: int, idle: int,
+                                                        learned: tuple[int, ...]) -> None:
+    """A model's curve cut short (one stored scale) gains the scale a job of the model ran
+    at over a full window, unless that is within a factor 1.5 of a stored one."""
+    store = {"vgg": Curve.of([stored], [TRUTH.at(stored)])}
+    cluster = FakeCluster(Engine(EngineConfig(profile_window_s=30.0), curve_store=store))
+    cluster.idle(NODES[:idle])
+    cluster.submit(JobRequest("s", 1, 8, model="vgg"), curve_truth(TRUTH))
+    cluster.run(200.0)
+    view = cluster.engine.jobs["s"]
+    assert view.phase is JobPhase.RUNNING and len(view.nodes) == idle
+    assert store["vgg"].nodes == learned
+    if idle in learned:
+        assert store["vgg"].at(idle) == pytest.approx(TRUTH.at(idle))
+    assert cluster.engine._jobs["s"].prior is store["vgg"]  # the job follows the store
+
+
 def test_a_short_curve_is_extended_when_nodes_allow() -> None:
     store: dict[str, Curve] = {}
     cluster = FakeCluster(Engine(EngineConfig(profile_window_s=30.0), curve_store=store))

@@ -131,6 +131,11 @@ class ProfileRun:
         self.step_start = now
 
 
+GAP = 1.5
+"""A running job's measurement joins its model's stored curve only at least this factor away
+from every stored scale (:meth:`Advisor.learn`)."""
+
+
 class Advisor:
     """The JPA at work in one engine: starts, steps and ends profiling runs.
 
@@ -153,6 +158,7 @@ class Advisor:
         self.borrower: str | None = None
         self.sent_back: list[str] = []
         self.remeasured: set[tuple[str, int]] = set()  # (job, scale): measured again once
+        self.seen: dict[str, int] = {}  # job -> monitor version the store last learned from
 
     # ------------------------------------------------------------- queries
     def profiling_model(self, model: str) -> bool:
@@ -168,9 +174,13 @@ class Advisor:
         return any(self._step_due(run, now) for run in self.runs.values())
 
     def report_due(self, job_id: str, now: float) -> bool:
-        """Whether the job is being profiled and its current step is due."""
+        """Whether the job is being profiled and its current step is due, or it measured a
+        scale its model's stored curve should learn (:meth:`learn`)."""
         run = self.runs.get(job_id)
-        return run is not None and self._step_due(run, now)
+        if run is not None:
+            return self._step_due(run, now)
+        job = self.jobs.get(job_id)
+        return job is not None and bool(self._new_points(job))
 
     def _step_due(self, run: ProfileRun, now: float) -> bool:
         size = len(self.jobs[run.job_id].nodes)
@@ -299,9 +309,50 @@ class Advisor:
 
     # ------------------------------------------------------------- stepping
     def advance(self, now: float) -> None:
-        """Step every run that is due: next scale, or the end of profiling."""
+        """Step every run that is due: next scale, or the end of profiling; then let the store
+        learn what running jobs measured (:meth:`learn`)."""
         for job_id in list(self.runs):
             self._step(self.runs[job_id], now)
+        self.learn()
+
+    def learn(self) -> None:
+        """Add to a model's stored curve a scale a running job of the model measured over a
+        full window, where the store has no point within :data:`GAP` of it.
+
+        A reclaim that cuts a profile short leaves its model's curve with the scales measured
+        so far (on a 2-day Summit replay, seed 1: two models with 32 and 64 nodes only, every
+        smaller scale believed linear below 32, 25 % under the truth at one node). The jobs of
+        the model run at many scales anyway; what they measure there fills the gaps without
+        a dedicated probe. Scales closer to a stored one are left out: two estimates a few
+        nodes apart would put their noise into the slope between them."""
+        for job in self.jobs.values():
+            new = self._new_points(job)
+            if new:
+                self.share(job, measured_curve(new))
+
+    def _new_points(self, job: JobRecord) -> dict[int, float]:
+        """The job's full-window estimates its model's stored curve lacks (see :meth:`learn`)."""
+        model = job.req.model
+        if (job.phase is not JobPhase.RUNNING or not model or model not in self.store
+                or job.source not in (Source.PROFILED, Source.STORE)):
+            return {}
+        version = self.monitor.version(job.id)
+        if self.seen.get(job.id) == version:
+            return {}
+        stored = self.store[model].nodes
+        new = {k: v for k, v in self.settled(job.id, full_only=True).items()
+               if all(not s / GAP < k < s * GAP for s in stored)}
+        if not new:
+            self.seen[job.id] = version  # nothing to learn until the estimates change
+        return new
+
+    def settled(self, job_id: str, full_only: bool = False) -> dict[int, float]:
+        """The job's estimates over a full window (all of them where none is full, unless
+        ``full_only``)."""
+        measured = self.monitor.throughput(job_id)
+        partial = self.monitor.provisional(job_id)
+        full = {k: v for k, v in measured.items() if k not in partial}
+        return full if full or full_only else measured
 
     def _step(self, run: ProfileRun, now: float) -> None:
         job = self.jobs[run.job_id]
@@ -324,7 +375,7 @@ class Advisor:
         if self.monitor.window_done(run.job_id, size, run.step_start):
             run.index += 1
             if not (run.probe or run.extension):
-                self.share(job, measured_curve(self.monitor.throughput(job.id)))
+                self.share(job, measured_curve(self.settled(job.id)))
         elif now - run.step_start > self.step_timeout_s():
             run.index += 1  # no window at this scale (the job does not report): skip it
         else:
@@ -393,7 +444,7 @@ class Advisor:
             # Rebuilt from the monitor at every report, the curve took each new noisy estimate
             # at the running scale into its slopes (0.13 point of UB_oracle and 960 rescales on
             # a 2-day Summit replay, in place).
-            job.set_source(Source.PROFILED, prior=measured_curve(measured))
+            job.set_source(Source.PROFILED, prior=measured_curve(self.settled(job.id)))
             self.remember(job)
         else:
             job.set_source(Source.ASSUMED)
@@ -412,7 +463,7 @@ class Advisor:
         measured = self.monitor.throughput(job.id)
         curve: Curve | None
         if job.source == Source.PROFILED:
-            curve = measured_curve(measured)
+            curve = measured_curve(self.settled(job.id))
         elif job.prior is not None and measured:
             curve = corrected_curve(job.prior, measured, extrapolate=False)
         else:
@@ -436,6 +487,6 @@ class Advisor:
             return
         self.store[model] = stored = merge_curves(self.store.get(model), curve)
         for other in self.jobs.values():
-            if (other.req.model == model and other.source == Source.STORE
+            if (other.req.model == model and other.source in (Source.STORE, Source.PROFILED)
                     and other.phase is not JobPhase.DONE and other.prior is not stored):
-                other.set_source(Source.STORE, stored)
+                other.set_source(other.source, stored)
