@@ -14,7 +14,8 @@ rescales, and for ``malletrain`` what the learning costs, sampled 500 times over
 * ``slope_error``: the same for the rate gained over the doubling below the current scale,
   |(b(k) − b(k/2)) / (t(k) − t(k/2)) − 1|: what the allocator trades nodes by;
 * ``profiling_node_share``: share of the held node-seconds held by jobs being profiled;
-* ``queued_job_h``: job-hours spent queued (admitted jobs waiting for their model's profile).
+* ``queued_job_h``: job-hours spent queued, not yet admitted (waiting for nodes to profile on,
+  or for the model's profile).
 
 The package imported is the one first on ``PYTHONPATH``, so an earlier commit's tree (e.g.
 ``git archive``'d to a folder) can be measured by the same script; ``--label`` names it. The
@@ -28,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -156,15 +158,18 @@ def _row(rec: dict[str, Any]) -> str:
 
 
 def section(records: list[dict[str, Any]], command: str, notes: str) -> str:
-    lines = [BEGIN, f"Section written by `{command}` on {host()}.", "",
-             "Each row is the tree after one change (the label names it), measured by "
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [BEGIN, f"Section written {date} by `{command}` on {host()}.", "",
+             "Each row is the tree after one change (the label names its commit; the first "
+             "is the tree before them), measured by "
              "`python3 bench/profiler.py --trace T --days D --seeds S --label L --out FILE` "
              "(50 ImageNet jobs, in-place cost model). Gap: `freetrain-exact` minus "
              "`malletrain`, points of UB_oracle. Rescales: malletrain / freetrain-exact. "
              "Level and slope error: the believed curve against the true one at each running "
              "job's scale, and over the doubling below it (node-weighted, 500 samples over "
              "the trace). Profiling: share of held node-seconds held by jobs being profiled. "
-             "Queued: job-hours admitted jobs spent waiting (for their model's profile).", "",
+             "Queued: job-hours jobs spent queued, not yet admitted (waiting for nodes to "
+             "profile on, or for their model's profile; from the same coarse samples).", "",
              "| tree | replay | malletrain | freetrain-exact | gap (points) | rescales | "
              "level error | slope error | profiling | queued (job-h) |",
              "|---|---|---|---|---|---|---|---|---|---|",
