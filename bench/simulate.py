@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arrivals", default="",
                     help="results.json directories of arrivals runs, comma-separated")
     ap.add_argument("--timing-file", default="", help="--timing records, comma-separated")
-    ap.add_argument("--hpo", default="", help="results.json directory of an HPO-workload run")
+    ap.add_argument("--hpo", default="", help="results.json directories of an HPO-workload run "
+                    "(one setup), comma-separated")
     ap.add_argument("--headline-inplace", default="",
                     help="results.json directories of the headline setup replayed with "
                          "--rescale-cost inplace, comma-separated")
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         shown = ["python3", "bench/simulate.py",
                  *(",".join(Path(p).name for p in a.split(",")) if "/" in a else a
                    for a in given)]
-        hpo = read_results(Path(args.hpo)) if args.hpo else None
+        hpo = merged([Path(p) for p in args.hpo.split(",") if p]) if args.hpo else None
         inplace = merged([Path(p) for p in args.headline_inplace.split(",") if p]) \
             if args.headline_inplace else None
         write_markdown(args.markdown, section(head, arrivals, timings, " ".join(shown), hpo,

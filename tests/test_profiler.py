@@ -73,6 +73,27 @@ def test_corrected_curve_keeps_the_prior_shape() -> None:
     assert linear_curve(2, 30.0, 8).at(8) == pytest.approx(120.0)
 
 
+def test_corrected_curve_takes_agreeing_ratios_for_one_factor() -> None:
+    """Noise in two scales' estimates scales the prior; it does not bend its slopes."""
+    prior = Curve.of([1, 16, 32, 64], [10.0, 150.0, 300.0, 560.0])
+    curve = corrected_curve(prior, {16: 150.0 * 0.98, 32: 300.0 * 1.03}, extrapolate=False)
+    factor = (0.98 + 1.03) / 2
+    assert curve.throughput == pytest.approx([p * factor for p in prior.throughput])
+    # the marginal rate 16 -> 32 keeps the prior's (not 8 % more, as per-scale values gave)
+    assert (curve.at(32) - curve.at(16)) / curve.at(16) == \
+        pytest.approx((prior.at(32) - prior.at(16)) / prior.at(16))
+    # a scale above the prior's range is added as measured
+    above = corrected_curve(prior, {32: 300.0, 128: 900.0}, extrapolate=False)
+    assert above.at(128) == pytest.approx(900.0) and above.at(64) == pytest.approx(560.0)
+
+
+def test_corrected_curve_follows_ratios_that_disagree() -> None:
+    prior = Curve.of([1, 16, 32, 64], [10.0, 150.0, 300.0, 560.0])
+    curve = corrected_curve(prior, {16: 150.0, 32: 200.0}, extrapolate=False)
+    assert curve.at(16) == pytest.approx(150.0) and curve.at(32) == pytest.approx(200.0)
+    assert curve.at(64) == pytest.approx(560.0 * 200.0 / 300.0)
+
+
 def test_lender_is_the_least_recently_interrupted() -> None:
     lenders = [Lender("a", 4, 100.0, 0), Lender("b", 2, 50.0, 1), Lender("c", 0, None, 2),
                Lender("d", 3, None, 3)]
@@ -223,6 +244,25 @@ def test_learned_curve_follows_the_truth() -> None:
     assert after.at(4) == pytest.approx(18.0, rel=0.05)  # unvisited scales drift alike
 
 
+def test_a_profiled_curve_keeps_its_shape_under_a_noisy_estimate() -> None:
+    """After profiling, a 4 % higher estimate at the running scale scales the measured curve
+    as a whole: the marginal rate below it is not raised by the noise."""
+    later = 1200.0
+
+    def truth(t: float, k: int) -> float:
+        return TRUTH.at(k) * (1.04 if t > later and k == 16 else 1.0)
+
+    cluster = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=16)
+    cluster.submit(JobRequest("p", 1, 16), truth)
+    cluster.run(later + 300.0)
+    view = cluster.engine.jobs["p"]
+    assert view.phase is JobPhase.RUNNING and len(view.nodes) == 16
+    assert view.measured[16] == pytest.approx(104.0, rel=0.01)
+    curve = view.curve
+    assert curve is not None and curve.at(16) == pytest.approx(100.0)  # the median ratio, 1
+    assert curve.at(8) / curve.at(16) == pytest.approx(TRUTH.at(8) / TRUTH.at(16))
+
+
 def test_reclaim_during_profiling() -> None:
     cluster = profiled_cluster(EngineConfig(profile_window_s=40.0), nodes=16)
     cluster.submit(JobRequest("p", 4, 16), curve_truth(TRUTH))
@@ -309,10 +349,40 @@ def test_jobs_of_a_model_being_profiled_wait_for_its_curve() -> None:
     phases = {j: v.phase for j, v in engine.jobs.items()}
     assert phases == {"p1": JobPhase.PROFILING, "p2": JobPhase.QUEUED,
                       "p3": JobPhase.PROFILING}  # p2 waits without holding up p3
+    first = len(cluster.actions)
+    for _ in range(30):
+        if "vgg" in store:
+            break  # p2 waited for the profile's first point
+        assert engine.jobs["p2"].phase is JobPhase.QUEUED
+        first = len(cluster.actions)
+        cluster.run(10.0)
+    assert "p2" not in {a.job_id for a in cluster.actions[:first]}
+    assert engine.jobs["p2"].phase is JobPhase.RUNNING  # ... and starts on it, before the end
+    assert engine.jobs["p1"].phase is JobPhase.PROFILING and len(store["vgg"].nodes) == 1
     cluster.run(600.0)
     assert engine.jobs["p2"].phase is JobPhase.RUNNING
     assert engine.stats.profiled == 2 and set(store) == {"vgg", "bert"}
-    assert "p2" not in {a.job_id for a in cluster.actions[:6]}
+    assert store["vgg"].nodes == (1, 2, 4)  # every scale p1's profile measured
+    prior = engine._jobs["p2"].prior  # the whole profile, taken as it was measured
+    assert prior is store["vgg"]
+
+
+@pytest.mark.parametrize("stored, idle, learned", [(8, 2, (2, 8)), (4, 3, (4,))])
+def test_the_store_learns_scales_running_jobs_measured(stored: int, idle: int,
+                                                        learned: tuple[int, ...]) -> None:
+    """A model's curve cut short (one stored scale) gains the scale a job of the model ran
+    at over a full window, unless that is within a factor 1.5 of a stored one."""
+    store = {"vgg": Curve.of([stored], [TRUTH.at(stored)])}
+    cluster = FakeCluster(Engine(EngineConfig(profile_window_s=30.0), curve_store=store))
+    cluster.idle(NODES[:idle])
+    cluster.submit(JobRequest("s", 1, 8, model="vgg"), curve_truth(TRUTH))
+    cluster.run(200.0)
+    view = cluster.engine.jobs["s"]
+    assert view.phase is JobPhase.RUNNING and len(view.nodes) == idle
+    assert store["vgg"].nodes == learned
+    if idle in learned:
+        assert store["vgg"].at(idle) == pytest.approx(TRUTH.at(idle))
+    assert cluster.engine._jobs["s"].prior is store["vgg"]  # the job follows the store
 
 
 def test_a_short_curve_is_extended_when_nodes_allow() -> None:

@@ -27,7 +27,8 @@ class Source:
     STORE = "store"
     """Measured earlier for a job of the same declared model."""
     PROFILED = "profiled"
-    """Measured by the profiler for this job."""
+    """Measured by the profiler for this job (the points measured by the end of profiling are
+    its prior)."""
     LINEAR = "linear"
     """Assumed linear from the job's first measured scale (no profiling)."""
     ASSUMED = "assumed"
@@ -95,7 +96,7 @@ class JobRecord:
             return self.curve
         measured = monitor.throughput(self.req.id)
         curve: Curve | None
-        if self.source in (Source.USER, Source.STORE) and self.prior is not None:
+        if self.source in (Source.USER, Source.STORE, Source.PROFILED) and self.prior is not None:
             curve = corrected_curve(self.prior, measured) if follow and measured else self.prior
         elif self.source == Source.LINEAR and self.probe_point is not None:
             k0, p0 = self.probe_point

@@ -1,0 +1,107 @@
+"""What the Job Profiling Advisor keeps of measured curves: the per-model curve store, shared
+with the model's running jobs as their prior, and what it learns from them.
+
+Each scale a profile measures goes into the store at once, so the model's other jobs start
+on the first point and take each further one (:meth:`StoreLearning.share`); a running job's
+full-window estimate at a scale the store lacks fills the gaps a cut profile left
+(:meth:`StoreLearning.learn`). The store keeps measured points only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+from ..model import Curve
+from .config import JobPhase
+from .curves import corrected_curve, measured_curve, merge_curves
+from .jobs import JobRecord, Source
+from .monitor import Monitor
+
+GAP = 1.5
+"""A running job's measurement joins its model's stored curve only at least this factor away
+from every stored scale (:meth:`StoreLearning.learn`)."""
+
+
+class StoreLearning:
+    """The store side of :class:`~.profiler.Advisor` (a mixin: the advisor holds the state)."""
+
+    monitor: Monitor
+    jobs: Mapping[str, JobRecord]
+    store: MutableMapping[str, Curve]
+    seen: dict[str, int]
+    """Job -> the monitor version the store last found nothing new in."""
+
+    def learn(self) -> None:
+        """Add to a model's stored curve a scale a running job of the model measured over a
+        full window, where the store has no point within :data:`GAP` of it.
+
+        A reclaim that cuts a profile short leaves its model's curve with the scales measured
+        so far (on a 2-day Summit replay, seed 1: two models with 32 and 64 nodes only, every
+        smaller scale believed linear below 32, 25 % under the truth at one node). The jobs of
+        the model run at many scales anyway; what they measure there fills the gaps without
+        a dedicated probe. Scales closer to a stored one are left out: two estimates a few
+        nodes apart would put their noise into the slope between them."""
+        for job in self.jobs.values():
+            new = self._new_points(job)
+            if new:
+                self.share(job, measured_curve(new))
+
+    def _new_points(self, job: JobRecord) -> dict[int, float]:
+        """The job's full-window estimates its model's stored curve lacks (see :meth:`learn`)."""
+        model = job.req.model
+        if (job.phase is not JobPhase.RUNNING or not model or model not in self.store
+                or job.source not in (Source.PROFILED, Source.STORE)):
+            return {}
+        version = self.monitor.version(job.id)
+        if self.seen.get(job.id) == version:
+            return {}
+        stored = self.store[model].nodes
+        new = {k: v for k, v in self.settled(job.id, full_only=True).items()
+               if all(not s / GAP < k < s * GAP for s in stored)}
+        if not new:
+            self.seen[job.id] = version  # nothing to learn until the estimates change
+        return new
+
+    def settled(self, job_id: str, full_only: bool = False) -> dict[int, float]:
+        """The job's estimates over a full window (all of them where none is full, unless
+        ``full_only``)."""
+        measured = self.monitor.throughput(job_id)
+        partial = self.monitor.provisional(job_id)
+        full = {k: v for k, v in measured.items() if k not in partial}
+        return full if full or full_only else measured
+
+    def remember(self, job: JobRecord) -> None:
+        """Merge what the job measured (never an extrapolated point) into its model's stored
+        curve."""
+        if not job.req.model or job.source not in (Source.PROFILED, Source.STORE):
+            return
+        measured = self.monitor.throughput(job.id)
+        curve: Curve | None
+        if job.source == Source.PROFILED:
+            curve = measured_curve(self.settled(job.id))
+        elif job.prior is not None and measured:
+            curve = corrected_curve(job.prior, measured, extrapolate=False)
+        else:
+            curve = job.prior
+        if job.source == Source.PROFILED:
+            self.share(job, curve)
+        elif curve is not None:
+            self.store[job.req.model] = merge_curves(self.store.get(job.req.model), curve)
+
+    def share(self, job: JobRecord, curve: Curve | None) -> None:
+        """Store what a job being (or just) profiled has measured, and make it the prior of
+        the running jobs of its model that started on the store.
+
+        Jobs of a model being profiled waited for the whole profile, seven windows and their
+        rescales from 64 nodes down: at the start of a 2-day Summit replay 43 of 50 jobs
+        waited while most of the idle nodes stayed idle. They now start once the profile has
+        its first point (the largest scale: linear below it, their own reports correct it)
+        and take each further point as it is measured."""
+        model = job.req.model
+        if not model or curve is None:
+            return
+        self.store[model] = stored = merge_curves(self.store.get(model), curve)
+        for other in self.jobs.values():
+            if (other.req.model == model and other.source in (Source.STORE, Source.PROFILED)
+                    and other.phase is not JobPhase.DONE and other.prior is not stored):
+                other.set_source(other.source, stored)
