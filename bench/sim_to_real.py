@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.demo import summary  # noqa: E402
+from malletrain_core.demo.summary import Span  # noqa: E402
 from malletrain_core.hostlist import expand  # noqa: E402
 from malletrain_core.model import Curve  # noqa: E402
 from malletrain_core.sim import costs as cost_models  # noqa: E402
@@ -95,8 +96,9 @@ def run_real(out: Path, duration_s: float, seed: int) -> dict[str, Any]:
         def collect(self) -> dict[str, Any]:
             result: dict[str, Any] = super().collect()
             since = time.strftime("%Y-%m-%dT%H:%M:%S",
-                                  time.localtime(self.samples[0].t - 600))
-            argv = ["sacct", "-a", "-X", "-D", "-P", "-S", since, "-o", SACCT_FIELDS]
+                                  time.gmtime(self.samples[0].t - 600))
+            argv = ["env", "TZ=UTC", "sacct", "-a", "-X", "-D", "-P", "-S", since, "-o",
+                    SACCT_FIELDS]
             time.sleep(3.0)  # slurmctld hands the last starts and ends to slurmdbd
             self.sacct = self.cluster.run(argv, timeout_s=60).stdout
             steps = summary.read_step_logs(sorted(self.jobs_dir.glob(
@@ -115,6 +117,7 @@ def run_real(out: Path, duration_s: float, seed: int) -> dict[str, Any]:
         d.stop()
     (out / "sacct.txt").write_text(d.sacct)
     result.update(measure_costs(out, (result["window"][0], result["window"][1])))
+    result["host"] = host("Slurm 22.05, accounting mode")
     (out / "measured.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -176,14 +179,45 @@ def measure_costs(out: Path, window: tuple[float, float]) -> dict[str, Any]:
     text = log.read_text(errors="replace") if log.is_file() else ""
     delays = grant_delays(text, window)
     startups = [s["total"] for s in summary.read_startups(sorted(out.glob("jobs/nas-*.out")))]
-    started = sum(window[0] <= t <= window[1] for ts in elastic_starts(text).values() for t in ts)
+    starts = elastic_starts(text)
+    started = sum(window[0] <= t <= window[1] for ts in starts.values() for t in ts)
+    steps = summary.read_step_logs(sorted(out.glob("jobs/checkpoints-*/steps/*.log")))
+    stalls, handovers = step_gaps(steps, summary.prod_busy_from_log(text), starts, window)
     return {"grant_delays_s": [round(d, 3) for d in delays],
-            "startups_s": [round(s, 3) for s in startups], "elastic_task_starts": started}
+            "startups_s": [round(s, 3) for s in startups], "elastic_task_starts": started,
+            "member_stalls_s": stalls, "handovers_s": handovers}
+
+
+def step_gaps(steps: dict[str, list[tuple[float, float]]], prod: dict[str, list[Span]],
+              starts: dict[str, list[float]], window: tuple[float, float]
+              ) -> tuple[list[float], list[float]]:
+    """Two losses the step logs show: a running worker's pauses between two completed steps
+    (≥ the summary's join threshold, no prod job and no new task on the node in between:
+    re-forms, stalls), and the hand-over at a preemption (the last completed step's end to
+    the prod job's start, when under 10 s: the step in flight and the kill)."""
+    stalls, handovers = [], []
+    for node, spans in steps.items():
+        spans = sorted(x for x in spans if x[0] >= window[0] and x[1] <= window[1])
+        busy = prod.get(node, [])
+        for (_, end0), (start1, _) in zip(spans, spans[1:]):
+            gap = start1 - end0
+            held = any(s < start1 and e > end0 for s, e in busy)
+            restarted = any(end0 <= t <= start1 for t in starts.get(node, ()))
+            if gap >= summary.STEP_JOIN_S and not held and not restarted:
+                stalls.append(round(gap, 3))
+        ends = [e for _, e in spans]
+        for s, _ in busy:
+            before = [e for e in ends if e <= s]
+            if window[0] < s < window[1] and before and s - before[-1] < 10.0:
+                handovers.append(round(s - before[-1], 3))
+    return stalls, handovers
 
 
 def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
     """Replay the dumped sacct with the measured costs; the comparison."""
     window = (float(measured["window"][0]), float(measured["window"][1]))
+    os.environ["TZ"] = "UTC"  # the dump's times (sacct ran under TZ=UTC)
+    time.tzset()
     log = read_accounting(out / "sacct.txt", warn=None)
     prod = [r for r in log.runs if AccountingFilter.of(skip_partitions=["preemptable"]).keeps(r)]
     trace = runs_to_trace("demo sacct", prod, measured["node_names"], *window)
@@ -198,7 +232,6 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
         shrink_pause_s=inplace.shrink_pause_s, preempt_pause_s=inplace.preempt_pause_s,
         lost_step_s=stats["step_s_median"], joiner_start_s=grant_s + startup_s,
         first_report_s=inplace.first_report_s, cold_start_s=grant_s + startup_s)
-    cost_models.COST_MODELS["measured"] = model  # this process only: the run's own costs
     max_nodes = int(measured["max_nodes"])
     jobs = [SimJob(id=f"nas-{i}", model="nas-standin",
                    curve=Curve.of([1, max_nodes], [rate, rate * max_nodes]), min_nodes=1,
@@ -216,8 +249,12 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
     # Harvest: time inside completed steps, rolled back or not (as the step logs count it):
     # checkpoints continuous. Samples: what the training state kept (as the counters count
     # it): the demo's checkpoint interval, so a job that loses every node rolls back.
-    run = run_with(0.0)
-    kept = run_with(float(measured.get("checkpoint_every_s", CHECKPOINT_EVERY_S)))
+    cost_models.COST_MODELS["measured"] = model  # the run's own costs, for these replays only
+    try:
+        run = run_with(0.0)
+        kept = run_with(float(measured.get("checkpoint_every_s", CHECKPOINT_EVERY_S)))
+    finally:
+        del cost_models.COST_MODELS["measured"]
     idle_pred = trace.idle_node_seconds()
     idle_meas = float(measured["idle_node_seconds"])
     harvest_pred = run.trained_samples / rate if rate > 0 else 0.0
@@ -242,7 +279,11 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
                      "of_which_grant_delays_node_s": round(sum(delays), 1),
                      "held_not_in_a_step_node_s": measured.get("held_not_training_node_seconds"),
                      "of_which_startups_node_s": round(sum(startups), 1),
-                     "elastic_task_starts": measured["elastic_task_starts"]},
+                     "elastic_task_starts": measured["elastic_task_starts"],
+                     "member_stalls_node_s": round(sum(measured["member_stalls_s"]), 1),
+                     "member_stalls": len(measured["member_stalls_s"]),
+                     "handover_node_s": round(sum(measured["handovers_s"]), 1),
+                     "handovers": len(measured["handovers_s"])},
             "simulator": {"held_not_training_node_s": round(run.node_seconds - harvest_pred, 1),
                           "idle_not_held_node_s": round(idle_pred - run.node_seconds, 1)}},
         "samples_in_step_logs": BATCH * int(stats["steps"]),
@@ -255,6 +296,7 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
                   "preempt_pause_s": model.preempt_pause_s},
         "rescales": {"predicted": run.rescales, "measured": measured.get("rescales")},
         "preemptions": {"predicted": run.preemptions, "measured": measured.get("preemptions")},
+        "host": measured.get("host"),
         "window_s": round(window[1] - window[0], 1), "nodes": len(trace.node_names),
         "prod_runs": len(prod), "elastic_runs": len(log.runs) - len(prod),
         "elastic_jobs": len(jobs), "max_nodes": max_nodes,
@@ -274,7 +316,9 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
 
     lines = [
         BEGIN,
-        f"`{command}` on {host('Slurm 22.05, accounting mode')}: the demo's workload "
+        f"`{command}` on {cmp.get('host') or 'the development machine (2 cores)'}"
+        + (" (this section rewritten from the saved run with `--from`)" if wall_s is None
+           else "") + ": the demo's workload "
         f"({cmp['window_s']:.0f} s, {cmp['nodes']} nodes, {cmp['prod_runs']} prod runs, "
         f"{cmp['elastic_jobs']} elastic jobs of up to {cmp['max_nodes']} nodes, stood-in "
         "compute, in-place rescaling) run on the real local cluster, its own `sacct -P` dump "
@@ -312,23 +356,29 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
         f"`bench/e2e.py`'s in-place figures); checkpoints every {c['checkpoint_every_s']:g} s "
         "(what a job that loses every node rolls back to).",
         "",
-        f"Where they differ. The real cluster left {real['idle_no_task_node_s']:.0f} idle "
-        f"node-seconds with no task on them ({real['of_which_grant_delays_node_s']:.0f} of "
-        "them grant delays, which the simulator charges inside a joiner's start; the rest the "
-        "hand-over at preemptions — the step in flight and the kill before the prod job "
-        "starts — and holes shorter than a start-up that no task was granted) and held "
-        f"{real['held_not_in_a_step_node_s']:.0f} outside completed steps "
-        f"({real['of_which_startups_node_s']:.0f} of them the start-ups of the workers that "
-        f"reached a first step, of {real['elastic_task_starts']} task starts; the rest tasks "
-        "preempted while starting, re-forms and steps cut short). The simulator holds every "
-        f"idle node at once and lost {sim['held_not_training_node_s']:.0f} node-seconds to "
-        "joiners' starts and pauses. The samples differ more than the node-seconds: the "
-        f"workers' step logs hold {cmp['samples_in_step_logs']} samples, the counters "
-        f"{cmp['samples']['measured']} (what a job rolled back to its checkpoint after "
-        "losing every node, and a rank 0 that died before writing its counters, is not in "
-        "them). Rescales are counted differently (the real figure is a change of the RUNNING "
-        "task count between 2-s samples, preemptions included; the simulator's, the engine's "
-        "grows and shrinks).",
+        f"Where they differ, as this run measured it. The real cluster left "
+        f"{real['idle_no_task_node_s']:.0f} idle node-seconds with no task on them "
+        f"({real['of_which_grant_delays_node_s']:.0f} of them grant delays, which the "
+        "simulator charges inside a joiner's start; the rest holes shorter than a start-up "
+        "that no task was granted, the kill before a prod job starts, and the 2-s samples' "
+        f"resolution) and held {real['held_not_in_a_step_node_s']:.0f} outside completed "
+        f"steps ({real['of_which_startups_node_s']:.0f} of them the start-ups of the workers "
+        f"that reached a first step, of {real['elastic_task_starts']} task starts in the "
+        "window). Two losses the model under-charges: running workers paused between two "
+        f"completed steps {real['member_stalls']} times, {real['member_stalls_node_s']:.0f} "
+        "node-seconds (re-forms after a peer was preempted, up to seconds on 2 shared cores, "
+        "where the model charges 0.13–0.29 s a change), and a preemption's hand-over — the "
+        "last completed step to the prod job's start: the step in flight, Slurm's kill, the "
+        f"prod job's start — cost {real['handover_node_s']:.0f} node-seconds over "
+        f"{real['handovers']} preemptions, where the model charges one step only when the job "
+        "keeps other nodes. The simulator, which holds every idle node at once, lost "
+        f"{sim['held_not_training_node_s']:.0f} node-seconds to joiners' starts and pauses. "
+        "The samples differ more than the node-seconds: the workers' step logs hold "
+        f"{cmp['samples_in_step_logs']} samples, the counters {cmp['samples']['measured']} "
+        "(what a job rolled back to its checkpoint after losing every node is not in them). "
+        "Rescales are "
+        "counted differently (the real figure is a change of the RUNNING task count between "
+        "2-s samples, preemptions included; the simulator's, the engine's grows and shrinks).",
     ]
     if others:
         lines += ["", "| run | harvested, sim / real (node-s) | sim − real | samples, sim / "
@@ -357,7 +407,7 @@ def main() -> int:
     if args.source is not None:
         out = args.source
         measured = json.loads((out / "measured.json").read_text())
-        if "elastic_task_starts" not in measured:  # saved before the costs were kept
+        if "handovers_s" not in measured:  # saved before the costs were kept
             measured.update(measure_costs(out, (measured["window"][0], measured["window"][1])))
             (out / "measured.json").write_text(json.dumps(measured, indent=1) + "\n")
     else:
@@ -371,8 +421,9 @@ def main() -> int:
     wall = None if args.source is not None else time.monotonic() - t0
     (out / "comparison.json").write_text(json.dumps(cmp, indent=1) + "\n")
     if args.markdown:
-        command = "python3 bench/sim_to_real.py --markdown" + (
-            "" if args.duration_s == 150 else f" --duration-s {args.duration_s:g}")
+        command = f"python3 bench/sim_to_real.py --seed {measured.get('seed', 0)}" + (
+            "" if float(measured.get("span_s", 150)) < 155 else
+            f" --duration-s {float(measured['span_s']):.0f}")
         others = [(f"seed {json.loads((d / 'measured.json').read_text()).get('seed')} "
                    f"({d.name})", json.loads((d / "comparison.json").read_text()))
                   for d in args.also]
