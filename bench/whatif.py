@@ -110,6 +110,7 @@ def main() -> int:
                            for c, m in report["cost_models"].items()}}
     print(format_report(report), file=sys.stderr)
     if args.markdown:
+        walls = [m["replay_wall_s"] for m in report["cost_models"].values()]
         body = "\n".join([
             BEGIN,
             f"`python3 bench/whatif.py --nodes {args.nodes} --days {args.days:g} --jobs "
@@ -121,11 +122,16 @@ def main() -> int:
             "| step | seconds |",
             "| --- | ---: |",
             f"| parse sacct -P ({len(log.runs):,} runs) | {parse_s:.2f} |",
-            f"| read into a trace ({result.trace.steps:,} event times) | "
+            f"| read into a trace, parse included ({result.trace.steps:,} event times) | "
             f"{report['timing_s']['read']:.2f} |",
             *(f"| replay, {c} cost model | {m['replay_wall_s']:.1f} |"
               for c, m in report["cost_models"].items()),
             f"| total | {report['timing_s']['total']:.1f} |",
+            "",
+            f"Reading the month takes seconds; each replay with the production engine (one "
+            f"re-plan per event time) takes {min(walls):.0f}–{max(walls):.0f} s here, so the "
+            f"{len(walls)} cost models take {report['timing_s']['total'] / 60:.1f} minutes in "
+            "one process (`--workers N` replays them side by side).",
             "",
             format_report(report).split("\n\n")[1],
             END])

@@ -21,14 +21,13 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S, Curve
-from .accounting import AccountingFilter
+from .accounting import AccountingFilter, load_accounting_trace
 from .bounds import BoundJob, compute_bounds
 from .costs import COST_MODELS
 from .measured import load_profiles
 from .perfmodel import PerfParams
 from .replay import RunResult, replay
 from .report import plot_nodes
-from .sources import load_trace
 from .traces import Trace
 from .workloads import SimJob, make_workload, model_curves
 
@@ -77,7 +76,7 @@ def _replay_one(trace: Trace, jobs: Sequence[SimJob], catalogue: dict[str, Curve
 def what_if(opts: WhatIfOptions, workers: int = 1) -> WhatIf:
     """Read the trace, replay the job set under every cost model, and sum it up."""
     t0 = time.perf_counter()
-    trace = load_trace(opts.trace, days=opts.days, skip_events=0, accounting=opts.accounting)
+    trace = load_accounting_trace(opts.trace, opts.accounting).window(opts.days, 0)
     read_s = time.perf_counter() - t0
     profiles = load_profiles(opts.workload)
     extra = load_profiles("imagenet") if opts.workload != "imagenet" else profiles
@@ -129,12 +128,16 @@ def what_if(opts: WhatIfOptions, workers: int = 1) -> WhatIf:
     return WhatIf(trace, runs, report)
 
 
+def _hours(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def format_report(report: Mapping[str, Any]) -> str:
     """The admin's answer in a few lines and a table (also the body of whatif.md)."""
     tr = report["trace"]
     head = [
-        f"{tr['name']}: {tr['nodes']} nodes, {tr['days']:.2f} days ({tr['filter']})",
-        f"idle node-hours        {report['idle_node_hours']:,.0f} "
+        f"{tr['name']}: {tr['nodes']} nodes, {tr['days']:.3g} days ({tr['filter']})",
+        f"idle node-hours        {_hours(report['idle_node_hours'])} "
         f"({100 * (report['idle_share_of_machine'] or 0):.1f} % of the machine; "
         f"{report['mean_idle_nodes']:.1f} nodes idle on average)",
         f"workload               {report['workload']['jobs']} {report['workload']['name']} "
@@ -147,7 +150,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for cost, m in report["cost_models"].items():
-        head.append(f"| {cost} | {m['harvested_node_hours']:,.1f} | "
+        head.append(f"| {cost} | {_hours(m['harvested_node_hours'])} | "
                     f"{100 * (m['harvested_share'] or 0):.1f} % | {m['samples_per_s']:,.0f} | "
                     f"{100 * (m['ub_oracle_share'] or 0):.1f} % | {m['rescales']} |")
     t = report["timing_s"]
