@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -44,9 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.sections import host, replace_section  # noqa: E402
+from bench.sim_to_real_costs import BATCH, measure_costs, step_stats  # noqa: E402
 from malletrain_core.demo import summary  # noqa: E402
-from malletrain_core.demo.summary import Span  # noqa: E402
-from malletrain_core.hostlist import expand  # noqa: E402
 from malletrain_core.model import Curve  # noqa: E402
 from malletrain_core.sim import costs as cost_models  # noqa: E402
 from malletrain_core.sim.accounting import AccountingFilter, read_accounting, runs_to_trace  # noqa: E402
@@ -57,11 +54,8 @@ from malletrain_core.sim.workloads import SimJob  # noqa: E402
 BEGIN, END = "<!-- sim-to-real:begin -->", "<!-- sim-to-real:end -->"
 RESULTS = REPO / "bench" / "results" / "sim_to_real"
 SACCT_FIELDS = "JobID,JobName,Partition,Reservation,State,NodeList,Start,End"
-BATCH = 8
-"""Samples per worker and step of examples/standin_nas.py (its --batch default)."""
 CHECKPOINT_EVERY_S = 15.0
 """The demo's elastic jobs checkpoint this often (scripts/demo.py, CHECKPOINT_EVERY_S)."""
-"""Samples per worker and step of examples/standin_nas.py (its --batch default)."""
 
 
 def load_demo() -> Any:
@@ -120,97 +114,6 @@ def run_real(out: Path, duration_s: float, seed: int) -> dict[str, Any]:
     result["host"] = host("Slurm 22.05, accounting mode")
     (out / "measured.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
-
-
-def step_stats(steps: dict[str, list[tuple[float, float]]], t0: float,
-               t1: float) -> dict[str, float]:
-    """Per-node training rate inside completed steps and the step time, from the step logs,
-    over the window."""
-    count = 0
-    inside = 0.0
-    durations = []
-    for spans in steps.values():
-        kept = [(a, b) for a, b in spans if a >= t0 and b <= t1]
-        count += len(kept)
-        durations += [b - a for a, b in kept]
-        inside += sum(b - a for a, b in summary.training_stretches(kept))
-    return {"steps": count, "stretch_node_s": inside,
-            "rate_per_node": BATCH * count / inside if inside > 0 else 0.0,
-            "step_s_median": statistics.median(durations) if durations else 0.0}
-
-
-_ELASTIC_START = re.compile(
-    r"^\[(\S+)\] (?:sched: Allocate JobId=\S+ NodeList=(\S+) .*Partition=preemptable"
-    r"|sched/backfill: _start_job: Started JobId=\S+ in preemptable on (\S+))")
-
-
-def elastic_starts(log_text: str) -> dict[str, list[float]]:
-    """Per node, when elastic tasks started there (slurmctld's log)."""
-    starts: dict[str, list[float]] = {}
-    for line in log_text.splitlines():
-        m = _ELASTIC_START.match(line)
-        if m:
-            for node in expand(m.group(2) or m.group(3)):
-                starts.setdefault(node, []).append(summary._log_time(m.group(1)))
-    return starts
-
-
-def grant_delays(log_text: str, window: tuple[float, float]) -> list[float]:
-    """For each node a prod job released inside the window and an elastic task took before
-    the next prod job: seconds from the release to that task's start (slurmctld's log, to the
-    millisecond) — the daemon's poll, its scontrol and Slurm's scheduling tick."""
-    prod = summary.prod_busy_from_log(log_text)
-    starts = elastic_starts(log_text)
-    out = []
-    for node, spans in prod.items():
-        times = sorted(starts.get(node, ()))
-        spans = sorted(spans)
-        for (_, end), (following, _) in zip(spans, spans[1:] + [(math.inf, math.inf)]):
-            after = [t for t in times if end <= t < following]  # before prod takes it again
-            if window[0] < end < window[1] and after:
-                out.append(after[0] - end)
-    return out
-
-
-def measure_costs(out: Path, window: tuple[float, float]) -> dict[str, Any]:
-    """What the replay charges, from this run's own records: grant delays (slurmctld's log)
-    and every worker's start-up, task start → first step (the tasks' output)."""
-    log = out / "logs" / "slurmctld.log"
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    delays = grant_delays(text, window)
-    startups = [s["total"] for s in summary.read_startups(sorted(out.glob("jobs/nas-*.out")))]
-    starts = elastic_starts(text)
-    started = sum(window[0] <= t <= window[1] for ts in starts.values() for t in ts)
-    steps = summary.read_step_logs(sorted(out.glob("jobs/checkpoints-*/steps/*.log")))
-    stalls, handovers = step_gaps(steps, summary.prod_busy_from_log(text), starts, window)
-    return {"grant_delays_s": [round(d, 3) for d in delays],
-            "startups_s": [round(s, 3) for s in startups], "elastic_task_starts": started,
-            "member_stalls_s": stalls, "handovers_s": handovers}
-
-
-def step_gaps(steps: dict[str, list[tuple[float, float]]], prod: dict[str, list[Span]],
-              starts: dict[str, list[float]], window: tuple[float, float]
-              ) -> tuple[list[float], list[float]]:
-    """Two losses the step logs show: a running worker's pauses between two completed steps
-    (≥ the summary's join threshold, no prod job and no new task on the node in between:
-    re-forms, stalls), and the hand-over at a preemption (the last completed step's end to
-    the prod job's start, when under 10 s: the step in flight and the kill)."""
-    stalls, handovers = [], []
-    for node, spans in steps.items():
-        spans = sorted(x for x in spans if x[0] >= window[0] and x[1] <= window[1])
-        busy = prod.get(node, [])
-        for (_, end0), (start1, _) in zip(spans, spans[1:]):
-            gap = start1 - end0
-            held = any(s < start1 and e > end0 for s, e in busy)
-            restarted = any(end0 <= t <= start1 for t in starts.get(node, ()))
-            if gap >= summary.STEP_JOIN_S and not held and not restarted:
-                stalls.append(round(gap, 3))
-        ends = [e for _, e in spans]
-        for s, _ in busy:
-            before = [e for e in ends if e <= s]
-            if window[0] < s < window[1] and before and s - before[-1] < 10.0:
-                handovers.append(round(s - before[-1], 3))
-    return stalls, handovers
 
 
 def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:

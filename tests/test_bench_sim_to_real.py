@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 s2r = pytest.importorskip("bench.sim_to_real")
+costs = pytest.importorskip("bench.sim_to_real_costs")
 from test_sim_accounting import utc  # noqa: E402,F401  (sacct -P times are local: UTC here)
 
 SAVED = REPO / "bench" / "results" / "sim_to_real"
@@ -32,9 +33,9 @@ T0 = 1795744800.0  # 2026-11-27T02:00:00 UTC
 
 
 def test_grant_delays_count_only_tasks_started_before_prod_came_back() -> None:
-    delays = s2r.grant_delays(LOG, (T0, T0 + 60))
+    delays = costs.grant_delays(LOG, (T0, T0 + 60))
     assert sorted(round(d, 3) for d in delays) == [0.5, 1.25]  # n02's 20-25 s hole: none
-    assert s2r.grant_delays(LOG, (T0 + 15, T0 + 60)) == pytest.approx([1.25])
+    assert costs.grant_delays(LOG, (T0 + 15, T0 + 60)) == pytest.approx([1.25])
 
 
 def test_step_gaps_split_stalls_from_restarts_and_hand_overs() -> None:
@@ -43,7 +44,7 @@ def test_step_gaps_split_stalls_from_restarts_and_hand_overs() -> None:
              "n02": [(T0 + 1, T0 + 1.4), (T0 + 24.2, T0 + 24.6)]}
     prod = {"n01": [(T0 + 20, T0 + 25)], "n02": [(T0 + 25, T0 + 30)]}
     starts = {"n01": [T0 + 26.0]}
-    stalls, handovers = s2r.step_gaps(steps, prod, starts, (T0, T0 + 60))
+    stalls, handovers = costs.step_gaps(steps, prod, starts, (T0, T0 + 60))
     assert stalls == [2.0, 22.8]  # n01's 2-s pause; n02 idle, no restart: counted
     assert sorted(handovers) == [0.4, 5.75]
 
