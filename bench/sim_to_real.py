@@ -199,7 +199,7 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
                   "preempt_pause_s": model.preempt_pause_s},
         "rescales": {"predicted": run.rescales, "measured": measured.get("rescales")},
         "preemptions": {"predicted": run.preemptions, "measured": measured.get("preemptions")},
-        "host": measured.get("host"),
+        "host": measured.get("host"), "seed": measured.get("seed"),
         "window_s": round(window[1] - window[0], 1), "nodes": len(trace.node_names),
         "prod_runs": len(prod), "elastic_runs": len(log.runs) - len(prod),
         "elastic_jobs": len(jobs), "max_nodes": max_nodes,
@@ -286,7 +286,7 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
     if others:
         lines += ["", "| run | harvested, sim / real (node-s) | sim − real | samples, sim / "
                   "real | sim − real |", "| --- | ---: | ---: | ---: | ---: |"]
-        every = [("this run", cmp), *others]
+        every = [(f"seed {cmp.get('seed', '?')}, above", cmp), *others]
         for label, o in every:
             lines.append(f"| {label} | {o['predicted_node_s']:.0f} / {o['measured_node_s']:.0f}"
                          f" | {pct(o['relative_error'])} | {o['samples']['predicted']} / "
