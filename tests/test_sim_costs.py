@@ -200,3 +200,25 @@ def test_inplace_replay_keeps_net_at_most_ub_and_above_restart() -> None:
     assert runs["restart"].net_samples < gpu.net_samples < runs["inplace"].net_samples
     assert runs["inplace"].rescale_loss < gpu.rescale_loss < runs["restart"].rescale_loss
     assert gpu.invalid_actions == 0
+
+
+def test_a_cold_start_costs_only_when_the_model_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every named model starts a job from 0 nodes for free; a model with ``cold_start_s``
+    (bench/sim_to_real.py's, from a run's measured start-ups) trains nothing for that long,
+    and charges it, after a start from 0 — the first and after losing every node."""
+    assert all(c.cold_start_s == 0 for c in cost_models.COST_MODELS.values())
+    cold = RescaleCosts("cold", inplace=True, joiner_start_s=7.3, cold_start_s=8.0)
+    monkeypatch.setitem(cost_models.COST_MODELS, "cold", cold)
+    m = _model("cold")
+    m.rescale(0.0, 2)
+    m.advance(10.0)
+    assert m.node_s == 20.0 and m.progress == pytest.approx(2 * 18.0)
+    assert m.net == pytest.approx(m.progress)
+    m.preempt(10.0, 0)
+    m.rescale(20.0, 1)
+    m.advance(30.0)
+    assert m.progress == pytest.approx(36.0 + 2 * 10.0)
+    free = _model("inplace")
+    free.rescale(0.0, 2)
+    free.advance(10.0)
+    assert free.progress == pytest.approx(10 * 18.0)

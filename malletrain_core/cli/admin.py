@@ -65,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         client.add_connection_args(cmd)
         cmd.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
         cmd.set_defaults(func=run_switch, switch=name)
+    from .whatif import register_admin  # its own module: the simulator's imports stay lazy
+    register_admin(sub)
 
 
 @exit_one

@@ -6,6 +6,7 @@ Examples::
         --policies malletrain,freetrain-linear,oracle --out results/
     malletrain simulate --trace swf --workload hpo --jobs 20 --arrivals --json
     malletrain simulate --trace my_cluster.csv.gz --policies all --seeds 5
+    malletrain simulate --trace sacct.json --skip-partition preemptable --jobs 10
     malletrain simulate --rescale-cost inplace --policies malletrain,freetrain-exact,oracle
     malletrain simulate --rescale-cost inplace-gpu --policies malletrain,freetrain-exact,oracle
 """
@@ -25,6 +26,7 @@ from ..sim.perfmodel import PerfParams
 from ..sim.policies import POLICIES, parse_policies
 from ..sim.report import format_table, to_json, write_plots, write_results
 from ..sim.sources import SUMMIT_SKIP_EVENTS, THETA_NODES
+from .trace_filter import add_filter_arguments, filter_from
 
 
 def _positive_int(text: str) -> int:
@@ -75,8 +77,10 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"policies: {', '.join(POLICIES)} (or 'all')")
     p.add_argument("--trace", default="summit",
-                   help="summit, swf, synthetic, or a .swf, ALCF job-log .csv or "
-                        "unix_time,node,idle .csv[.gz] file (default: summit)")
+                   help="summit, swf, synthetic, or a .swf, a site's accounting (sacct "
+                        "--json or -P output, a PBS accounting log: each node's own idle "
+                        "gaps), an ALCF job-log .csv or a unix_time,node,idle .csv[.gz] file "
+                        "(default: summit)")
     p.add_argument("--workload", default="imagenet", choices=("imagenet", "hpo"),
                    help="job mix from the measured profiles (default: imagenet)")
     p.add_argument("--jobs", type=_positive_int, default=50, help="number of jobs (default %(default)s)")
@@ -120,6 +124,7 @@ def register(subparsers: Any) -> None:
                    help="replay policies and seeds in this many processes (default %(default)s; the "
                         "results do not depend on it)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_filter_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -131,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         days=args.days, policies=tuple(parse_policies(args.policies)), seed=args.seed,
         seeds=args.seeds, lookahead_s=args.lookahead_s, node_order=args.node_order,
         machine_nodes=args.machine_nodes, synthetic_nodes=args.nodes,
-        skip_events=args.skip_events, learn_days=args.learn_days,
+        skip_events=args.skip_events, learn_days=args.learn_days, accounting=filter_from(args),
         perf=PerfParams(noise=args.noise, checkpoint_interval_s=args.checkpoint_s,
                         rescale_cost=args.rescale_cost))
     n_runs = sum(1 for p in opts.policies if p != "oracle") * opts.seeds

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from ..engine.survival import learn_from_trace, split_trace
 from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S, Curve
+from .accounting import AccountingFilter
 from .bounds import BoundJob, Bounds, compute_bounds
 from .measured import load_profiles
 from .perfmodel import PerfParams
@@ -43,6 +44,8 @@ class SimOptions:
     learn_days: float | None = None
     """Learn reclaim statistics on the first days of the trace, replay the ``days`` after."""
     perf: PerfParams = field(default_factory=PerfParams)
+    accounting: AccountingFilter = field(default_factory=AccountingFilter)
+    """Which runs of a site's accounting (sacct, PBS) hold nodes."""
 
     def __post_init__(self) -> None:
         if self.seeds < 1:
@@ -101,7 +104,7 @@ def compare(opts: SimOptions, progress: Progress | None = None, workers: int = 1
     runs the replays in that many processes (results do not depend on it)."""
     trace = load_trace(opts.trace, days=None if opts.learn_days else opts.days, seed=opts.seed,
                        machine_nodes=opts.machine_nodes, synthetic_nodes=opts.synthetic_nodes,
-                       skip_events=opts.skip_events)
+                       skip_events=opts.skip_events, accounting=opts.accounting)
     lifetime_options: dict[str, dict[str, Any]] = {}
     if opts.learn_days is not None:
         learn, trace = split_trace(trace, opts.learn_days, opts.days)

@@ -87,6 +87,10 @@ class RescaleCosts:
     joiner_start_s: float = 0.0
     first_report_s: float | None = None
     """Delay of the first report after training resumes; ``None``: the report cadence."""
+    cold_start_s: float = 0.0
+    """A start from 0 nodes: seconds before the first process trains (0: free, as in the
+    FreeTrain prototype and every named model here; ``bench/sim_to_real.py`` sets the start-up
+    it measured, since a job that lost every node restarts its processes)."""
 
     def declared(self, scale_up_s: float, scale_down_s: float) -> tuple[float, float]:
         """(scale-up, scale-down) seconds a user who knows this model declares for a job whose

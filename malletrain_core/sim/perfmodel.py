@@ -205,7 +205,7 @@ class JobModel:
             self.stall_until = t + (1 - w) * cost_s
             self.warm_until = self.stall_until + 2 * w * cost_s
         else:
-            self.stall_until = self.warm_until = t
+            self.stall_until = self.warm_until = t + (self.costs.cold_start_s if world else 0.0)
 
     def _charge(self, samples: float, kind: str) -> None:
         """Charge ``samples`` lost to an in-place change to the net ledger."""

@@ -156,15 +156,10 @@ def write_plots(out_dir: Path, trace: Trace, runs: Mapping[str, RunResult],
 
     out_dir.mkdir(parents=True, exist_ok=True)
     day = 86400.0
-    starts, counts = trace.idle_counts()
     paths = []
 
     fig, ax = plt.subplots(figsize=(10, 4))
-    ax.step((np.append(starts, trace.end) - trace.start) / day, np.append(counts, counts[-1]),
-            where="post", color="0.6", lw=0.8, label="idle nodes")
-    for name, run in runs.items():
-        t, used = _rates(run.sample_times, run.sample_node_s, trace.start)
-        ax.plot((t - trace.start) / day, used, lw=1, label=f"used: {name}")
+    plot_nodes(ax, trace, runs, "used: {}")
     ax.set_xlabel("days since trace start")
     ax.set_ylabel("nodes")
     ax.set_title(f"Idle and used nodes, {trace.name}")
@@ -194,6 +189,18 @@ def write_plots(out_dir: Path, trace: Trace, runs: Mapping[str, RunResult],
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths
+
+
+def plot_nodes(ax: Any, trace: Trace, runs: Mapping[str, RunResult], label: str) -> None:
+    """Idle nodes over time (a grey step) and, per run, the nodes its jobs held (``label``
+    formatted with the run's name), on a matplotlib axis; x in days since the trace start."""
+    day = 86400.0
+    starts, counts = trace.idle_counts()
+    ax.step((np.append(starts, trace.end) - trace.start) / day, np.append(counts, counts[-1]),
+            where="post", color="0.6", lw=0.8, label="idle nodes")
+    for name, run in runs.items():
+        t, used = _rates(run.sample_times, run.sample_node_s, trace.start)
+        ax.plot((t - trace.start) / day, used, lw=1, label=label.format(name))
 
 
 def _rates(times: np.ndarray, cumulative: np.ndarray, start: float) -> tuple[np.ndarray, np.ndarray]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
+from .accounting import AccountingFilter, load_accounting_trace, looks_like_accounting
 from .measured import shared_dir
 from .traces import (
     DAY_S,
@@ -269,10 +270,13 @@ def synthetic(nodes: int = 256, days: float = 2.0, seed: int = 0, idle_fraction:
 
 def load_trace(spec: str, *, days: float | None = None, seed: int = 0,
                machine_nodes: int = THETA_NODES, synthetic_nodes: int = 256,
-               skip_events: int | None = None) -> Trace:
-    """A trace by name (``summit``, ``swf``, ``synthetic``) or path (``.swf``; ``.csv`` or
-    ``.csv.gz``: an ALCF job log when the header names its columns, such as START_TIMESTAMP,
-    else the ``unix_time,node,idle`` format), cut to ``days``.
+               skip_events: int | None = None,
+               accounting: AccountingFilter | None = None) -> Trace:
+    """A trace by name (``summit``, ``swf``, ``synthetic``) or path (``.swf``; a site's
+    accounting, ``sacct --json``, ``sacct -P`` or a PBS accounting log, whatever its name, its
+    runs filtered by ``accounting``; ``.csv`` or ``.csv.gz``: an ALCF job log when the header
+    names its columns, such as START_TIMESTAMP, else the ``unix_time,node,idle`` format), cut
+    to ``days``.
 
     ``skip_events`` defaults to 1,000 for the Summit trace (as BFTrainer's replayer) and to the
     events of the first day for job logs (SWF, ALCF: they start with an empty machine), else 0.
@@ -289,16 +293,19 @@ def load_trace(spec: str, *, days: float | None = None, seed: int = 0,
     path = Path(spec)
     if path.suffix == ".swf":
         return _swf_window(read_swf(path, machine_nodes), days, skip_events)
+    if path.is_file() and not path.name.endswith(".gz") and looks_like_accounting(path):
+        return load_accounting_trace(path, accounting).window(days, skip_events or 0)
     if path.name.endswith((".csv", ".csv.gz")):
         if path.is_file() and _csv_header_is_alcf(path):
             return _swf_window(read_alcf_csv(path, machine_nodes), days, skip_events)
         return read_idle_csv(path).window(days, skip_events or 0)
     if not path.exists():
         raise InputFileError(spec, "unknown trace; give summit, swf, synthetic or the path of a "
-                             ".swf log, an ALCF job-log .csv or a unix_time,node,idle "
-                             ".csv[.gz] file")
-    raise InputFileError(spec, "unknown trace format; use a .swf log, an ALCF job-log .csv or "
-                         "a unix_time,node,idle .csv/.csv.gz file")
+                             ".swf log, sacct --json or -P output, a PBS accounting log, an "
+                             "ALCF job-log .csv or a unix_time,node,idle .csv[.gz] file")
+    raise InputFileError(spec, "unknown trace format; use a .swf log, sacct --json or -P "
+                         "output (with its header), a PBS accounting log, an ALCF job-log .csv "
+                         "or a unix_time,node,idle .csv/.csv.gz file")
 
 
 def _csv_header_is_alcf(path: Path) -> bool:

@@ -1,0 +1,111 @@
+"""What bench/sim_to_real.py reads off a real run: the per-node training rate and step time
+(the workers' step logs), the grant delays and elastic task starts (slurmctld's log), the
+workers' start-ups (their output), and two losses the cost model does not charge: running
+workers' pauses between steps and the hand-over at a preemption. Pure functions of the saved
+files, tested in tests/test_bench_sim_to_real.py."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from devtools.demo import summary
+from devtools.demo.slurmctld_log import Span, log_time
+from malletrain_core.hostlist import expand
+
+BATCH = 8
+"""Samples per worker and step of examples/standin_nas.py (its --batch default)."""
+
+
+def step_stats(steps: dict[str, list[tuple[float, float]]], t0: float,
+               t1: float) -> dict[str, float]:
+    """Per-node training rate inside completed steps and the step time, from the step logs,
+    over the window."""
+    count = 0
+    inside = 0.0
+    durations = []
+    for spans in steps.values():
+        kept = [(a, b) for a, b in spans if a >= t0 and b <= t1]
+        count += len(kept)
+        durations += [b - a for a, b in kept]
+        inside += sum(b - a for a, b in summary.training_stretches(kept))
+    return {"steps": count, "stretch_node_s": inside,
+            "rate_per_node": BATCH * count / inside if inside > 0 else 0.0,
+            "step_s_median": statistics.median(durations) if durations else 0.0}
+
+
+_ELASTIC_START = re.compile(
+    r"^\[(\S+)\] (?:sched: Allocate JobId=\S+ NodeList=(\S+) .*Partition=preemptable"
+    r"|sched/backfill: _start_job: Started JobId=\S+ in preemptable on (\S+))")
+
+
+def elastic_starts(log_text: str) -> dict[str, list[float]]:
+    """Per node, when elastic tasks started there (slurmctld's log)."""
+    starts: dict[str, list[float]] = {}
+    for line in log_text.splitlines():
+        m = _ELASTIC_START.match(line)
+        if m:
+            for node in expand(m.group(2) or m.group(3)):
+                starts.setdefault(node, []).append(log_time(m.group(1)))
+    return starts
+
+
+def grant_delays(log_text: str, window: tuple[float, float]) -> list[float]:
+    """For each node a prod job released inside the window and an elastic task took before
+    the next prod job: seconds from the release to that task's start (slurmctld's log, to the
+    millisecond) — the daemon's poll, its scontrol and Slurm's scheduling tick."""
+    prod = summary.prod_busy_from_log(log_text)
+    starts = elastic_starts(log_text)
+    out = []
+    for node, spans in prod.items():
+        times = sorted(starts.get(node, ()))
+        spans = sorted(spans)
+        for (_, end), (following, _) in zip(spans, spans[1:] + [(math.inf, math.inf)]):
+            after = [t for t in times if end <= t < following]  # before prod takes it again
+            if window[0] < end < window[1] and after:
+                out.append(after[0] - end)
+    return out
+
+
+def measure_costs(out: Path, window: tuple[float, float]) -> dict[str, Any]:
+    """What the replay charges, from this run's own records: grant delays (slurmctld's log)
+    and every worker's start-up, task start → first step (the tasks' output)."""
+    log = out / "logs" / "slurmctld.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    delays = grant_delays(text, window)
+    startups = [s["total"] for s in summary.read_startups(sorted(out.glob("jobs/nas-*.out")))]
+    starts = elastic_starts(text)
+    started = sum(window[0] <= t <= window[1] for ts in starts.values() for t in ts)
+    steps = summary.read_step_logs(sorted(out.glob("jobs/checkpoints-*/steps/*.log")))
+    stalls, handovers = step_gaps(steps, summary.prod_busy_from_log(text), starts, window)
+    return {"grant_delays_s": [round(d, 3) for d in delays],
+            "startups_s": [round(s, 3) for s in startups], "elastic_task_starts": started,
+            "member_stalls_s": stalls, "handovers_s": handovers}
+
+
+def step_gaps(steps: dict[str, list[tuple[float, float]]], prod: dict[str, list[Span]],
+              starts: dict[str, list[float]], window: tuple[float, float]
+              ) -> tuple[list[float], list[float]]:
+    """Two losses the step logs show: a running worker's pauses between two completed steps
+    (≥ the summary's join threshold, no prod job and no new task on the node in between:
+    re-forms, stalls), and the hand-over at a preemption (the last completed step's end to
+    the prod job's start, when under 10 s: the step in flight and the kill)."""
+    stalls, handovers = [], []
+    for node, spans in steps.items():
+        spans = sorted(x for x in spans if x[0] >= window[0] and x[1] <= window[1])
+        busy = prod.get(node, [])
+        for (_, end0), (start1, _) in zip(spans, spans[1:]):
+            gap = start1 - end0
+            held = any(s < start1 and e > end0 for s, e in busy)
+            restarted = any(end0 <= t <= start1 for t in starts.get(node, ()))
+            if gap >= summary.STEP_JOIN_S and not held and not restarted:
+                stalls.append(round(gap, 3))
+        ends = [e for _, e in spans]
+        for s, _ in busy:
+            before = [e for e in ends if e <= s]
+            if window[0] < s < window[1] and before and s - before[-1] < 10.0:
+                handovers.append(round(s - before[-1], 3))
+    return stalls, handovers

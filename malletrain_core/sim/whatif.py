@@ -1,0 +1,199 @@
+"""What MalleTrain would harvest on a site, from the site's own accounting.
+
+The answer an admin needs before enabling the plugin: over a window of the site's history
+(``sacct`` or a PBS accounting log, see :mod:`.accounting`), how many node-hours were idle, and
+what share of them the production engine would have trained on under each rescale-cost model
+(:mod:`.costs`), with how many samples per second of the profiled workload. Each cost model is
+one replay of the same saturated job set (drawn from the measured profiles by the seed) on the
+same trace, with the real Engine (:func:`.replay.replay`); UB_oracle (:mod:`.bounds`) is the
+most any policy could train. ``harvested`` counts the node-seconds the jobs held, start-ups and
+rescale pauses included; the samples figures charge those costs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..model import DEFAULT_LOOKAHEAD_S, Curve
+from .accounting import AccountingFilter, load_accounting_trace
+from .bounds import BoundJob, compute_bounds
+from .costs import COST_MODELS
+from .measured import load_profiles
+from .perfmodel import PerfParams
+from .replay import RunResult, replay
+from .report import plot_nodes
+from .traces import Trace
+from .workloads import SimJob, make_workload, model_curves
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class WhatIfOptions:
+    """The site's trace and the job set to imagine on its idle nodes."""
+
+    trace: str
+    accounting: AccountingFilter = field(default_factory=AccountingFilter)
+    days: float | None = None
+    workload: str = "imagenet"
+    jobs: int = 50
+    seed: int = 0
+    cost_models: tuple[str, ...] = tuple(COST_MODELS)
+    policy: str = "malletrain"
+    lookahead_s: float = DEFAULT_LOOKAHEAD_S
+    noise: float = 0.03
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.cost_models if c not in COST_MODELS]
+        if unknown or not self.cost_models:
+            raise ConfigError(f"--cost-models {','.join(self.cost_models)}: choose among "
+                              f"{', '.join(COST_MODELS)}")
+        if self.days is not None and not self.days > 0:
+            raise ConfigError(f"--days {self.days}: give a number of days > 0")
+
+
+@dataclass
+class WhatIf:
+    """The trace, one replay per cost model and the report's figures."""
+
+    trace: Trace
+    runs: dict[str, RunResult]
+    report: dict[str, Any]
+
+
+def _replay_one(trace: Trace, jobs: Sequence[SimJob], catalogue: dict[str, Curve],
+                opts: WhatIfOptions, cost: str) -> RunResult:
+    return replay(trace, jobs, opts.policy, seed=opts.seed, lookahead_s=opts.lookahead_s,
+                  params=PerfParams(noise=opts.noise, rescale_cost=cost), catalogue=catalogue)
+
+
+def what_if(opts: WhatIfOptions, workers: int = 1) -> WhatIf:
+    """Read the trace, replay the job set under every cost model, and sum it up."""
+    t0 = time.perf_counter()
+    trace = load_accounting_trace(opts.trace, opts.accounting).window(opts.days, 0)
+    read_s = time.perf_counter() - t0
+    profiles = load_profiles(opts.workload)
+    extra = load_profiles("imagenet") if opts.workload != "imagenet" else profiles
+    jobs = make_workload(opts.workload, opts.jobs, seed=opts.seed, start=trace.start,
+                         end=trace.end, profiles=profiles)
+    catalogue = model_curves(jobs, extra)
+    bounds = compute_bounds(trace, [BoundJob(j.curve, j.min_nodes, j.max_nodes) for j in jobs])
+    t1 = time.perf_counter()
+    if workers > 1 and len(opts.cost_models) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(opts.cost_models))) as pool:
+            futures = [pool.submit(_replay_one, trace, jobs, catalogue, opts, c)
+                       for c in opts.cost_models]
+            done = [f.result() for f in futures]
+    else:
+        done = [_replay_one(trace, jobs, catalogue, opts, c) for c in opts.cost_models]
+    runs = dict(zip(opts.cost_models, done))
+    replay_s = time.perf_counter() - t1
+    idle = trace.idle_node_seconds()
+    span = max(trace.span_s, 1e-9)
+    machine = len(trace.node_names) * span
+    models = {}
+    for cost, run in runs.items():
+        models[cost] = {
+            "harvested_node_hours": run.node_seconds / HOUR,
+            "harvested_share": run.node_seconds / idle if idle > 0 else None,
+            "net_samples": run.net_samples,
+            "samples_per_s": run.net_samples / span,
+            "ub_oracle_share": run.net_samples / bounds.ub_oracle if bounds.ub_oracle > 0
+            else None,
+            "rescales": run.rescales,
+            "preemptions": run.preemptions,
+            "replay_wall_s": run.wall_s,
+        }
+    report = {
+        "trace": {"name": trace.name, "nodes": len(trace.node_names), "start": trace.start,
+                  "end": trace.end, "days": span / 86400.0, "steps": trace.steps,
+                  "filter": opts.accounting.describe()},
+        "idle_node_hours": idle / HOUR,
+        "idle_share_of_machine": idle / machine if machine > 0 else None,
+        "mean_idle_nodes": idle / span,
+        "workload": {"name": opts.workload, "jobs": opts.jobs, "seed": opts.seed,
+                     "policy": opts.policy, "saturated": True},
+        "ub_oracle_samples": bounds.ub_oracle,
+        "ub_oracle_samples_per_s": bounds.ub_oracle / span,
+        "cost_models": models,
+        "timing_s": {"read": read_s, "replays": replay_s,
+                     "total": time.perf_counter() - t0, "workers": workers},
+    }
+    return WhatIf(trace, runs, report)
+
+
+def _hours(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The admin's answer in a few lines and a table (also the body of whatif.md)."""
+    tr = report["trace"]
+    head = [
+        f"{tr['name']}: {tr['nodes']} nodes, {tr['days']:.3g} days ({tr['filter']})",
+        f"idle node-hours        {_hours(report['idle_node_hours'])} "
+        f"({100 * (report['idle_share_of_machine'] or 0):.1f} % of the machine; "
+        f"{report['mean_idle_nodes']:.1f} nodes idle on average)",
+        f"workload               {report['workload']['jobs']} {report['workload']['name']} "
+        f"jobs from the measured profiles (seed {report['workload']['seed']}), saturated, "
+        f"policy {report['workload']['policy']}; UB_oracle "
+        f"{report['ub_oracle_samples_per_s']:,.0f} samples/s",
+        "",
+        "| cost model | harvested node-hours | share of idle | samples/s | share of UB_oracle "
+        "| rescales |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for cost, m in report["cost_models"].items():
+        head.append(f"| {cost} | {_hours(m['harvested_node_hours'])} | "
+                    f"{100 * (m['harvested_share'] or 0):.1f} % | {m['samples_per_s']:,.0f} | "
+                    f"{100 * (m['ub_oracle_share'] or 0):.1f} % | {m['rescales']} |")
+    t = report["timing_s"]
+    head += ["", f"read {t['read']:.1f} s, replays {t['replays']:.1f} s ({t['workers']} "
+             f"worker{'s' if t['workers'] != 1 else ''}), total {t['total']:.1f} s"]
+    return "\n".join(head)
+
+
+def write_plots(out_dir: Path, result: WhatIf) -> list[Path]:
+    """idle.png (idle nodes, and the nodes each cost model's jobs held, over time) and
+    share.png (harvested share of the idle node-hours and samples/s per cost model)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace = result.trace
+    fig, ax = plt.subplots(figsize=(10, 4))
+    plot_nodes(ax, trace, result.runs, "held by MalleTrain: {}")
+    ax.set_xlabel("days since the window's start")
+    ax.set_ylabel("nodes")
+    ax.set_title(f"Idle nodes and what MalleTrain would hold, {trace.name}")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    paths = [out_dir / "idle.png"]
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    models = result.report["cost_models"]
+    names = list(models)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a1.bar(names, [100 * (models[n]["harvested_share"] or 0) for n in names], color="tab:blue")
+    a1.set_ylabel("% of idle node-hours held")
+    a1.set_ylim(0, 100)
+    a2.bar(names, [models[n]["samples_per_s"] for n in names], color="tab:green")
+    a2.axhline(result.report["ub_oracle_samples_per_s"], color="k", ls="--", lw=1,
+               label="UB_oracle")
+    a2.set_ylabel("net samples / s")
+    a2.legend(fontsize=7)
+    fig.suptitle("What MalleTrain would harvest, per rescale-cost model")
+    fig.tight_layout()
+    paths.append(out_dir / "share.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,59 @@
+"""bench/sim_to_real.py without a cluster: the costs it reads from slurmctld's log and the
+workers' step logs, and the replay of the saved run, which must give the saved comparison."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+s2r = pytest.importorskip("bench.sim_to_real")
+costs = pytest.importorskip("bench.sim_to_real_costs")
+from test_sim_accounting import utc  # noqa: E402,F401  (sacct -P times are local: UTC here)
+
+SAVED = REPO / "bench" / "results" / "sim_to_real"
+
+
+LOG = """\
+[2026-11-27T02:00:00.000] sched: Allocate JobId=1 NodeList=n01 #CPUs=2 Partition=prod
+[2026-11-27T02:00:00.000] sched: Allocate JobId=2 NodeList=n02 #CPUs=2 Partition=prod
+[2026-11-27T02:00:10.000] _job_complete: JobId=1 done
+[2026-11-27T02:00:10.500] sched/backfill: _start_job: Started JobId=5_0(9) in preemptable on n01
+[2026-11-27T02:00:20.000] _job_complete: JobId=2 done
+[2026-11-27T02:00:25.000] sched: Allocate JobId=3 NodeList=n02 #CPUs=2 Partition=prod
+[2026-11-27T02:00:30.000] _job_complete: JobId=3 done
+[2026-11-27T02:00:31.250] sched: Allocate JobId=5_1(10) NodeList=n02 #CPUs=2 Partition=preemptable
+"""
+T0 = 1795744800.0  # 2026-11-27T02:00:00 UTC
+
+
+def test_grant_delays_count_only_tasks_started_before_prod_came_back() -> None:
+    delays = costs.grant_delays(LOG, (T0, T0 + 60))
+    assert sorted(round(d, 3) for d in delays) == [0.5, 1.25]  # n02's 20-25 s hole: none
+    assert costs.grant_delays(LOG, (T0 + 15, T0 + 60)) == pytest.approx([1.25])
+
+
+def test_step_gaps_split_stalls_from_restarts_and_hand_overs() -> None:
+    steps = {"n01": [(T0 + 11, T0 + 11.4), (T0 + 11.45, T0 + 11.85), (T0 + 13.85, T0 + 14.25),
+                     (T0 + 30, T0 + 30.4)],
+             "n02": [(T0 + 1, T0 + 1.4), (T0 + 24.2, T0 + 24.6)]}
+    prod = {"n01": [(T0 + 20, T0 + 25)], "n02": [(T0 + 25, T0 + 30)]}
+    starts = {"n01": [T0 + 26.0]}
+    stalls, handovers = costs.step_gaps(steps, prod, starts, (T0, T0 + 60))
+    assert stalls == [2.0, 22.8]  # n01's 2-s pause; n02 idle, no restart: counted
+    assert sorted(handovers) == [0.4, 5.75]
+
+
+@pytest.mark.skipif(not (SAVED / "measured.json").is_file(), reason="no saved run")
+def test_the_saved_run_replays_to_its_saved_comparison() -> None:
+    measured = json.loads((SAVED / "measured.json").read_text())
+    saved = json.loads((SAVED / "comparison.json").read_text())
+    got = s2r.predict(SAVED, measured)
+    assert got == saved
+    assert {"predicted_share", "measured_share", "relative_error"} <= got.keys()
+    assert {"predicted", "measured", "relative_error"} <= got["samples"].keys()

@@ -1,0 +1,209 @@
+"""Reading a site's own accounting: sacct --json and -P, PBS accounting logs, and the idle
+trace they give. The fixtures under tests/golden/accounting were captured from the local
+Slurm cluster (accounting mode) and the local PBS complex (see their README)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from malletrain_core.errors import InputFileError
+from malletrain_core.sim.accounting import (
+    MAX_NOTED,
+    AccountingFilter,
+    JobRun,
+    load_accounting_trace,
+    read_accounting,
+    runs_to_trace,
+)
+from malletrain_core.sim.sources import load_trace
+
+GOLDEN = Path(__file__).parent / "golden" / "accounting"
+SACCT_JSON = GOLDEN / "sacct_22.05.json"
+SACCT_P = GOLDEN / "sacct_22.05.txt"
+PBS_LOG = GOLDEN / "pbs_accounting_20261127"
+T0 = 1795745752.0  # 2026-11-27T02:15:52 UTC, the first start in the sacct fixtures
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """sacct -P and PBS record times are local: the fixtures were taken under UTC."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def busy(trace, node: str) -> list[tuple[float, float]]:
+    """A node's busy spans in a trace, relative to T0."""
+    i = trace.node_names.index(node)
+    idle = i in set(trace.initial.tolist())
+    spans, since = [], None if idle else trace.start
+    for t, added, removed in trace.iter_steps():
+        if i in removed:
+            since = t
+        elif i in added and since is not None:
+            spans.append((since - T0, t - T0))
+            since = None
+    if since is not None:
+        spans.append((since - T0, trace.end - T0))
+    return spans
+
+
+def test_sacct_json_and_parsable_give_the_same_runs() -> None:
+    quiet: list[str] = []
+    js, ps = read_accounting(SACCT_JSON, quiet.append), read_accounting(SACCT_P, quiet.append)
+    assert quiet == []
+    assert (js.kind, ps.kind) == ("sacct --json", "sacct -P")
+    key = sorted((r.job, r.start, r.end, r.nodes, r.partition, r.state) for r in js.runs)
+    assert key == sorted((r.job, r.start, r.end, r.nodes, r.partition, r.state)
+                         for r in ps.runs)
+    assert len(key) == 8 and (js.not_run, ps.not_run) == (1, 1)  # 8_0 requeued, never rerun
+    runs = {r.job: r for r in js.runs}
+    assert runs["2"].nodes == ("n02", "n03") and runs["2"].end - runs["2"].start == 6
+    assert runs["8_0"].state == "PREEMPTED" and runs["8_0"].partition == "preemptable"
+    assert runs["10"].reservation == "#1"  # 22.05's JSON names no reservation, only its id
+
+
+def test_each_node_idle_between_its_own_jobs() -> None:
+    trace = load_accounting_trace(SACCT_P, AccountingFilter.of(skip_partitions=["preemptable"]),
+                                  warn=None)
+    assert trace.node_names == ("n01", "n02", "n03", "n04")
+    assert (trace.start, trace.end) == (T0, T0 + 52)
+    assert busy(trace, "n01") == [(0, 4), (17, 20), (39, 42)]
+    assert busy(trace, "n02") == busy(trace, "n03") == [(0, 6)]
+    assert busy(trace, "n04") == [(0, 2), (49, 52)]
+    assert trace.idle_node_seconds() == 4 * 52 - (10 + 6 + 6 + 5)
+    elastic_too = load_accounting_trace(SACCT_JSON, warn=None)
+    assert busy(elastic_too, "n01") == [(0, 4), (17, 20), (31, 42)]  # 5_0, 8_0, 9 back to back
+
+
+def test_filters_partitions_and_reservations() -> None:
+    only = load_accounting_trace(SACCT_JSON, AccountingFilter.of(partitions=["preemptable"]),
+                                 nodes=["n02"], warn=None)
+    assert only.node_names == ("n01", "n02") and busy(only, "n02") == []
+    skip = load_accounting_trace(SACCT_JSON, AccountingFilter.of(
+        skip_partitions=["preemptable"], skip_reservations=["#1"]), warn=None)
+    assert busy(skip, "n04") == [(0, 2)]
+    with pytest.raises(InputFileError, match="no run left after the filter.*prod"):
+        load_accounting_trace(SACCT_JSON, AccountingFilter.of(partitions=["gpu"]), warn=None)
+
+
+def test_overlapping_runs_merge_and_running_jobs_hold_to_the_end() -> None:
+    runs = [JobRun("1", 10, 30, ("a", "b")), JobRun("2", 20, 40, ("a",)),
+            JobRun("3", 40, 50, ("a",)), JobRun("4", 60, None, ("b",), state="RUNNING"),
+            JobRun("5", 0, 100, ("c",))]
+    trace = runs_to_trace("t", runs, nodes=["d"], end=100)
+    global T0
+    saved, T0 = T0, 0.0
+    try:
+        assert busy(trace, "a") == [(10, 50)]
+        assert busy(trace, "b") == [(10, 30), (60, 100)]
+        assert busy(trace, "c") == [(0, 100)]
+        assert busy(trace, "d") == []
+    finally:
+        T0 = saved
+    assert trace.idle_node_seconds() == 400 - 40 - 60 - 100
+
+
+def test_pbs_accounting_log() -> None:
+    log = read_accounting(PBS_LOG, warn=None)
+    assert log.kind == "PBS accounting" and log.skipped == 0
+    runs = {r.job: r for r in log.runs}
+    assert runs["1.pbsserver"].nodes == ("n02", "n03")
+    rerun = [r for r in log.runs if r.state == "RERUN"]
+    assert rerun and all(r.partition == "preemptable" for r in rerun)  # preempted, requeued
+    assert "4.pbsserver" not in runs  # deleted while queued: never ran
+    trace = load_accounting_trace(PBS_LOG, AccountingFilter.of(skip_partitions=["preemptable"]),
+                                  warn=None)
+    assert trace.node_names == ("n01", "n02", "n03") and trace.idle_node_seconds() > 0
+
+
+def test_malformed_records_are_one_line_each_and_counted(tmp_path: Path) -> None:
+    lines = SACCT_P.read_text().splitlines()
+    bad = [lines[0], lines[1], "12|x|prod||COMPLETED|n01|2026-13-45T99:00:00|"
+           "2026-11-27T02:15:56|1", "13|only|three", "14|y|prod||COMPLETED|n[01|"
+           "2026-11-27T02:15:52|2026-11-27T02:15:56|1", "15|z|prod||COMPLETED|n01|"
+           "2026-11-27T02:15:59|2026-11-27T02:15:52|1"]
+    path = tmp_path / "sacct.txt"
+    path.write_text("\n".join(bad) + "\n")
+    said: list[str] = []
+    log = read_accounting(path, said.append)
+    assert [r.job for r in log.runs] == ["1"] and log.skipped == 4 and len(said) == 4
+    assert all("\n" not in s and s.startswith(f"{path}:") for s in said)
+    assert ":3: skipped" in said[0] and "before it starts" in said[3]
+
+
+def test_past_the_cap_only_counted(tmp_path: Path) -> None:
+    head = SACCT_P.read_text().splitlines()[:2]
+    path = tmp_path / "sacct.txt"
+    path.write_text("\n".join(head + ["x|y"] * (MAX_NOTED + 7)) + "\n")
+    said: list[str] = []
+    assert read_accounting(path, said.append).skipped == MAX_NOTED + 7
+    assert len(said) == MAX_NOTED + 1 and f"{MAX_NOTED + 7} malformed" in said[-1]
+
+
+@pytest.mark.parametrize("body, says", [
+    ("JobID|State\n1|COMPLETED\n", "no NODELIST, START, END column"),
+    ("JobID|NodeList|Start|End\n1|None assigned|None|None\n", "no usable record"),
+    ('{"jobs": []}', "no usable record"),
+    ('{"jobs": [', "not JSON"),
+    ('{"meta": {}}', 'no "jobs" list'),
+    ("11/27/2026 02:18:27;Q;0.s;queue=prod\n", "no usable record"),
+])
+def test_logs_with_nothing_usable_say_what_was_expected(tmp_path: Path, body: str,
+                                                        says: str) -> None:
+    path = tmp_path / "log"
+    path.write_text(body)
+    with pytest.raises(InputFileError) as err:
+        read_accounting(path, warn=None)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_newer_sacct_json_layouts(tmp_path: Path) -> None:
+    """23.02+ wrap numbers in {"set", "number"} and 23.11+ make state.current a list."""
+    job = {"job_id": 7, "array": {"job_id": 0, "task_id": {"set": False, "number": 0}},
+           "nodes": "g[1-2]", "partition": "gpu", "reservation": {"id": 0, "name": ""},
+           "state": {"current": ["COMPLETED"]},
+           "time": {"start": {"set": True, "number": 100}, "end": {"set": True, "number": 160}}}
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps({"jobs": [job]}))
+    (run,) = read_accounting(path, warn=None).runs
+    assert (run.job, run.start, run.end, run.nodes, run.state) == \
+        ("7", 100.0, 160.0, ("g1", "g2"), "COMPLETED")
+
+
+def test_load_trace_and_simulate_read_accounting(capsys: pytest.CaptureFixture[str]) -> None:
+    from malletrain_core.cli import main
+
+    trace = load_trace(str(SACCT_JSON), accounting=AccountingFilter.of(
+        skip_partitions=["preemptable"]))
+    assert trace.idle_node_seconds() == 181
+    assert main(["simulate", "--trace", str(SACCT_P), "--skip-partition", "preemptable",
+                 "--jobs", "2", "--policies", "malletrain,oracle", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["idle_node_seconds"] == 181 and out["trace"]["nodes"] == 4
+    assert out["policies"]["malletrain"]["net_samples"] > 0
+
+
+def test_what_if_report_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from malletrain_core.cli import main
+
+    assert main(["admin", "what-if", str(PBS_LOG), "--skip-partition", "preemptable",
+                 "--jobs", "2", "--out", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["cost_models"]) == {"restart", "inplace", "inplace-gpu"}
+    idle_h = report["idle_node_hours"]
+    for m in report["cost_models"].values():
+        assert 0 < m["harvested_node_hours"] <= idle_h + 1e-9
+        assert np.isclose(m["harvested_share"], m["harvested_node_hours"] / idle_h)
+        assert 0 < m["ub_oracle_share"] <= 1
+    assert {p.name for p in tmp_path.iterdir()} == {"whatif.json", "whatif.md", "idle.png",
+                                                   "share.png"}
+    assert "| inplace |" in (tmp_path / "whatif.md").read_text()
