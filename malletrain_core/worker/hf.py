@@ -35,7 +35,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ..errors import MalleTrainError
-from . import training
+from . import byo_inplace, training
 from .elastic import (
     ENV_LOG_EVERY,
     Pacer,
@@ -48,6 +48,9 @@ from .elastic import (
 from .runid import run_id
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+if byo_inplace.requested():  # before the framework reads torchrun's variables
+    byo_inplace.restart_in_place("the Hugging Face Trainer integration has no in-process path yet")
 
 
 def accumulation(global_batch: int, per_device: int, world_size: int | None = None) -> int:

@@ -31,7 +31,7 @@ import lightning.pytorch as pl
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
-from . import checkpoint, training
+from . import byo_inplace, checkpoint, training
 from .elastic import (
     ENV_LOG_EVERY,
     Pacer,
@@ -44,6 +44,9 @@ from .runid import run_id
 from .sampler import ElasticSampler
 
 SUBDIR = "lightning"
+
+if byo_inplace.requested():  # before the framework reads torchrun's variables
+    byo_inplace.restart_in_place("the PyTorch Lightning integration has no in-process path yet")
 
 
 def checkpoint_dir() -> Path:
