@@ -1,0 +1,217 @@
+"""The torchrun + DCP example rescaled in process (worker/byo_inplace.py), real torch + gloo.
+
+A driver stands in for the launchers (as in tests/test_inplace.py): it starts
+examples/torchrun/after.py, unchanged, with ``malletrain-run --inplace``'s environment and
+writes each node's membership file. The step lines (``MALLETRAIN_LOG_EVERY=1``) are read with
+tests/slurm/byo_logs.py: equal parameters on every rank after every step, one start per epoch
+at the hand-over's step and cursor, and the surviving updates' sample positions without gap
+or overlap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from malletrain_core.worker import byo_inplace, inplace, training
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "slurm"))
+
+from byo_logs import lost_per_epoch_change, problems, read  # noqa: E402
+
+SCRIPT = [sys.executable, str(ROOT / "examples" / "torchrun" / "after.py"), "--epochs", "1000",
+          "--batch-size", "8", "--lr", "0.01"]
+BATCH = 8
+
+
+def test_tested_torch_releases_only():
+    assert byo_inplace.unsupported("2.13.0+cpu", env={}) == ""
+    assert byo_inplace.unsupported("2.13.1", env={}) == ""
+    assert "2.12" in byo_inplace.unsupported("2.12.1", env={})
+    assert "can read" in byo_inplace.unsupported("nightly", env={})
+    off = byo_inplace.unsupported("2.13.0", env={byo_inplace.ENV_INPROCESS: "0"})
+    assert off.startswith("MALLETRAIN_INPROCESS=0 turns")
+
+
+def test_requested_only_under_the_inplace_launcher():
+    assert not byo_inplace.requested({})
+    assert not byo_inplace.requested({training.ENV_CONTROL_DIR: "/x"})  # the restart path
+    assert byo_inplace.requested({training.ENV_CONTROL_DIR: "/x", training.ENV_INPLACE: "1"})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """One node's control folder and its ``nproc`` processes of the example."""
+
+    def __init__(self, tmp: Path, name: str, nproc: int = 1, env: dict[str, str] | None = None):
+        self.name = name
+        self.control = tmp / name
+        self.control.mkdir()
+        self.nproc = nproc
+        self.procs = []
+        for i in range(nproc):
+            penv = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo",
+                        OMP_NUM_THREADS="1", MALLETRAIN_LOG_EVERY="1",
+                        MALLETRAIN_MIN_STEP_S="0.05", MALLETRAIN_CHECKPOINT_EVERY_S="2",
+                        LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(nproc), **(env or {}))
+            penv[training.ENV_CONTROL_DIR] = str(self.control)
+            penv[training.ENV_INPLACE] = "1"
+            penv[training.ENV_CHECKPOINT_DIR] = str(tmp / "checkpoints")
+            with open(tmp / f"task-1_{name}.{i}.out", "w") as out:
+                self.procs.append(subprocess.Popen(SCRIPT, env=penv, stdout=out,
+                                                   stderr=subprocess.STDOUT, cwd=ROOT))
+
+    def tell(self, m: inplace.Membership) -> None:
+        inplace.write_membership(self.control, m)
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+def wait(cond, timeout_s: float, what: str, tmp: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in tmp.glob("task-*.out"))
+    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+
+
+class Driver:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.epoch = 0
+        self.nodes: list[Node] = []
+        self.members: list[Node] = []
+
+    def start(self, name: str, nproc: int = 1, env: dict[str, str] | None = None) -> Node:
+        node = Node(self.tmp, name, nproc, env)
+        self.nodes.append(node)
+        wait(lambda: inplace.is_ready(node.control, nproc), 90, f"{name} ready", self.tmp)
+        return node
+
+    def change(self, members: list[Node], abandon: bool = False) -> int:
+        self.epoch += 1
+        port = free_port()
+        for n in self.members:
+            if n not in members:
+                n.tell(inplace.Membership(epoch=self.epoch))
+        for r, n in enumerate(members):
+            n.tell(inplace.Membership(epoch=self.epoch, rank=r, world=len(members),
+                                      master="127.0.0.1", port=port, abandon=abandon))
+        self.members = list(members)
+        return self.epoch
+
+    def trained(self, epoch: int, steps: int = 5) -> None:
+        def ok() -> bool:
+            rows = read(self.tmp, "1").steps.get(epoch, [])
+            return len({r.step for r in rows}) >= steps
+        wait(ok, 90, f"epoch {epoch} training", self.tmp)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.kill()
+
+
+@pytest.fixture
+def driver(tmp_path):
+    d = Driver(tmp_path)
+    yield d
+    d.stop()
+
+
+def pids(tmp: Path) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for path in tmp.glob("task-*.out"):
+        for m in re.finditer(r"malletrain: start step=\d+ epoch=(\d+) .* pid=(\d+)",
+                             path.read_text()):
+            out.setdefault(int(m.group(1)), set()).add(m.group(2))
+    return out
+
+
+@pytest.mark.torch
+def test_torchrun_example_grows_shrinks_and_loses_a_peer_in_process(driver):
+    """2 → 3 → 1 (planned) → 2 → 1 (a peer SIGKILLed): the same process trains throughout,
+    every change after the first is in memory, planned ones lose no sample and the loss at
+    most the step in flight; the accounting holds position by position."""
+    d = driver
+    a, b = d.start("a"), d.start("b")
+    e1 = d.change([a, b])
+    d.trained(e1)
+    c = d.start("c")
+    e2 = d.change([a, b, c])
+    d.trained(e2)
+    e3 = d.change([a])
+    d.trained(e3)
+    assert b.procs[0].wait(30) == 0 and c.procs[0].wait(30) == 0, "leavers did not exit cleanly"
+    e = d.start("e")
+    e4 = d.change([a, e])
+    d.trained(e4)
+    os.kill(e.procs[0].pid, signal.SIGKILL)
+    e5 = d.change([a], abandon=True)
+    d.trained(e5)
+
+    log = read(d.tmp, "1")
+    assert not problems(log), problems(log)
+    assert {e2, e3, e4, e5} <= log.in_memory
+    assert all(str(a.procs[0].pid) in pids(d.tmp)[ep] for ep in (e1, e2, e3, e4, e5))
+    changes = lost_per_epoch_change(log)
+    assert [c[0] for c in changes] == ["2→3", "3→1", "1→2", "2→1"], changes
+    assert [c[1] for c in changes[:3]] == [0, 0, 0], changes
+    assert changes[3][1] <= BATCH * 2, changes          # at most the step in flight
+
+
+@pytest.mark.torch
+def test_two_processes_per_node(driver):
+    """``--nproc-per-node 2``: two nodes make a world of 4, then one node leaves (world 2)."""
+    d = driver
+    a, b = d.start("a", nproc=2), d.start("b", nproc=2)
+    e1 = d.change([a, b])
+    d.trained(e1)
+    e2 = d.change([a])
+    d.trained(e2)
+    log = read(d.tmp, "1")
+    assert not problems(log), problems(log)
+    assert {r.rank for r in log.steps[e1]} == {0, 1, 2, 3}
+    assert {r.rank for r in log.steps[e2]} == {0, 1} and e2 in log.in_memory
+    assert [c[:2] for c in lost_per_epoch_change(log)] == [("4→2", 0)]
+
+
+@pytest.mark.torch
+def test_no_in_process_path_takes_the_restart_path_with_one_line(driver):
+    """``MALLETRAIN_INPROCESS=0`` (as for a torch it was not tested with): one line says why,
+    and at a change the process executes itself again and resumes from the checkpoint."""
+    d = driver
+    off = {byo_inplace.ENV_INPROCESS: "0"}
+    a, b = d.start("a", env=off), d.start("b", env=off)
+    e1 = d.change([a, b])
+    d.trained(e1)
+    wait(lambda: read(d.tmp, "1").checkpoints, 60, "a checkpoint", d.tmp)  # every 2 s
+    e2 = d.change([a])
+    d.trained(e2)
+    log = read(d.tmp, "1")
+    assert not problems(log), problems(log)
+    assert e2 not in log.in_memory
+    (start,) = log.starts[e2]
+    assert start[0] > 0, "the restarted process did not resume from the checkpoint"
+    text = (d.tmp / "task-1_a.0.out").read_text()
+    assert text.count("turns in-process rescaling off: this job takes the restart path") == 1
+    assert a.procs[0].poll() is None                    # the same process id, executed again
