@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from malletrain_core.worker import byo_inplace, inplace, training
+from tests import test_inplace_nproc as nproc_tests
+from tests.test_inplace import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "slurm"))
@@ -48,20 +48,13 @@ def test_requested_only_under_the_inplace_launcher():
     assert byo_inplace.requested({training.ENV_CONTROL_DIR: "/x", training.ENV_INPLACE: "1"})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Node:
+class Node(nproc_tests.Node):
     """One node's control folder and its ``nproc`` processes of the example."""
 
     def __init__(self, tmp: Path, name: str, nproc: int = 1, env: dict[str, str] | None = None):
         self.name = name
         self.control = tmp / name
         self.control.mkdir()
-        self.nproc = nproc
         self.procs = []
         for i in range(nproc):
             penv = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo",
@@ -71,64 +64,28 @@ class Node:
             penv[training.ENV_CONTROL_DIR] = str(self.control)
             penv[training.ENV_INPLACE] = "1"
             penv[training.ENV_CHECKPOINT_DIR] = str(tmp / "checkpoints")
-            with open(tmp / f"task-1_{name}.{i}.out", "w") as out:
-                self.procs.append(subprocess.Popen(SCRIPT, env=penv, stdout=out,
-                                                   stderr=subprocess.STDOUT, cwd=ROOT))
-
-    def tell(self, m: inplace.Membership) -> None:
-        inplace.write_membership(self.control, m)
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
+            path = tmp / f"task-1_{name}.{i}.out"
+            with open(path, "w") as out:
+                popen = subprocess.Popen(SCRIPT, env=penv, stdout=out, stderr=subprocess.STDOUT,
+                                         cwd=ROOT)
+            self.procs.append(nproc_tests.Log(f"{name}.{i}", path, popen))
 
 
-def wait(cond, timeout_s: float, what: str, tmp: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in tmp.glob("task-*.out"))
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+class Driver(nproc_tests.Driver):
+    """tests/test_inplace_nproc.py's driver (epochs pushed to nodes) for the example."""
 
-
-class Driver:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.epoch = 0
-        self.nodes: list[Node] = []
-        self.members: list[Node] = []
-
-    def start(self, name: str, nproc: int = 1, env: dict[str, str] | None = None) -> Node:
+    def start(self, name: str, nproc: int = 1,  # type: ignore[override]
+              env: dict[str, str] | None = None) -> Node:
         node = Node(self.tmp, name, nproc, env)
         self.nodes.append(node)
-        wait(lambda: inplace.is_ready(node.control, nproc), 90, f"{name} ready", self.tmp)
+        wait_for(lambda: inplace.is_ready(node.control, nproc), 90, f"{name} ready", self.logs)
         return node
-
-    def change(self, members: list[Node], abandon: bool = False) -> int:
-        self.epoch += 1
-        port = free_port()
-        for n in self.members:
-            if n not in members:
-                n.tell(inplace.Membership(epoch=self.epoch))
-        for r, n in enumerate(members):
-            n.tell(inplace.Membership(epoch=self.epoch, rank=r, world=len(members),
-                                      master="127.0.0.1", port=port, abandon=abandon))
-        self.members = list(members)
-        return self.epoch
 
     def trained(self, epoch: int, steps: int = 5) -> None:
         def ok() -> bool:
             rows = read(self.tmp, "1").steps.get(epoch, [])
             return len({r.step for r in rows}) >= steps
-        wait(ok, 90, f"epoch {epoch} training", self.tmp)
-
-    def stop(self) -> None:
-        for n in self.nodes:
-            n.kill()
+        wait_for(ok, 90, f"epoch {epoch} training", self.logs)
 
 
 @pytest.fixture
@@ -161,18 +118,19 @@ def test_torchrun_example_grows_shrinks_and_loses_a_peer_in_process(driver):
     d.trained(e2)
     e3 = d.change([a])
     d.trained(e3)
-    assert b.procs[0].wait(30) == 0 and c.procs[0].wait(30) == 0, "leavers did not exit cleanly"
+    assert b.procs[0].popen.wait(30) == 0 and c.procs[0].popen.wait(30) == 0, \
+        "leavers did not exit cleanly"
     e = d.start("e")
     e4 = d.change([a, e])
     d.trained(e4)
-    os.kill(e.procs[0].pid, signal.SIGKILL)
+    os.kill(e.procs[0].popen.pid, signal.SIGKILL)
     e5 = d.change([a], abandon=True)
     d.trained(e5)
 
     log = read(d.tmp, "1")
     assert not problems(log), problems(log)
     assert {e2, e3, e4, e5} <= log.in_memory
-    assert all(str(a.procs[0].pid) in pids(d.tmp)[ep] for ep in (e1, e2, e3, e4, e5))
+    assert all(str(a.procs[0].popen.pid) in pids(d.tmp)[ep] for ep in (e1, e2, e3, e4, e5))
     changes = lost_per_epoch_change(log)
     assert [c[0] for c in changes] == ["2→3", "3→1", "1→2", "2→1"], changes
     assert [c[1] for c in changes[:3]] == [0, 0, 0], changes
@@ -204,7 +162,7 @@ def test_no_in_process_path_takes_the_restart_path_with_one_line(driver):
     a, b = d.start("a", env=off), d.start("b", env=off)
     e1 = d.change([a, b])
     d.trained(e1)
-    wait(lambda: read(d.tmp, "1").checkpoints, 60, "a checkpoint", d.tmp)  # every 2 s
+    wait_for(lambda: read(d.tmp, "1").checkpoints, 60, "a checkpoint", d.logs)  # every 2 s
     e2 = d.change([a])
     d.trained(e2)
     log = read(d.tmp, "1")
@@ -214,4 +172,4 @@ def test_no_in_process_path_takes_the_restart_path_with_one_line(driver):
     assert start[0] > 0, "the restarted process did not resume from the checkpoint"
     text = (d.tmp / "task-1_a.0.out").read_text()
     assert text.count("turns in-process rescaling off: this job takes the restart path") == 1
-    assert a.procs[0].poll() is None                    # the same process id, executed again
+    assert a.procs[0].popen.poll() is None                    # the same process id, executed again
