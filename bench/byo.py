@@ -173,21 +173,25 @@ def run(names: list[str], rounds: int, work: Path) -> dict[str, Any]:
 def section(results: dict[str, Any], command: str) -> str:
     meta = results["meta"]
     rows = ["| integration | path | grow pause | shrink pause | preemption pause | "
-            "samples lost (preemption, max) |", "|---|---|---|---|---|---|"]
+            "samples lost (preemption, max) | 1-min load |", "|---|---|---|---|---|---|---|"]
     for name in (n for n in SCRIPTS if n in results):
         for path in ("inprocess", "restart"):
             r = results[name][path]
             if r.get("supported") is False:
-                rows.append(f"| {name} | {path} | — | — | — | {r['why']} |")
+                rows.append(f"| {name} | {path} | — | — | — | {r['why']} | |")
                 continue
             rows.append(f"| {name} | {path} | {r['grow_pause_s']:.2f} s | "
                         f"{r['shrink_pause_s']:.2f} s | {r['preempt_pause_s']:.2f} s | "
-                        f"{r['samples_lost_preempt']} |")
+                        f"{r['samples_lost_preempt']} | {min(r['load_1min'])}–{max(r['load_1min'])} |")
     return "\n".join([
         BEGIN, f"Measured {meta['date']} by `{command}` on {meta['host']}: {meta['rounds']} "
         f"round(s) per path of preemption 3→2, grow 2→3, planned shrink 3→1, grow 1→3 "
         "(medians over the rounds; steps paced to ≥ 0.15 s, per-rank batch 8, gloo on CPU, "
-        "a DCP checkpoint every 6 s).", "", *rows, "", END])
+        "a DCP checkpoint every 6 s). Pauses are from the last step of an epoch to the first "
+        "step of the next on the workers' own clocks (one paced step included); samples lost "
+        "are the positions trained in the old epoch beyond the cursor the new one started from; "
+        "the load is the host's 1-min load average at the start and after each round.",
+        "", *rows, "", END])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,15 +201,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", action="store_true", help="print the results as one JSON line")
     p.add_argument("--markdown", metavar="FILE", help="rewrite this section of that file")
+    p.add_argument("--from", dest="source", metavar="FILE",
+                   help="the JSON line of an earlier run (its last line) instead of running")
     args = p.parse_args(argv)
     names = args.integration or list(SCRIPTS)
-    with tempfile.TemporaryDirectory(prefix="malletrain-byo-") as tmp:
-        work = Path(tmp)
-        work.chmod(0o755)
-        results = run(names, args.rounds, work)
+    command = "python bench/byo.py --json " + " ".join(
+        f"--integration {n}" for n in args.integration or []) + f" --rounds {args.rounds}"
+    if args.source:
+        results = json.loads(Path(args.source).read_text().strip().splitlines()[-1])
+        command = results["meta"].get("command", command)
+    else:
+        with tempfile.TemporaryDirectory(prefix="malletrain-byo-") as tmp:
+            work = Path(tmp)
+            work.chmod(0o755)
+            results = run(names, args.rounds, work)
+        results["meta"]["command"] = command
     if args.markdown:
-        replace_section(Path(args.markdown), BEGIN, END,
-                        section(results, "python bench/byo.py " + " ".join(argv or sys.argv[1:])),
+        replace_section(Path(args.markdown), BEGIN, END, section(results, command),
                         "Bring your own loop: in process and restart")
     print(json.dumps(results))
     return 0
