@@ -48,7 +48,7 @@ from malletrain_core.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
 
 BEGIN, END = "<!-- byo:begin -->", "<!-- byo:end -->"
-INPROCESS = {"torchrun"}
+INPROCESS = {"torchrun", "hf"}
 """The integrations with an in-process path (the others take the restart path in place too)."""
 IDLE = 3
 

@@ -30,6 +30,8 @@ from byo_logs import lost_per_epoch_change, problems, read  # noqa: E402
 
 SCRIPT = [sys.executable, str(ROOT / "examples" / "torchrun" / "after.py"), "--epochs", "1000",
           "--batch-size", "8", "--lr", "0.01"]
+HF = [sys.executable, str(ROOT / "examples" / "hf" / "after.py"), "--output-dir", "{out}/hf",
+      "--epochs", "1000", "--batch-size", "8"]
 BATCH = 8
 
 
@@ -51,7 +53,8 @@ def test_requested_only_under_the_inplace_launcher():
 class Node(nproc_tests.Node):
     """One node's control folder and its ``nproc`` processes of the example."""
 
-    def __init__(self, tmp: Path, name: str, nproc: int = 1, env: dict[str, str] | None = None):
+    def __init__(self, tmp: Path, name: str, nproc: int = 1, env: dict[str, str] | None = None,
+                 script: list[str] = SCRIPT):
         self.name = name
         self.control = tmp / name
         self.control.mkdir()
@@ -66,7 +69,7 @@ class Node(nproc_tests.Node):
             penv[training.ENV_CHECKPOINT_DIR] = str(tmp / "checkpoints")
             path = tmp / f"task-1_{name}.{i}.out"
             with open(path, "w") as out:
-                popen = subprocess.Popen(SCRIPT, env=penv, stdout=out, stderr=subprocess.STDOUT,
+                popen = subprocess.Popen([a.format(out=tmp) for a in script], env=penv, stdout=out, stderr=subprocess.STDOUT,
                                          cwd=ROOT)
             self.procs.append(nproc_tests.Log(f"{name}.{i}", path, popen))
 
@@ -75,8 +78,8 @@ class Driver(nproc_tests.Driver):
     """tests/test_inplace_nproc.py's driver (epochs pushed to nodes) for the example."""
 
     def start(self, name: str, nproc: int = 1,  # type: ignore[override]
-              env: dict[str, str] | None = None) -> Node:
-        node = Node(self.tmp, name, nproc, env)
+              env: dict[str, str] | None = None, script: list[str] = SCRIPT) -> Node:
+        node = Node(self.tmp, name, nproc, env, script)
         self.nodes.append(node)
         wait_for(lambda: inplace.is_ready(node.control, nproc), 90, f"{name} ready", self.logs)
         return node
@@ -173,3 +176,29 @@ def test_no_in_process_path_takes_the_restart_path_with_one_line(driver):
     text = (d.tmp / "task-1_a.0.out").read_text()
     assert text.count("turns in-process rescaling off: this job takes the restart path") == 1
     assert a.procs[0].popen.poll() is None                    # the same process id, executed again
+
+
+@pytest.mark.torch
+def test_hf_trainer_example_grows_and_loses_a_peer_in_process(driver):
+    """The Trainer example (examples/hf/after.py) 2 → 3 → 2 (a peer SIGKILLed): every change
+    in memory, the planned one loses nothing, the loss at most the step in flight (one global
+    batch of 48); the global batch stays 48 at every world size."""
+    pytest.importorskip("transformers")
+    d = driver
+    a, b = d.start("a", script=HF), d.start("b", script=HF)
+    e1 = d.change([a, b])
+    d.trained(e1, 3)
+    c = d.start("c", script=HF)
+    e2 = d.change([a, b, c])
+    d.trained(e2, 3)
+    os.kill(c.procs[0].popen.pid, signal.SIGKILL)
+    e3 = d.change([a, b], abandon=True)
+    d.trained(e3, 3)
+
+    log = read(d.tmp, "1")
+    assert not problems(log), problems(log)
+    assert {e2, e3} <= log.in_memory
+    assert {r.stop - r.first for rows in log.steps.values() for r in rows} == {48}
+    changes = lost_per_epoch_change(log)
+    assert [c[0] for c in changes] == ["2→3", "3→2"], changes
+    assert changes[0][1] == 0 and changes[1][1] <= 48, changes

@@ -178,6 +178,7 @@ class LoopElastic(inplace.Elastic):
         super().__init__(run.session, model, run.app.optimizer, run.app.scheduler,
                          extra=extra, backend=backend, ddp=False)
         self.resumed = "no"
+        self._averaged = False
         self._patch_optimizer()
 
     def _patch_optimizer(self) -> None:
@@ -187,18 +188,29 @@ class LoopElastic(inplace.Elastic):
         step = optimizer.step
 
         def averaged_step(*args: Any, **kwargs: Any) -> Any:
-            try:
-                self.average_gradients()
-            except Exception as exc:
-                if not (self.world > 1 and self._is_peer_failure(exc)):
-                    raise
-                self._step_failed = True  # dropped: no update (see steps())
-                self._note_abandoned()
+            self.average_once()
+            self._averaged = False
+            if self._step_failed:  # dropped: no update (see steps())
                 optimizer.zero_grad(set_to_none=True)
                 return None
             return step(*args, **kwargs)
 
         optimizer.step = averaged_step
+
+    def average_once(self) -> None:
+        """Average the gradients over the job's group, once per step (a framework may need
+        them averaged before its own step, to clip them); a step whose peer was lost and that
+        the new group cannot finish is marked dropped."""
+        if self._averaged:
+            return
+        self._averaged = True
+        try:
+            self.average_gradients()
+        except Exception as exc:
+            if not (self.world > 1 and self._is_peer_failure(exc)):
+                raise
+            self._step_failed = True
+            self._note_abandoned()
 
     # ----- Elastic's hooks ------------------------------------------------------------
     def _checkpoint(self) -> None:
@@ -239,7 +251,8 @@ class LoopElastic(inplace.Elastic):
                 self.cursor.boundary = int(self.cursor.sampler.saved_cursor)
 
     def _apply(self, m: inplace.Membership, kind: str) -> None:
-        self.resumed = "memory" if self.has_state else "no"
+        if not (kind == "start" and self.resumed == "yes"):  # "yes": loaded from disk
+            self.resumed = "memory" if self.has_state else "no"
         super()._apply(m, kind)
         sampler = self.run.sampler
         if sampler is not None:
@@ -282,9 +295,14 @@ class LoopElastic(inplace.Elastic):
                     f"params={_params(self.model)} run={self.run.run_id} t={_now():.3f}")
         self.run.pacer.wait()
         saved = len(self.checkpoints)
+        self.after_boundary()
+        return len(self.checkpoints) > saved
+
+    def after_boundary(self) -> None:
+        """The step boundary: count the step (unless dropped), agree on the newest epoch and
+        a checkpoint, re-form when the membership changed."""
         next(self._steps)
         self.run.app.step = self.step
-        return len(self.checkpoints) > saved
 
 
 def _params(model: Any) -> str:
