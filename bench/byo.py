@@ -48,8 +48,8 @@ from malletrain_core.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
 
 BEGIN, END = "<!-- byo:begin -->", "<!-- byo:end -->"
-INPROCESS = {"torchrun", "hf"}
-"""The integrations with an in-process path (the others take the restart path in place too)."""
+INPROCESS = {"torchrun", "lightning", "hf"}
+"""The integrations with an in-process path."""
 IDLE = 3
 
 

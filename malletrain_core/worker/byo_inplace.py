@@ -21,8 +21,10 @@ The script keeps its own loop and its own ``DDP(model)``. What changes under it:
 Disk checkpoints stay DCP's (``$MALLETRAIN_CHECKPOINT_DIR/dcp``): periodic, on the daemon's
 request, and loaded when no process holds the state (the job's first epoch, every node lost).
 
-Where there is no in-process path (a torch this module was not tested with, the Lightning and
-Hugging Face integrations, or ``MALLETRAIN_INPROCESS=0``), :func:`restart_in_place` takes the
+The Hugging Face Trainer (:mod:`.hf_inplace`) and Lightning (:mod:`.lightning_inplace`) use
+:class:`LoopElastic` too, through :class:`LoopHost`. Where there is no in-process path (a torch
+or framework release this was not tested with, several processes per node for those two, or
+``MALLETRAIN_INPROCESS=0``), :func:`restart_in_place` takes the
 restart path under the same launcher, with one line saying why: the process waits for its
 membership, sets what torchrun would (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, ...), and
 executes itself again at every change, resuming from the last disk checkpoint like a
@@ -170,7 +172,7 @@ class LoopElastic(inplace.Elastic):
     optimizer's step, DCP checkpoints decided with the epoch agreement, the sampler kept in
     step with the membership, and one ``start`` line per epoch for the step log."""
 
-    def __init__(self, run: Run, model: Any, backend: str) -> None:
+    def __init__(self, run: Run, model: Any, backend: str, patch_optimizer: bool = True) -> None:
         sampler = run.sampler
         self.run = run
         self.cursor = _Cursor(sampler) if sampler is not None else None
@@ -179,7 +181,8 @@ class LoopElastic(inplace.Elastic):
                          extra=extra, backend=backend, ddp=False)
         self.resumed = "no"
         self._averaged = False
-        self._patch_optimizer()
+        if patch_optimizer:
+            self._patch_optimizer()
 
     def _patch_optimizer(self) -> None:
         optimizer = self.optimizer
@@ -274,12 +277,18 @@ class LoopElastic(inplace.Elastic):
         self._steps = self.steps()
         next(self._steps)
 
-    def after_step(self, loss: float | None, samples: float | None) -> bool:
-        """One step of the script's loop is over: count it (unless it was dropped), then the
-        step boundary (agreement, checkpoint, re-form). Returns True when it checkpointed."""
+    def after_step(self, loss: float | None, samples: float | None,
+                   rewind: bool = True) -> bool:
+        """One step of the script's loop is over: count it (unless it was dropped: its batch
+        is trained again when ``rewind``), then the step boundary (agreement, checkpoint,
+        re-form). Returns True when it checkpointed."""
         dropped = self._step_failed
-        if self.cursor is not None and dropped:
+        self._averaged = False
+        if dropped and self.cursor is not None and rewind:
             self.cursor.rewind()
+        elif dropped and self.cursor is not None:  # the loader fetched ahead: lost, not retrained
+            self.cursor.sampler.mark_trained()
+            self.cursor.boundary = int(self.cursor.sampler.saved_cursor)
         elif not dropped:
             first = self.cursor.boundary if self.cursor is not None else 0
             stop = first
@@ -303,6 +312,36 @@ class LoopElastic(inplace.Elastic):
         a checkpoint, re-form when the membership changed."""
         next(self._steps)
         self.run.app.step = self.step
+
+
+class LoopHost:
+    """What :class:`LoopElastic` uses of :class:`~.elastic.Run`, for a framework's trainer:
+    its session (from the framework's MalleTrain callback), sampler, optimizer and scheduler,
+    its log, and a checkpoint that the framework saves itself (rank 0, after this step:
+    :attr:`save_due`)."""
+
+    def __init__(self, callback: Any, sampler: Any, optimizer: Any,
+                 scheduler: Any, step: int) -> None:
+        from types import SimpleNamespace
+
+        self.session = callback.session
+        self.sampler = sampler
+        self.app = SimpleNamespace(step=step, optimizer=optimizer, scheduler=scheduler)
+        self.run_id = callback.run_id
+        self.log_every = callback.log_every
+        self.pacer = callback.pacer
+        self.resumed: Path | None = None
+        self.save_due = False
+
+    def _log(self, text: str) -> None:
+        if self.log_every > 0:
+            print(f"malletrain: {text}", flush=True)
+
+    def checkpoint(self) -> None:
+        self.save_due = True
+
+    def resume(self) -> int:
+        return self.app.step  # the framework loaded its newest checkpoint before joining
 
 
 def _params(model: Any) -> str:

@@ -100,35 +100,6 @@ class StreamSampler(ElasticSampler):
         return math.ceil(self.num_samples / self.global_batch) * (hi - lo)
 
 
-class _Host:
-    """What :class:`~.byo_inplace.LoopElastic` uses of :class:`~.elastic.Run`, for a
-    Trainer: its session, sampler, optimizer and scheduler, its log, and a checkpoint that is
-    the Trainer's own save (rank 0, after this step)."""
-
-    def __init__(self, callback: Any, sampler: StreamSampler, optimizer: Any,
-                 scheduler: Any, step: int) -> None:
-        from types import SimpleNamespace
-
-        self.session = callback.session
-        self.sampler = sampler
-        self.app = SimpleNamespace(step=step, optimizer=optimizer, scheduler=scheduler)
-        self.run_id = callback.run_id
-        self.log_every = callback.log_every
-        self.pacer = callback.pacer
-        self.resumed: Path | None = None
-        self.save_due = False
-
-    def _log(self, text: str) -> None:
-        if self.log_every > 0:
-            print(f"malletrain: {text}", flush=True)
-
-    def checkpoint(self) -> None:
-        self.save_due = True
-
-    def resume(self) -> int:
-        return self.app.step  # the newest checkpoint-N was loaded before joining
-
-
 def _innermost(optimizer: Any) -> Any:
     while hasattr(optimizer, "optimizer"):
         optimizer = optimizer.optimizer
@@ -154,7 +125,7 @@ class TrainerInProcess:
         self.sampler.boundary = step * self.global_batch
         callback.session.samples = float(step * self.global_batch)
         os.environ.update(_stashed)
-        self.host = _Host(callback, self.sampler, _innermost(trainer.optimizer),
+        self.host = byo_inplace.LoopHost(callback, self.sampler, _innermost(trainer.optimizer),
                           trainer.lr_scheduler, step)
         clip = trainer._clip_grad_norm
 

@@ -26,9 +26,10 @@ from malletrain_core.localcluster.daemon import LocalDaemon
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-SCRIPTS = {name: RESTART_SCRIPTS[name] for name in ("torchrun", "hf")}  # the same scripts
-IN_FLIGHT = {"torchrun": 8 * 3, "hf": 48}
-"""The samples of one step at world 3: 8 per rank (torchrun), a global batch of 48 (HF)."""
+SCRIPTS = RESTART_SCRIPTS  # the same scripts
+IN_FLIGHT = {"torchrun": 8 * 3, "lightning": 8 * 3, "hf": 48}
+"""The samples of one step at world 3: 8 per rank (torchrun, Lightning), a global batch of 48
+(HF)."""
 START_PID = re.compile(r"malletrain: start step=\d+ epoch=(\d+) .* pid=(\d+)")
 
 
@@ -44,8 +45,8 @@ def pids_by_epoch(outdir: Path, job: str) -> dict[int, set[str]]:
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_grow_preempt_grow_back_in_process(name: str, cluster: LocalCluster,
                                            daemon: LocalDaemon, tmp_path: Path) -> None:  # noqa: F811
-    if name == "hf":
-        pytest.importorskip("transformers")
+    if name != "torchrun":
+        pytest.importorskip({"hf": "transformers"}.get(name, name))
     outdir, job, worlds, epochs = grow_preempt_grow_back(cluster, daemon, tmp_path,
                                                          SCRIPTS[name], inplace=True)
     log = read(outdir, job)
