@@ -277,18 +277,14 @@ class LoopElastic(inplace.Elastic):
         self._steps = self.steps()
         next(self._steps)
 
-    def after_step(self, loss: float | None, samples: float | None,
-                   rewind: bool = True) -> bool:
+    def after_step(self, loss: float | None, samples: float | None) -> bool:
         """One step of the script's loop is over: count it (unless it was dropped: its batch
-        is trained again when ``rewind``), then the step boundary (agreement, checkpoint,
-        re-form). Returns True when it checkpointed."""
+        is trained again), then the step boundary (agreement, checkpoint, re-form). Returns
+        True when it checkpointed."""
         dropped = self._step_failed
         self._averaged = False
-        if dropped and self.cursor is not None and rewind:
+        if dropped and self.cursor is not None:
             self.cursor.rewind()
-        elif dropped and self.cursor is not None:  # the loader fetched ahead: lost, not retrained
-            self.cursor.sampler.mark_trained()
-            self.cursor.boundary = int(self.cursor.sampler.saved_cursor)
         elif not dropped:
             first = self.cursor.boundary if self.cursor is not None else 0
             stop = first

@@ -11,8 +11,9 @@ hands the state over in memory, as for a torchrun script:
   process joins: ready file, first membership, state from a member or from that checkpoint;
 * ``on_before_optimizer_step`` (after ``backward``, before clipping) averages the gradients over
   the job's group; a step the new group cannot finish after a lost peer is dropped (every
-  gradient cleared, so the optimizer skips every parameter); its batch is lost rather than
-  trained again, because Lightning's data fetcher has already fetched the next one;
+  gradient cleared, so the optimizer skips every parameter) and its batch trained again (the
+  data fetcher fetches no batch ahead in process: one fetched at the old world would hold
+  this rank's old share);
 * ``on_train_batch_end`` ends the step: the members agree on the newest epoch and on a
   checkpoint (Lightning's own ``save_checkpoint``, written by rank 0 alone), and re-form when
   told; the sampler's global batch follows the world (per-rank batch, as on the restart path).
@@ -84,6 +85,13 @@ class FitInProcess:
                              f"(configure_optimizers gave {len(trainer.optimizers)})")
         self.callback, self.trainer = callback, trainer
         _alone(trainer.strategy)
+        # Lightning fetches a batch ahead by default: it would be this rank's share at the
+        # old world after a re-form, and a dropped step's batch could not be trained again
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is None or not hasattr(fetcher, "prefetch_batches"):
+            raise SystemExit("malletrain: this Lightning has no fit_loop._data_fetcher."
+                             "prefetch_batches; set MALLETRAIN_INPROCESS=0 (restart path)")
+        fetcher.prefetch_batches = 0
         if dist.is_initialized():
             inplace._forget_default_group()  # kept by Lightning's DDP, never shut down
         configs = trainer.lr_scheduler_configs
@@ -106,7 +114,7 @@ class FitInProcess:
 
     def train_batch_end(self, loss: float | None) -> None:
         self.host.save_due = False
-        self.el.after_step(loss, None, rewind=False)
+        self.el.after_step(loss, None)
         live_rank[0] = self.el.rank
         if self.host.save_due and self.el.rank == 0:
             self.callback.save(self.trainer, quiet=True)
