@@ -208,3 +208,20 @@ def test_framework_example_grows_and_loses_a_peer_in_process(driver, name):
     changes = lost_per_epoch_change(log)
     assert [c[0] for c in changes] == ["2→3", "3→2"], changes
     assert changes[0][1] == 0 and changes[1][1] <= in_flight, changes
+
+
+def test_framework_releases_and_layouts_outside_the_tested_ones(monkeypatch):
+    """The Trainer and Lightning paths name what they were tested with; anything else (or
+    several processes per node) takes the restart path, and the reason says which."""
+    pytest.importorskip("torch")
+    from malletrain_core.worker import hf_inplace, lightning_inplace
+
+    monkeypatch.delenv(byo_inplace.ENV_INPROCESS, raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert hf_inplace.unsupported("5.23.0") == ""
+    assert "transformers 5.24" in hf_inplace.unsupported("5.24.1")
+    assert lightning_inplace.unsupported("2.6.6") == ""
+    assert "Lightning 2.7" in lightning_inplace.unsupported("2.7.0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert "one process per node" in hf_inplace.unsupported("5.23.0")
+    assert "one process per node" in lightning_inplace.unsupported("2.6.6")
