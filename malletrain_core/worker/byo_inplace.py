@@ -1,4 +1,4 @@
-"""In-process rescaling for a plain torchrun + DCP loop (:class:`~.elastic.Run`).
+"""In-process rescaling for bring-your-own loops: torchrun + DCP, and the frameworks' base.
 
 Under ``malletrain-run --inplace`` the script's process, its imports, data and model live
 across membership changes, exactly as with :class:`~.inplace.Elastic`, whose machinery this
@@ -231,10 +231,12 @@ class LoopElastic(inplace.Elastic):
             self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
             seen, want = int(t[0]), int(t[1])
         if want:
-            self._save_dcp()
+            self._save()
         return seen
 
-    def _save_dcp(self) -> None:
+    def _save(self) -> None:
+        """Checkpoint now: DCP on every rank (torchrun), or the framework's own save by rank 0
+        after this step (:class:`LoopHost`)."""
         self.run.app.step = self.step
         self.run.checkpoint()
         self.checkpoints.append(self.step)

@@ -155,6 +155,11 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
         if agree(self.session.should_checkpoint()):
             control.should_save = True
 
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState,
+                     control: TrainerControl, **kwargs: Any) -> None:
+        if self.inprocess is not None:
+            self.inprocess.only_rank_zero_saves(control)
+
     def on_substep_end(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Any) -> None:
         self.pacer.wait()   # pacing is per micro-batch: the work of a step grows with them

@@ -167,6 +167,12 @@ class TrainerInProcess:
             if not self.changed:
                 return result
 
+    def only_rank_zero_saves(self, control: Any, due: bool = False) -> None:
+        """Every process's Trainer thinks it is rank 0 of 1 (its own ``save_steps``, a save at
+        an epoch's end): only the job's rank 0 writes ``checkpoint-N``, each other rank would
+        write the same folder at once."""
+        control.should_save = self.el.rank == 0 and (control.should_save or due)
+
     # ----- from the callback ----------------------------------------------------------
     def on_train_begin(self, state: Any) -> None:
         state.global_step = self.el.step
@@ -195,8 +201,7 @@ class TrainerInProcess:
         self.host.save_due = False
         el.after_boundary()
         state.global_step = el.step
-        if self.host.save_due and el.rank == 0:
-            control.should_save = True
+        self.only_rank_zero_saves(control, due=self.host.save_due)
         if el.epoch != self._epoch_in_train:  # re-formed: train again at the new world
             self.changed = True
             control.should_training_stop = True
