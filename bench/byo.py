@@ -166,31 +166,53 @@ def run(names: list[str], rounds: int, work: Path) -> dict[str, Any]:
         cluster.run(["scancel", blocker], check=False)
         cluster.stop()
     results["meta"] = {"rounds": rounds, "idle_nodes": IDLE, "host": host(),
+                       "versions": versions(),
                        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     return results
+
+
+def versions() -> str:
+    """torch's, Lightning's and transformers' releases, as installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in ("torch", "lightning", "transformers"):
+        try:
+            out.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            out.append(f"{name} not installed")
+    return ", ".join(out)
 
 
 def section(results: dict[str, Any], command: str) -> str:
     meta = results["meta"]
     rows = ["| integration | path | grow pause | shrink pause | preemption pause | "
-            "samples lost (preemption, max) | 1-min load |", "|---|---|---|---|---|---|---|"]
+            "samples lost (preemption, max) | sample accounting | 1-min load |",
+            "|---|---|---|---|---|---|---|---|"]
     for name in (n for n in SCRIPTS if n in results):
         for path in ("inprocess", "restart"):
             r = results[name][path]
             if r.get("supported") is False:
-                rows.append(f"| {name} | {path} | — | — | — | {r['why']} | |")
+                rows.append(f"| {name} | {path} | — | — | — | {r['why']} | | |")
                 continue
             rows.append(f"| {name} | {path} | {r['grow_pause_s']:.2f} s | "
                         f"{r['shrink_pause_s']:.2f} s | {r['preempt_pause_s']:.2f} s | "
-                        f"{r['samples_lost_preempt']} | {min(r['load_1min'])}–{max(r['load_1min'])} |")
+                        f"{r['samples_lost_preempt']} | "
+                        f"{len(r['accounting_problems']) or 'clean'} | "
+                        f"{min(r['load_1min'])}–{max(r['load_1min'])} |")
     return "\n".join([
-        BEGIN, f"Measured {meta['date']} by `{command}` on {meta['host']}: {meta['rounds']} "
+        BEGIN, f"Measured {meta['date']} by `{command}` on {meta['host']} "
+        f"({meta.get('versions', 'versions not recorded')}): {meta['rounds']} "
         f"round(s) per path of preemption 3→2, grow 2→3, planned shrink 3→1, grow 1→3 "
-        "(medians over the rounds; steps paced to ≥ 0.15 s, per-rank batch 8, gloo on CPU, "
-        "a DCP checkpoint every 6 s). Pauses are from the last step of an epoch to the first "
+        "(medians over the rounds; steps paced to ≥ 0.15 s, the Trainer's micro-batches too; "
+        "per-rank batch 8 for torchrun and Lightning, a global batch of 48 for the Trainer; gloo "
+        "on CPU; a checkpoint every 6 s). Pauses are from the last step of an epoch to the first "
         "step of the next on the workers' own clocks (one paced step included); samples lost "
         "are the positions trained in the old epoch beyond the cursor the new one started from; "
-        "the load is the host's 1-min load average at the start and after each round.",
+        "sample accounting is tests/slurm/byo_logs.py's position-by-position check over all "
+        "the rounds (clean, or the number of problems); the load is the host's 1-min load "
+        "average at the start and after each round. A Trainer step at world W is 6/W paced "
+        "micro-batches, so its pauses hold up to 0.9 s of one step.",
         "", *rows, "", END])
 
 
@@ -205,8 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the JSON line of an earlier run (its last line) instead of running")
     args = p.parse_args(argv)
     names = args.integration or list(SCRIPTS)
-    command = "python bench/byo.py --json " + " ".join(
-        f"--integration {n}" for n in args.integration or []) + f" --rounds {args.rounds}"
+    command = " ".join(["python bench/byo.py --json",
+                        *(f"--integration {n}" for n in args.integration or []),
+                        f"--rounds {args.rounds}"])
     if args.source:
         results = json.loads(Path(args.source).read_text().strip().splitlines()[-1])
         command = results["meta"].get("command", command)

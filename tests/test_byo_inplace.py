@@ -184,9 +184,10 @@ def test_no_in_process_path_takes_the_restart_path_with_one_line(driver):
 @pytest.mark.torch
 @pytest.mark.parametrize("name", ["hf", "lightning"])
 def test_framework_example_grows_and_loses_a_peer_in_process(driver, name):
-    """The Trainer and Lightning examples 2 → 3 → 2 (a peer SIGKILLed): every change in
-    memory, the planned one loses nothing, the loss at most the step in flight (HF: one global
-    batch of 48 at every world size; Lightning: 8 per rank)."""
+    """The Trainer and Lightning examples 2 → 3 → 2 (a peer SIGKILLed) → 1 (planned): every
+    change in memory, the planned ones lose nothing and the leaver exits cleanly, the loss at
+    most the step in flight (HF: one global batch of 48 at every world size; Lightning: 8 per
+    rank)."""
     pytest.importorskip({"hf": "transformers"}.get(name, name))
     script, in_flight = {"hf": (HF, 48), "lightning": (LIGHTNING, 8 * 3)}[name]
     d = driver
@@ -199,15 +200,18 @@ def test_framework_example_grows_and_loses_a_peer_in_process(driver, name):
     os.kill(c.procs[0].popen.pid, signal.SIGKILL)
     e3 = d.change([a, b], abandon=True)
     d.trained(e3, 3)
+    e4 = d.change([a])                                  # planned shrink: b leaves cleanly
+    d.trained(e4, 3)
+    assert b.procs[0].popen.wait(30) == 0, "the leaver did not exit cleanly"
 
     log = read(d.tmp, "1")
     assert not problems(log), problems(log)
-    assert {e2, e3} <= log.in_memory
+    assert {e2, e3, e4} <= log.in_memory
     if name == "hf":
         assert {r.stop - r.first for rows in log.steps.values() for r in rows} == {48}
     changes = lost_per_epoch_change(log)
-    assert [c[0] for c in changes] == ["2→3", "3→2"], changes
-    assert changes[0][1] == 0 and changes[1][1] <= in_flight, changes
+    assert [c[0] for c in changes] == ["2→3", "3→2", "2→1"], changes
+    assert changes[0][1] == changes[2][1] == 0 and changes[1][1] <= in_flight, changes
 
 
 def test_framework_releases_and_layouts_outside_the_tested_ones(monkeypatch):
