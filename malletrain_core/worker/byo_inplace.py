@@ -60,6 +60,7 @@ def requested(env: Mapping[str, str] | None = None) -> bool:
 
 ENV_INPROCESS = "MALLETRAIN_INPROCESS"
 ENV_RESTARTED = "MALLETRAIN_RESTARTED"  # set across this module's own re-executions
+RESTART_WAIT_S = 120.0  # how long a process whose peer failed waits for the next membership
 
 
 def unsupported(version: str, env: Mapping[str, str] | None = None) -> str:
@@ -112,18 +113,38 @@ def restart_in_place(why: str, poll_s: float = 0.05) -> None:
         except (OSError, ValueError):
             pass
 
+    def newer() -> inplace.Membership | None:
+        new = inplace.read_membership(control)
+        return new if new is not None and new.epoch > m.epoch else None
+
+    def restart(new: inplace.Membership) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if new.leave:
+            os._exit(0)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
     def watch() -> None:
         while True:
             time.sleep(poll_s)
-            new = inplace.read_membership(control)
-            if new is None or new.epoch <= m.epoch:
-                continue
-            sys.stdout.flush()
-            sys.stderr.flush()
-            if new.leave:
-                os._exit(0)
-            os.execv(sys.executable, [sys.executable, *sys.argv])
+            new = newer()
+            if new is not None:
+                restart(new)
 
+    previous = sys.excepthook
+
+    def crashed(kind: Any, value: Any, tb: Any) -> None:
+        """A peer that left or was lost fails this process's collective, often before the new
+        membership is read: wait for it (as torchrun's restart would), else the crash stands."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while time.monotonic() < deadline:
+            new = newer()
+            if new is not None:
+                restart(new)
+            time.sleep(poll_s)
+        previous(kind, value, tb)
+
+    sys.excepthook = crashed
     threading.Thread(target=watch, name="malletrain-restart", daemon=True).start()
 
 
