@@ -57,10 +57,10 @@ class Node(nproc_tests.Node):
     """One node's control folder and its ``nproc`` processes of the example."""
 
     def __init__(self, tmp: Path, name: str, nproc: int = 1, env: dict[str, str] | None = None,
-                 script: list[str] = SCRIPT):
+                 script: list[str] = SCRIPT, control: str = ""):
         self.name = name
-        self.control = tmp / name
-        self.control.mkdir()
+        self.control = tmp / (control or name)   # a node's next process: the same folder
+        self.control.mkdir(exist_ok=bool(control))
         self.procs = []
         for i in range(nproc):
             penv = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo",
@@ -81,8 +81,9 @@ class Driver(nproc_tests.Driver):
     """tests/test_inplace_nproc.py's driver (epochs pushed to nodes) for the example."""
 
     def start(self, name: str, nproc: int = 1,  # type: ignore[override]
-              env: dict[str, str] | None = None, script: list[str] = SCRIPT) -> Node:
-        node = Node(self.tmp, name, nproc, env, script)
+              env: dict[str, str] | None = None, script: list[str] = SCRIPT,
+              control: str = "") -> Node:
+        node = Node(self.tmp, name, nproc, env, script, control)
         self.nodes.append(node)
         wait_for(lambda: inplace.is_ready(node.control, nproc), 90, f"{name} ready", self.logs)
         return node
@@ -162,7 +163,8 @@ def test_two_processes_per_node(driver):
 @pytest.mark.torch
 def test_no_in_process_path_takes_the_restart_path_with_one_line(driver):
     """``MALLETRAIN_INPROCESS=0`` (as for a torch it was not tested with): one line says why,
-    and at a change the process executes itself again and resumes from the checkpoint."""
+    and at a change the process exits with the restart code; started again on its node's
+    folder (what malletrain-run --inplace does), it joins the new epoch from the checkpoint."""
     d = driver
     off = {byo_inplace.ENV_INPROCESS: "0"}
     a, b = d.start("a", env=off), d.start("b", env=off)
@@ -170,15 +172,41 @@ def test_no_in_process_path_takes_the_restart_path_with_one_line(driver):
     d.trained(e1)
     wait_for(lambda: read(d.tmp, "1").checkpoints, 60, "a checkpoint", d.logs)  # every 2 s
     e2 = d.change([a])
+    assert a.procs[0].popen.wait(60) == training.RESTART_EXIT_CODE
+    assert b.procs[0].popen.wait(60) == 0                # b left the job
+    text = (d.tmp / "task-1_a.0.out").read_text()
+    assert text.count("turns in-process rescaling off: this job takes the restart path") == 1
+    d.members = [d.start("a2", env=off, control="a")]
     d.trained(e2)
     log = read(d.tmp, "1")
     assert not problems(log), problems(log)
     assert e2 not in log.in_memory
     (start,) = log.starts[e2]
     assert start[0] > 0, "the restarted process did not resume from the checkpoint"
-    text = (d.tmp / "task-1_a.0.out").read_text()
-    assert text.count("turns in-process rescaling off: this job takes the restart path") == 1
-    assert a.procs[0].popen.poll() is None                    # the same process id, executed again
+
+
+def test_the_launcher_starts_a_process_that_exits_with_the_restart_code_again(tmp_path):
+    """malletrain-run --inplace: a node's process that exits with the restart code is started
+    again at once with the same command and environment; the epoch keeps running."""
+    from malletrain_core.worker import launcher as mr
+    from tests import test_launcher as tl
+
+    starts = tmp_path / "starts"
+    script = (f"echo $$ >> {starts}; [ -e {tmp_path}/again ] && exec sleep 60; "
+              f"touch {tmp_path}/again; exit {training.RESTART_EXIT_CODE}")
+    workers = mr.Workers(["sh", "-c", script], dict(os.environ), 0)
+    la = mr.Launcher(mr.Identity("12", "0", "n01"), ["sh"], tl.ScriptedClient([]), None,
+                     checkpoint_dir=str(tmp_path / "ck"), control_dir=str(tmp_path),
+                     inplace=True)
+    la.workers, la.state, la.epoch = workers, "running", 3
+    try:
+        tl.wait_for(lambda: workers.poll() is not None, 30, "the first process's exit")
+        la._observe()
+        assert (la.state, la.epoch) == ("running", 3) and la.workers is not workers
+        tl.wait_for(lambda: len(starts.read_text().split()) == 2, 30, "the second start")
+        assert la.workers.poll() is None
+    finally:
+        la.shutdown()
 
 
 @pytest.mark.torch

@@ -27,8 +27,8 @@ or framework release this was not tested with, several processes per node for th
 ``MALLETRAIN_INPROCESS=0``), :func:`restart_in_place` takes the
 restart path under the same launcher, with one line saying why: the process waits for its
 membership, sets what torchrun would (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, ...), and
-executes itself again at every change, resuming from the last disk checkpoint like a
-restarted worker.
+exits with ``training.RESTART_EXIT_CODE`` at every change; ``malletrain-run --inplace`` starts
+it again at once, and it resumes from the last disk checkpoint like a restarted worker.
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ def requested(env: Mapping[str, str] | None = None) -> bool:
 
 
 ENV_INPROCESS = "MALLETRAIN_INPROCESS"
-ENV_RESTARTED = "MALLETRAIN_RESTARTED"  # set across this module's own re-executions
 RESTART_WAIT_S = 120.0  # how long a process whose peer failed waits for the next membership
 
 
@@ -86,10 +85,8 @@ def restart_in_place(why: str, poll_s: float = 0.05) -> None:
     this process's membership, set torchrun's variables for it, and watch for the next one."""
     control = Path(os.environ[training.ENV_CONTROL_DIR])
     local_rank, local_world = inplace.local_layout(os.environ)
-    if os.environ.get(ENV_RESTARTED) != "1":
-        print(f"malletrain: {why}: this job takes the restart path (the process restarts at "
-              "every membership change and resumes from the last checkpoint)",
-              file=sys.stderr, flush=True)
+    print(f"malletrain: {why}: this job takes the restart path (the process restarts at every "
+          "membership change and resumes from the last checkpoint)", file=sys.stderr, flush=True)
     (control / inplace.ready_name(local_rank, local_world)).write_text(f"{os.getpid()}\n")
     node = inplace.read_membership(control)
     while node is None:
@@ -104,8 +101,7 @@ def restart_in_place(why: str, poll_s: float = 0.05) -> None:
         "GROUP_WORLD_SIZE": str(node.world), "ROLE_RANK": str(m.rank),
         "ROLE_WORLD_SIZE": str(m.world), "LOCAL_RANK": str(local_rank),
         "LOCAL_WORLD_SIZE": str(local_world), training.ENV_EPOCH: str(m.epoch),
-        "TORCHELASTIC_RUN_ID": os.environ.get(training.ENV_JOB, "malletrain"),
-        ENV_RESTARTED: "1"})
+        "TORCHELASTIC_RUN_ID": os.environ.get(training.ENV_JOB, "malletrain")})
     if not os.environ.get(training.ENV_REPORT_ADDR):  # started ahead: the launcher wrote it
         try:
             addr, key = (control / training.REPORT_CHANNEL_NAME).read_text().split()
@@ -119,10 +115,8 @@ def restart_in_place(why: str, poll_s: float = 0.05) -> None:
 
     def restart(new: inplace.Membership) -> None:
         sys.stdout.flush()
-        sys.stderr.flush()
-        if new.leave:
-            os._exit(0)
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+        sys.stderr.flush()  # the launcher starts this command again (see RESTART_EXIT_CODE)
+        os._exit(0 if new.leave else training.RESTART_EXIT_CODE)
 
     def watch() -> None:
         while True:

@@ -11,7 +11,8 @@ exactly as for a torchrun script. What it takes over from the Trainer:
   at every world size, as on the restart path);
 * the gradients: averaged over the group before the Trainer clips them (its
   ``_clip_grad_norm``) or, without clipping, in the optimizer's step; a step the new group
-  cannot finish after a lost peer is dropped (no update, not counted, its batch trained again);
+  cannot finish after a lost peer is dropped (no update, not counted, its batch trained again;
+  the Trainer's learning-rate schedule still advances one step for it);
 * the step boundary (the callback's ``on_step_end``): the members agree on the newest epoch and
   on a checkpoint; a checkpoint is the Trainer's own ``checkpoint-N``, saved by rank 0 alone;
   after a re-form the Trainer's ``train`` is left and re-entered with the accumulation for the
@@ -126,7 +127,7 @@ class TrainerInProcess:
         callback.session.samples = float(step * self.global_batch)
         os.environ.update(_stashed)
         self.host = byo_inplace.LoopHost(callback, self.sampler, _innermost(trainer.optimizer),
-                          trainer.lr_scheduler, step)
+                                         trainer.lr_scheduler, step)
         clip = trainer._clip_grad_norm
 
         def averaged_clip(model: Any) -> Any:
@@ -180,9 +181,7 @@ class TrainerInProcess:
 
     def on_step_end(self, state: Any, control: Any) -> None:
         el = self.el
-        if el._step_failed:
-            state.global_step -= 1          # the Trainer counted a step that was dropped
-        else:
+        if not el._step_failed:  # a dropped step: the Trainer counted it, el.step does not
             first = self.sampler.boundary
             self.sampler.boundary = first + self.global_batch
             if el.cursor is not None:
