@@ -55,7 +55,7 @@ def main():
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=CountingDataset(),
                       callbacks=[mt.MalleTrainCallback()])
-    trainer.train(resume_from_checkpoint=mt.last_checkpoint(args.output_dir))
+    mt.train(trainer, resume_from_checkpoint=mt.last_checkpoint(args.output_dir))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from malletrain_core.worker import elastic
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 class ToyModel(nn.Module):
@@ -48,7 +48,7 @@ def main():
 
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    elastic.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = ToyModel().to(args.device)

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, training
+from . import byo_inplace, checkpoint, training
 from .runid import run_id
 from .sampler import ElasticBatchSampler, ElasticSampler
 
-__all__ = ["ElasticBatchSampler", "ElasticSampler", "Run", "run_id"]
+__all__ = ["ElasticBatchSampler", "ElasticSampler", "Run", "init_process_group", "run_id"]
 
 ENV_EVERY_S = "MALLETRAIN_CHECKPOINT_EVERY_S"
 ENV_LOG_EVERY = "MALLETRAIN_LOG_EVERY"
@@ -73,6 +73,19 @@ class Pacer:
             if left > 0:
                 time.sleep(left)
             self._last_t = time.monotonic()
+
+
+def init_process_group(backend: str | None = None, **kwargs: Any) -> None:
+    """``torch.distributed.init_process_group`` for a script that may rescale in process.
+
+    Under ``malletrain-run --inplace`` the membership is not known yet (and changes while the
+    process lives): a private one-process group lets the script go on (``dist.get_rank()``,
+    ``DDP(model)``) and :class:`Run` then joins the job's group (:mod:`.byo_inplace`).
+    Anywhere else it is torch's own call, torchrun's environment and all."""
+    if byo_inplace.requested():
+        byo_inplace.init_process_group(backend, **kwargs)
+    else:
+        dist.init_process_group(backend, **kwargs)
 
 
 def group_device() -> torch.device:
@@ -137,6 +150,10 @@ class Run:
         self.log_every = int(env_number(ENV_LOG_EVERY, 0))
         self.pacer = Pacer()
         self.run_id = run_id()
+        self.inprocess: byo_inplace.LoopElastic | None = None
+        if byo_inplace.active():  # malletrain-run --inplace: state from a member or disk
+            self.inprocess = byo_inplace.attach(self, model)
+            return
         if resume:
             self.resume()
         self._log(f"start step={self.app.step} epoch={self.session.epoch} "
@@ -174,6 +191,8 @@ class Run:
         """One optimiser step is done: count it, report progress, checkpoint when due.
         ``samples`` (global, this step) defaults to the sampler's batch; ``loss`` is only
         logged. Returns True when it checkpointed."""
+        if self.inprocess is not None:
+            return self.inprocess.after_step(loss, samples)
         self.app.step += 1
         trained = self.sampler.mark_trained() if self.sampler is not None else 0
         self.session.report(samples=float(trained if samples is None else samples))

@@ -5,7 +5,11 @@
     args = TrainingArguments(..., per_device_train_batch_size=8,
                              gradient_accumulation_steps=mt.accumulation(global_batch=48, per_device=8))
     trainer = Trainer(..., callbacks=[mt.MalleTrainCallback()])
-    trainer.train(resume_from_checkpoint=mt.last_checkpoint(args.output_dir))
+    mt.train(trainer, resume_from_checkpoint=mt.last_checkpoint(args.output_dir))
+
+``mt.train`` is ``trainer.train`` on the restart path; under ``malletrain-run --inplace`` it
+rescales in process (:mod:`.hf_inplace`), or, where it cannot (another transformers or torch,
+several processes per node), takes the restart path with one line saying why.
 
 The global batch is constant by default: :func:`accumulation` gives the gradient accumulation
 steps that make ``per_device × world size × steps`` equal ``global_batch`` at this epoch's world
@@ -32,10 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ..errors import MalleTrainError
-from . import training
+from . import byo_inplace, hf_inplace, training
 from .elastic import (
     ENV_LOG_EVERY,
     Pacer,
@@ -48,6 +53,29 @@ from .elastic import (
 from .runid import run_id
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+_INPROCESS_WHY = hf_inplace.unsupported(transformers.__version__) \
+    if byo_inplace.requested() else "not under malletrain-run --inplace"
+if byo_inplace.requested():  # before the Trainer reads torchrun's variables
+    if _INPROCESS_WHY:
+        byo_inplace.restart_in_place(_INPROCESS_WHY)
+    else:
+        hf_inplace.hide_layout()
+
+
+def train(trainer: Any, resume_from_checkpoint: str | None = None, **kwargs: Any) -> Any:
+    """``trainer.train(resume_from_checkpoint=...)``, in process under ``malletrain-run
+    --inplace`` (:mod:`.hf_inplace`: the process re-forms its group and re-enters ``train`` at
+    every membership change)."""
+    if _INPROCESS_WHY:
+        return trainer.train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+    callback = next((c for c in trainer.callback_handler.callbacks
+                     if isinstance(c, MalleTrainCallback)), None)
+    if callback is None:
+        raise MalleTrainError("hf.train in process needs MalleTrainCallback among the "
+                              "Trainer's callbacks")
+    callback.inprocess = hf_inplace.TrainerInProcess(trainer, callback, resume_from_checkpoint)
+    return callback.inprocess.run()
 
 
 def accumulation(global_batch: int, per_device: int, world_size: int | None = None) -> int:
@@ -81,6 +109,7 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
         self.log_every = int(env_number(ENV_LOG_EVERY, 0))
         self.pacer = Pacer()
         self.run_id = run_id()
+        self.inprocess: hf_inplace.TrainerInProcess | None = None
 
     @staticmethod
     def global_batch(args: TrainingArguments) -> int:
@@ -93,6 +122,9 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Any) -> None:
+        if self.inprocess is not None:
+            self.inprocess.on_train_begin(state)
+            return
         g = self.global_batch(args)
         self.session.samples = float(state.global_step * g)
         model = kwargs.get("model")
@@ -104,6 +136,9 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
+        if self.inprocess is not None:
+            self.inprocess.on_step_end(state, control)
+            return
         g = self.global_batch(args)
         self.session.report(samples=float(g))
         step = state.global_step
@@ -120,6 +155,11 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
         if agree(self.session.should_checkpoint()):
             control.should_save = True
 
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState,
+                     control: TrainerControl, **kwargs: Any) -> None:
+        if self.inprocess is not None:
+            self.inprocess.only_rank_zero_saves(control)
+
     def on_substep_end(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Any) -> None:
         self.pacer.wait()   # pacing is per micro-batch: the work of a step grows with them
@@ -128,5 +168,8 @@ class MalleTrainCallback(TrainerCallback):  # type: ignore[misc]
                 **kwargs: Any) -> None:
         if self.session.is_chief:
             self.session.checkpointed(state.global_step)
+        g, world = self.global_batch(args), args.world_size
+        if self.inprocess is not None:  # the Trainer sees one process
+            g, world = self.inprocess.global_batch, self.inprocess.el.world
         self._print(f"checkpoint step={state.global_step} epoch={self.session.epoch} "
-                    f"world={args.world_size} cursor={state.global_step * self.global_batch(args)}")
+                    f"world={world} cursor={state.global_step * g}")

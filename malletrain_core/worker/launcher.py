@@ -156,6 +156,7 @@ class Workers:
                  settle_s: float = 10.0) -> None:
         self.epoch = epoch
         self.settle_s = settle_s
+        self._spec = (argv, dict(env), list(local_envs))  # for again()
         self.procs: list[subprocess.Popen[bytes]] = []
         self._rc: int | None = None
         self._first_exit: float | None = None
@@ -172,6 +173,11 @@ class Workers:
     def proc(self) -> subprocess.Popen[bytes]:
         """The first process (the only one on the restart path: torchrun)."""
         return self.procs[0]
+
+    def again(self) -> Workers:
+        """The same processes started anew (same command and environment)."""
+        argv, env, local_envs = self._spec
+        return Workers(argv, env, self.epoch, local_envs=local_envs, settle_s=self.settle_s)
 
     def poll(self) -> int | None:
         """None while every process runs; else the node's exit code, once the others are
@@ -319,7 +325,12 @@ class Launcher:
     def _observe(self) -> None:
         if self.workers is not None and self.state == "running":
             rc = self.workers.poll()
-            if rc is not None:
+            if rc == training.RESTART_EXIT_CODE and self.inplace:
+                # a process taking the restart path in place: it joins the membership file's
+                # epoch when started again (worker/byo_inplace.py)
+                log.info("epoch %s: training processes restart (their restart path)", self.epoch)
+                self.workers = self.workers.again()
+            elif rc is not None:
                 log.info("epoch %s: workers exited with %s", self.epoch, rc)
                 self.state, self.rc, self.workers = "exited", rc, None
 

@@ -16,6 +16,8 @@
   the daemon asks; ``latest`` then names it.
 * :func:`last_checkpoint` is the checkpoint to resume from (None at the first start); Lightning
   loads it at the current world size.
+* Under ``malletrain-run --inplace`` both rescale in process (:mod:`.lightning_inplace`), or,
+  where they cannot, take the restart path with one line saying why.
 
 Needs ``pip install malletrain[lightning]``; the core package never imports Lightning.
 """
@@ -31,7 +33,7 @@ import lightning.pytorch as pl
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
-from . import checkpoint, training
+from . import byo_inplace, checkpoint, lightning_inplace, training
 from .elastic import (
     ENV_LOG_EVERY,
     Pacer,
@@ -44,6 +46,11 @@ from .runid import run_id
 from .sampler import ElasticSampler
 
 SUBDIR = "lightning"
+
+INPROCESS = byo_inplace.requested() and not lightning_inplace.unsupported(pl.__version__)
+"""Under ``malletrain-run --inplace``, rescaled in process (:mod:`.lightning_inplace`)."""
+if byo_inplace.requested() and not INPROCESS:  # before Lightning reads torchrun's variables
+    byo_inplace.restart_in_place(lightning_inplace.unsupported(pl.__version__))
 
 
 def checkpoint_dir() -> Path:
@@ -65,7 +72,8 @@ class _LightningSampler(ElasticSampler, DistributedSampler):  # type: ignore[mis
     """The global-cursor sampler, marked as distributed so Lightning keeps it as it is."""
 
     def __init__(self, dataset: Any, batch_size: int, shuffle: bool) -> None:
-        ElasticSampler.__init__(self, dataset, batch_size=batch_size, shuffle=shuffle)
+        alone = {"world_size": 1, "rank": 0} if INPROCESS else {}  # the job's group sets them
+        ElasticSampler.__init__(self, dataset, batch_size=batch_size, shuffle=shuffle, **alone)
 
     def __len__(self) -> int:
         """A whole data epoch at this world size: Lightning sizes every epoch by the first
@@ -81,17 +89,27 @@ class MalleTrainEnvironment(TorchElasticEnvironment):
     def detect() -> bool:
         return bool(os.environ.get(training.ENV_JOB)) or TorchElasticEnvironment.detect()
 
+    # In process (lightning_inplace), Lightning trains alone on a private group: a world of
+    # one, at the job's rank once the process joined (only rank 0 writes checkpoints).
+    @property
+    def main_address(self) -> str:
+        return "127.0.0.1" if INPROCESS else super().main_address
+
+    @property
+    def main_port(self) -> int:
+        return lightning_inplace.private_port() if INPROCESS else super().main_port
+
     def world_size(self) -> int:
-        return int(os.environ.get("WORLD_SIZE", "1"))
+        return 1 if INPROCESS else int(os.environ.get("WORLD_SIZE", "1"))
 
     def global_rank(self) -> int:
-        return int(os.environ.get("RANK", "0"))
+        return lightning_inplace.live_rank[0] if INPROCESS else int(os.environ.get("RANK", "0"))
 
     def local_rank(self) -> int:
-        return int(os.environ.get("LOCAL_RANK", "0"))
+        return 0 if INPROCESS else int(os.environ.get("LOCAL_RANK", "0"))
 
     def node_rank(self) -> int:
-        return int(os.environ.get("GROUP_RANK", "0"))
+        return 0 if INPROCESS else int(os.environ.get("GROUP_RANK", "0"))
 
     def set_world_size(self, size: int) -> None:
         pass   # the launcher's epoch decides; the Trainer's num_nodes is rewritten in setup
@@ -100,7 +118,7 @@ class MalleTrainEnvironment(TorchElasticEnvironment):
         pass
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        local = 1 if INPROCESS else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if num_devices != local:
             raise ValueError(f"Trainer(devices={num_devices}) but malletrain-run starts {local} "
                              f"workers per node: give devices={local} (--nproc-per-node)")
@@ -117,10 +135,12 @@ class MalleTrainCallback(pl.Callback):
         self.log_every = int(env_number(ENV_LOG_EVERY, 0))
         self.pacer = Pacer()
         self.run_id = run_id()
+        self.inprocess: lightning_inplace.FitInProcess | None = None
+        self._step: int | None = None  # the global step a checkpoint held (in process)
 
     # ----- setup ---------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = 1 if INPROCESS else int(os.environ.get("WORLD_SIZE", "1"))
         strategy: Any = trainer.strategy
         if hasattr(strategy, "num_nodes"):
             per_node = max(1, int(getattr(strategy, "num_processes", 1)))
@@ -150,6 +170,11 @@ class MalleTrainCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sampler is not None
+        if INPROCESS:  # join the job: state from a member, or the checkpoint just restored
+            step = self._step if self._step is not None else trainer.global_step
+            self.inprocess = lightning_inplace.FitInProcess(self, trainer, pl_module, step,
+                                                            from_disk=self._resumed)
+            return
         self._log(trainer, f"start step={trainer.global_step} "
                   f"resumed={'yes' if self._resumed else 'no'} "
                   f"cursor={self.sampler.saved_cursor} params={params_digest(pl_module)} "
@@ -159,6 +184,10 @@ class MalleTrainCallback(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.session is not None and self.sampler is not None
+        if self.inprocess is not None:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            self.inprocess.train_batch_end(float(loss) if loss is not None else None)
+            return
         samples = self.sampler.mark_trained()
         self.session.report(samples=float(samples))
         step = trainer.global_step
@@ -174,8 +203,14 @@ class MalleTrainCallback(pl.Callback):
         if trainer.strategy.broadcast(self.session.should_checkpoint(), src=0):
             self.save(trainer)
 
-    def save(self, trainer: pl.Trainer) -> str:
-        """Checkpoint now (every rank) and point ``latest`` at it."""
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: Any) -> None:
+        if self.inprocess is not None:
+            self.inprocess.before_optimizer_step(pl_module)
+
+    def save(self, trainer: pl.Trainer, quiet: bool = False) -> str:
+        """Checkpoint now (every rank; in process rank 0 alone, ``quiet``: its step line is
+        the in-process one) and point ``latest`` at it."""
         assert self.session is not None
         root = checkpoint_dir()
         if trainer.is_global_zero:
@@ -189,7 +224,7 @@ class MalleTrainCallback(pl.Callback):
             checkpoint.point_latest(root, name)
             checkpoint.prune(root, name)
             self.session.checkpointed(trainer.global_step)
-        if self.log_every > 0:
+        if self.log_every > 0 and not quiet:
             print(f"malletrain: checkpoint step={trainer.global_step} epoch={self.session.epoch} "
                   f"world={trainer.world_size} cursor={self.sampler.saved_cursor if self.sampler else -1}",
                   flush=True)
@@ -213,7 +248,10 @@ class MalleTrainCallback(pl.Callback):
         if self.sampler is None:
             return {}
         samples = self.session.samples if self.session is not None else 0.0
-        return {"sampler": self.sampler.state_dict(), "samples": samples}
+        state = {"sampler": self.sampler.state_dict(), "samples": samples}
+        if self.inprocess is not None:  # its steps: a dropped one is not Lightning's
+            state["step"] = self.inprocess.el.step
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.sampler is not None and state_dict.get("sampler") is not None:
@@ -221,3 +259,5 @@ class MalleTrainCallback(pl.Callback):
             self._resumed = True
         if self.session is not None:
             self.session.samples = float(state_dict.get("samples", 0.0))
+        if "step" in state_dict:
+            self._step = int(state_dict["step"])

@@ -62,6 +62,8 @@ class ElasticSampler:
         if (global_batch is None) == (batch_size is None):
             raise MalleTrainError("ElasticSampler: give exactly one of global_batch= (fixed) "
                                   "or batch_size= (per rank)")
+        self.per_rank_batch = int(batch_size) if batch_size is not None else None
+        """Set: the global batch follows the world size (in-process rescaling keeps it so)."""
         self.global_batch = int(global_batch) if global_batch is not None \
             else int(batch_size) * self.world_size  # type: ignore[arg-type]
         if self.num_samples < 1:

@@ -44,6 +44,9 @@ ENV_LAUNCHER_PID = "MALLETRAIN_LAUNCHER_PID"
 CHECKPOINT_NAME = "checkpoint.pt"
 REQUEST_NAME = "checkpoint-request"
 REPORT_CHANNEL_NAME = "report-channel"   # "ADDR KEYHEX", for a process started before its key
+RESTART_EXIT_CODE = 75
+"""In place, a training process that takes the restart path (a new membership it cannot join
+in process) exits with this code, and ``malletrain-run --inplace`` starts it again at once."""
 
 
 def scale_lr(base_lr: float, global_batch: int, reference_batch: int) -> float:

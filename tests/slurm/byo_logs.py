@@ -1,6 +1,6 @@
 """Reading the step lines of ``malletrain_core.worker`` integrations (``MALLETRAIN_LOG_EVERY``).
 
-    malletrain: start step=S epoch=E world=W rank=R resumed=yes|no cursor=C params=P run=ID
+    malletrain: start step=S epoch=E world=W rank=R resumed=yes|no|memory cursor=C params=P run=ID
     malletrain: step=S epoch=E world=W rank=R batch=A-B samples=N loss=L params=P run=ID t=T
     malletrain: checkpoint step=S epoch=E world=W cursor=C
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 PREFIX = r"(?:^|[^\w-])malletrain: "   # progress bars may share the line
 START = re.compile(PREFIX + r"start step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) "
-                   r"resumed=(yes|no) cursor=(-?\d+) params=(\w+) run=(\S+)")
+                   r"resumed=(yes|no|memory) cursor=(-?\d+) params=(\w+) run=(\S+)")
 STEP = re.compile(PREFIX + r"step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) batch=(\d+)-(\d+) "
                   r"samples=\d+ loss=(\S+) params=(\w+) run=(\S+) t=([\d.]+)")
 CKPT = re.compile(PREFIX + r"checkpoint step=(\d+) epoch=(\d+) world=(\d+) cursor=(-?\d+)")
@@ -44,6 +44,7 @@ class ByoLog:
 
     starts: dict[int, list[tuple[int, int, int, int, str, str]]] = field(
         default_factory=lambda: defaultdict(list))   # epoch -> (step, world, rank, cursor, params, run)
+    in_memory: set[int] = field(default_factory=set)  # epochs whose state was handed over in process
     steps: dict[int, list[Step]] = field(default_factory=lambda: defaultdict(list))
     checkpoints: list[tuple[int, int, int]] = field(default_factory=list)  # (epoch, step, cursor)
 
@@ -79,6 +80,8 @@ def read(outdir: Path, job: str) -> ByoLog:
                 g = m.groups()
                 log.starts[int(g[1])].append((int(g[0]), int(g[2]), int(g[3]), int(g[5]),
                                               g[6], g[7]))
+                if g[4] == "memory":
+                    log.in_memory.add(int(g[1]))
             elif m := CKPT.search(line):
                 log.checkpoints.append((int(m.group(2)), int(m.group(1)), int(m.group(4))))
     return log
@@ -114,7 +117,10 @@ def problems(log: ByoLog) -> list[str]:
         before = [(s, c) for e, s, c in log.checkpoints if e < epoch]
         expected = max(before) if before else (0, 0)
         got = {(s, c) for s, _, _, c, _, _ in starts}
-        if got != {expected}:
+        if epoch in log.in_memory:  # in process: every rank at the hand-over's (step, cursor)
+            if len(got) != 1:
+                out.append(f"epoch {epoch}: ranks started at (step, cursor) {sorted(got)}")
+        elif got != {expected}:
             out.append(f"epoch {epoch} resumed at (step, cursor) {sorted(got)}, the newest "
                        f"checkpoint before it was {expected}")
         if len({p for *_, p, _ in starts}) > 1:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from byo_logs import lineage, lost_per_epoch_change, problems, read
+from byo_logs import ByoLog, Step, lineage, lost_per_epoch_change, problems, read
 from slurm_helpers import running
 from test_training_e2e import daemon  # noqa: F401  (the daemon fixture)
 
@@ -68,42 +68,49 @@ def wait_gone(cluster: LocalCluster, job: str, timeout_s: float) -> None:
         ["squeue", "-h", "-j", job, "-o", "%i"], check=False).stdout.strip(), timeout_s)
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_grow_preempt_grow_back(name: str, cluster: LocalCluster,
-                                daemon: LocalDaemon, tmp_path: Path) -> None:  # noqa: F811
+def grow_preempt_grow_back(cluster: LocalCluster, malletraind: LocalDaemon, tmp_path: Path,
+                           command: list[str], inplace: bool = False
+                           ) -> tuple[Path, str, list[int], list[int]]:
+    """The scenario (see the module doc); returns the output folder, the job, the world size
+    of each phase and its first epoch."""
     outdir = tmp_path / "out"
     outdir.mkdir()
     outdir.chmod(0o777)
     total = len(cluster.node_names)
     blocker = cluster.sbatch("-p", "prod", "-N", str(total - 2), "-o", "/dev/null",
                              "--wrap", "sleep 3000")
-    if name != "torchrun":
-        pytest.importorskip({"hf": "transformers"}.get(name, name))
-    command = [arg.format(out=outdir) for arg in SCRIPTS[name]]
-    script = daemon.training_script([*ENV, *command], outdir)
+    command = [arg.format(out=outdir) for arg in command]
+    script = malletraind.training_script([*ENV, *command], outdir, inplace=inplace)
     job = cluster.sbatch("--qos=malletrain", "-N", "1-3", "--open-mode=append",
                          "--comment=profile=no", "-o", f"{outdir}/task-%A_%a.out",
                          script=script)
-    worlds = []
+    worlds, epochs = [], []
     w, epoch = wait_world(cluster, job, outdir, 240, world=2)
     worlds.append(w)
+    epochs.append(epoch)
 
-    cluster.run(["scancel", blocker])                      # grow: planned, checkpoint first
+    cluster.run(["scancel", blocker])                      # grow (restart path: checkpoint first)
     w, epoch = wait_world(cluster, job, outdir, 180, after_epoch=epoch, world=3)
     worlds.append(w)
+    epochs.append(epoch)
     time.sleep(8)                                          # a periodic checkpoint or two
 
     prod = cluster.sbatch("-p", "prod", "-N", str(total - 1), "-o", "/dev/null",
                           "--wrap", "sleep 45")            # preempts 2 of the 3 workers
     w, epoch = wait_world(cluster, job, outdir, 150, after_epoch=epoch, world=1)
     worlds.append(w)
+    epochs.append(epoch)
 
     wait_gone(cluster, prod, 120)                          # grow back
     w, epoch = wait_world(cluster, job, outdir, 180, after_epoch=epoch, world=3)
     worlds.append(w)
+    epochs.append(epoch)
     time.sleep(4)
+    return outdir, job, worlds, epochs
 
-    log = read(outdir, job)
+
+def check_training(log: ByoLog, job: str, worlds: list[int]) -> tuple[list[Step], float, float]:
+    """The checks both paths share; returns the surviving updates and the loss before/after."""
     assert worlds == [2, 3, 1, 3]
     found = problems(log)
     assert not found, "\n".join(found)
@@ -115,6 +122,17 @@ def test_grow_preempt_grow_back(name: str, cluster: LocalCluster,
     assert tail < 0.7 * head, f"loss did not go down: {head:.4f} → {tail:.4f}"
     runs = log.runs()
     assert len(runs) == 1 and next(iter(runs)).endswith(f"-{job}"), runs
+    return kept, head, tail
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_grow_preempt_grow_back(name: str, cluster: LocalCluster,
+                                daemon: LocalDaemon, tmp_path: Path) -> None:  # noqa: F811
+    if name != "torchrun":
+        pytest.importorskip({"hf": "transformers"}.get(name, name))
+    outdir, job, worlds, _ = grow_preempt_grow_back(cluster, daemon, tmp_path, SCRIPTS[name])
+    log = read(outdir, job)
+    kept, head, tail = check_training(log, job, worlds)
     changes = lost_per_epoch_change(log)
     print(f"\n{name}: worlds {worlds}; per epoch change (W→W', samples lost, pause s): "
           f"{changes}; surviving steps {len(kept)}, loss {head:.4f} → {tail:.4f}")

@@ -1,0 +1,382 @@
+"""In-process rescaling for bring-your-own loops: torchrun + DCP, and the frameworks' base.
+
+Under ``malletrain-run --inplace`` the script's process, its imports, data and model live
+across membership changes, exactly as with :class:`~.inplace.Elastic`, whose machinery this
+module drives rather than copies: the control thread, the group re-form, the in-memory
+hand-over (digest-checked), the abandon path and the in-step re-form of
+:meth:`~.inplace.Elastic.average_gradients` that keeps a step whose peer was lost.
+
+The script keeps its own loop and its own ``DDP(model)``. What changes under it:
+
+* ``elastic.init_process_group`` makes a private one-process group, so that the script's
+  ``dist.get_rank()`` and ``DDP(model)`` work before any membership is known; its DDP keeps
+  that group (an all-reduce over one process is the identity), and the real group is the
+  default group that :class:`LoopElastic` forms and re-forms.
+* ``optimizer.step`` first averages the gradients over the real group
+  (:meth:`~.inplace.Elastic.average_gradients`); a step that the new group cannot finish is
+  dropped there (no update, the sampler rewound to the last step boundary).
+* :meth:`~.elastic.Run.step` ends the step at a boundary: the members agree on the newest
+  epoch and on a DCP checkpoint (one all-reduce), and re-form when told.
+
+Disk checkpoints stay DCP's (``$MALLETRAIN_CHECKPOINT_DIR/dcp``): periodic, on the daemon's
+request, and loaded when no process holds the state (the job's first epoch, every node lost).
+
+The Hugging Face Trainer (:mod:`.hf_inplace`) and Lightning (:mod:`.lightning_inplace`) use
+:class:`LoopElastic` too, through :class:`LoopHost`. Where there is no in-process path (a torch
+or framework release this was not tested with, several processes per node for those two, or
+``MALLETRAIN_INPROCESS=0``), :func:`restart_in_place` takes the
+restart path under the same launcher, with one line saying why: the process waits for its
+membership, sets what torchrun would (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, ...), and
+exits with ``training.RESTART_EXIT_CODE`` at every change; ``malletrain-run --inplace`` starts
+it again at once, and it resumes from the last disk checkpoint like a restarted worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import inplace, training
+
+if TYPE_CHECKING:
+    from .elastic import Run
+
+TESTED_TORCH = ((2, 13),)
+"""The torch releases (major, minor) whose private process-group bookkeeping the in-process
+path relies on (:func:`.inplace._forget_default_group`); any other takes the restart path."""
+
+
+def requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs under ``malletrain-run --inplace`` (a control folder and the
+    in-place flag in its environment)."""
+    env = os.environ if env is None else env
+    return bool(env.get(training.ENV_CONTROL_DIR)) and env.get(training.ENV_INPLACE) == "1"
+
+
+ENV_INPROCESS = "MALLETRAIN_INPROCESS"
+RESTART_WAIT_S = 120.0  # how long a process whose peer failed waits for the next membership
+
+
+def unsupported(version: str, env: Mapping[str, str] | None = None) -> str:
+    """Why torch ``version`` cannot rescale in process ("" when it can)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_INPROCESS, "1").strip().lower() in ("0", "no", "off", "false"):
+        return f"{ENV_INPROCESS}={env[ENV_INPROCESS]} turns in-process rescaling off"
+    try:
+        major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return f"torch {version!r} is not a version this MalleTrain can read"
+    if (major, minor) in TESTED_TORCH:
+        return ""
+    tested = ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
+    return f"torch {major}.{minor} is not one this MalleTrain was tested with ({tested})"
+
+
+_backend: list[str] = []  # the backend the script asked for, with the private group
+
+
+def restart_in_place(why: str, poll_s: float = 0.05) -> None:
+    """Take the restart path under ``malletrain-run --inplace`` (see the module doc): wait for
+    this process's membership, set torchrun's variables for it, and watch for the next one."""
+    control = Path(os.environ[training.ENV_CONTROL_DIR])
+    local_rank, local_world = inplace.local_layout(os.environ)
+    print(f"malletrain: {why}: this job takes the restart path (the process restarts at every "
+          "membership change and resumes from the last checkpoint)", file=sys.stderr, flush=True)
+    (control / inplace.ready_name(local_rank, local_world)).write_text(f"{os.getpid()}\n")
+    node = inplace.read_membership(control)
+    while node is None:
+        time.sleep(poll_s)
+        node = inplace.read_membership(control)
+    if node.leave:
+        sys.exit(0)
+    m = node.for_process(local_rank, local_world)
+    os.environ.update({
+        "MASTER_ADDR": m.master, "MASTER_PORT": str(m.port), "RANK": str(m.rank),
+        "WORLD_SIZE": str(m.world), "GROUP_RANK": str(node.rank),
+        "GROUP_WORLD_SIZE": str(node.world), "ROLE_RANK": str(m.rank),
+        "ROLE_WORLD_SIZE": str(m.world), "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world), training.ENV_EPOCH: str(m.epoch),
+        "TORCHELASTIC_RUN_ID": os.environ.get(training.ENV_JOB, "malletrain")})
+    if not os.environ.get(training.ENV_REPORT_ADDR):  # started ahead: the launcher wrote it
+        try:
+            addr, key = (control / training.REPORT_CHANNEL_NAME).read_text().split()
+            os.environ.update({training.ENV_REPORT_ADDR: addr, training.ENV_REPORT_KEY: key})
+        except (OSError, ValueError):
+            pass
+
+    def newer() -> inplace.Membership | None:
+        new = inplace.read_membership(control)
+        return new if new is not None and new.epoch > m.epoch else None
+
+    def restart(new: inplace.Membership) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()  # the launcher starts this command again (see RESTART_EXIT_CODE)
+        os._exit(0 if new.leave else training.RESTART_EXIT_CODE)
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            new = newer()
+            if new is not None:
+                restart(new)
+
+    previous = sys.excepthook
+
+    def crashed(kind: Any, value: Any, tb: Any) -> None:
+        """A peer that left or was lost fails this process's collective, often before the new
+        membership is read: wait for it (as torchrun's restart would), else the crash stands."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while time.monotonic() < deadline:
+            new = newer()
+            if new is not None:
+                restart(new)
+            time.sleep(poll_s)
+        previous(kind, value, tb)
+
+    sys.excepthook = crashed
+    threading.Thread(target=watch, name="malletrain-restart", daemon=True).start()
+
+
+def init_process_group(backend: str | None, **kwargs: Any) -> None:
+    """Under ``malletrain-run --inplace``: a one-process default group on an in-memory store
+    (see the module doc), or the restart path's group where there is no in-process path."""
+    import torch
+    import torch.distributed as dist
+
+    why = unsupported(torch.__version__)
+    if why:
+        restart_in_place(why)
+        dist.init_process_group(backend, **kwargs)
+        return
+    _backend[:] = [backend or "gloo"]
+    dist.init_process_group(_backend[0], store=dist.HashStore(), rank=0, world_size=1)
+
+
+def active() -> bool:
+    """Whether :func:`init_process_group` took the in-process path in this process."""
+    return bool(_backend)
+
+
+class _Cursor:
+    """The sampler's position at the last step boundary, which is what is handed over: a step
+    in flight has moved the sampler past its batch, and a dropped step must train that batch
+    again."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.boundary = int(sampler.saved_cursor)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.sampler.state_dict(), "cursor": self.boundary}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+        self.boundary = int(state["cursor"])
+
+    def rewind(self) -> None:
+        self.sampler.load_state_dict(self.state_dict())
+
+
+class LoopElastic(inplace.Elastic):
+    """:class:`~.inplace.Elastic` for a loop it does not own: gradients averaged in the
+    optimizer's step, DCP checkpoints decided with the epoch agreement, the sampler kept in
+    step with the membership, and one ``start`` line per epoch for the step log."""
+
+    def __init__(self, run: Run, model: Any, backend: str, patch_optimizer: bool = True) -> None:
+        sampler = run.sampler
+        self.run = run
+        self.cursor = _Cursor(sampler) if sampler is not None else None
+        extra = {"sampler": self.cursor} if self.cursor is not None else {}
+        super().__init__(run.session, model, run.app.optimizer, run.app.scheduler,
+                         extra=extra, backend=backend, ddp=False)
+        self.resumed = "no"
+        self._averaged = False
+        if patch_optimizer:
+            self._patch_optimizer()
+
+    def _patch_optimizer(self) -> None:
+        optimizer = self.optimizer
+        if optimizer is None:
+            return
+        step = optimizer.step
+
+        def averaged_step(*args: Any, **kwargs: Any) -> Any:
+            self.average_once()
+            self._averaged = False
+            if self._step_failed:  # dropped: no update (see steps())
+                optimizer.zero_grad(set_to_none=True)
+                return None
+            return step(*args, **kwargs)
+
+        optimizer.step = averaged_step
+
+    def average_once(self) -> None:
+        """Average the gradients over the job's group, once per step (a framework may need
+        them averaged before its own step, to clip them); a step whose peer was lost and that
+        the new group cannot finish is marked dropped."""
+        if self._averaged:
+            return
+        self._averaged = True
+        try:
+            self.average_gradients()
+        except Exception as exc:
+            if not (self.world > 1 and self._is_peer_failure(exc)):
+                raise
+            self._step_failed = True
+            self._note_abandoned()
+
+    # ----- Elastic's hooks ------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        """Decided with the epoch agreement instead (:meth:`_agree`): DCP needs every rank."""
+
+    def _agree(self) -> int:
+        import torch
+        import torch.distributed as dist
+
+        m = self._newest()
+        seen = m.epoch if m is not None else -1
+        want = 1 if self.session.should_checkpoint() else 0
+        if self.world > 1:
+            t = torch.tensor([seen, want], dtype=torch.int64, device=self._device)
+            self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
+            seen, want = int(t[0]), int(t[1])
+        if want:
+            self._save()
+        return seen
+
+    def _save(self) -> None:
+        """Checkpoint now: DCP on every rank (torchrun), or the framework's own save by rank 0
+        after this step (:class:`LoopHost`)."""
+        self.run.app.step = self.step
+        self.run.checkpoint()
+        self.checkpoints.append(self.step)
+        self.run._log(f"checkpoint step={self.step} epoch={self.epoch} world={self.world} "
+                      f"cursor={self.cursor.boundary if self.cursor else -1}")
+
+    def _load(self, payload: dict[str, Any]) -> None:
+        super()._load(payload)
+        self.resumed = "memory"  # from a member, over the new group
+
+    def _resume(self) -> None:
+        self.run.resume()
+        if self.run.resumed is not None:
+            self.step = self.run.app.step
+            self.resumed_from, self.has_state, self.resumed = self.step, True, "yes"
+            if self.cursor is not None:
+                self.cursor.boundary = int(self.cursor.sampler.saved_cursor)
+
+    def _apply(self, m: inplace.Membership, kind: str) -> None:
+        if not (kind == "start" and self.resumed == "yes"):  # "yes": loaded from disk
+            self.resumed = "memory" if self.has_state else "no"
+        super()._apply(m, kind)
+        sampler = self.run.sampler
+        if sampler is not None:
+            per_rank = getattr(sampler, "per_rank_batch", None)
+            sampler.rank, sampler.world_size = self.rank, self.world
+            if per_rank:
+                sampler.global_batch = per_rank * self.world
+        self.run.app.step = self.step
+        handed = self.changes[-1] if self.changes else {}
+        self.run._log(f"start step={self.step} epoch={self.epoch} world={self.world} "
+                      f"rank={self.rank} resumed={self.resumed} "
+                      f"cursor={self.cursor.boundary if self.cursor else -1} "
+                      f"params={_params(self.model)} run={self.run.run_id} "
+                      f"reform_s={handed.get('reform_s', 0)} kind={kind} pid={os.getpid()}")
+
+    # ----- the script's side ----------------------------------------------------------
+    def start(self) -> None:
+        """Join the job: ready file, first membership, state from a member or from disk."""
+        self._steps = self.steps()
+        next(self._steps)
+
+    def after_step(self, loss: float | None, samples: float | None) -> bool:
+        """One step of the script's loop is over: count it (unless it was dropped: its batch
+        is trained again), then the step boundary (agreement, checkpoint, re-form). Returns
+        True when it checkpointed."""
+        dropped = self._step_failed
+        self._averaged = False
+        if dropped and self.cursor is not None:
+            self.cursor.rewind()
+        elif not dropped:
+            first = self.cursor.boundary if self.cursor is not None else 0
+            stop = first
+            if self.cursor is not None:
+                self.cursor.sampler.mark_trained()
+                stop = self.cursor.boundary = int(self.cursor.sampler.saved_cursor)
+            self.run.session.report(samples=float(stop - first if samples is None else samples))
+            if self.run.log_every > 0 and (self.step + 1) % self.run.log_every == 0:
+                self.run._log(
+                    f"step={self.step + 1} epoch={self.epoch} world={self.world} "
+                    f"rank={self.rank} batch={first}-{stop} samples={int(self.session.samples)} "
+                    f"loss={'nan' if loss is None else f'{float(loss):.5f}'} "
+                    f"params={_params(self.model)} run={self.run.run_id} t={_now():.3f}")
+        self.run.pacer.wait()
+        saved = len(self.checkpoints)
+        self.after_boundary()
+        return len(self.checkpoints) > saved
+
+    def after_boundary(self) -> None:
+        """The step boundary: count the step (unless dropped), agree on the newest epoch and
+        a checkpoint, re-form when the membership changed."""
+        next(self._steps)
+        self.run.app.step = self.step
+
+
+class LoopHost:
+    """What :class:`LoopElastic` uses of :class:`~.elastic.Run`, for a framework's trainer:
+    its session (from the framework's MalleTrain callback), sampler, optimizer and scheduler,
+    its log, and a checkpoint that the framework saves itself (rank 0, after this step:
+    :attr:`save_due`)."""
+
+    def __init__(self, callback: Any, sampler: Any, optimizer: Any,
+                 scheduler: Any, step: int) -> None:
+        from types import SimpleNamespace
+
+        self.session = callback.session
+        self.sampler = sampler
+        self.app = SimpleNamespace(step=step, optimizer=optimizer, scheduler=scheduler)
+        self.run_id = callback.run_id
+        self.log_every = callback.log_every
+        self.pacer = callback.pacer
+        self.resumed: Path | None = None
+        self.save_due = False
+
+    def _log(self, text: str) -> None:
+        if self.log_every > 0:
+            print(f"malletrain: {text}", flush=True)
+
+    def checkpoint(self) -> None:
+        self.save_due = True
+
+    def resume(self) -> int:
+        return self.app.step  # the framework loaded its newest checkpoint before joining
+
+
+def _params(model: Any) -> str:
+    from .elastic import params_digest
+
+    return params_digest(model)
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+def attach(run: Run, model: Any) -> LoopElastic:
+    """Take over ``run`` in process: leave the private group to the script's DDP, form the
+    job's group and get the state (called by :class:`~.elastic.Run`)."""
+    import torch.distributed as dist
+
+    module = getattr(model, "module", model)  # the script's DDP (on the private group)
+    if dist.is_initialized():
+        inplace._forget_default_group()  # kept by the script's DDP, never shut down
+    el = LoopElastic(run, module, _backend[0])
+    el.start()
+    return el
