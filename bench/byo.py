@@ -44,8 +44,8 @@ from e2e_paths import SETTINGS, STANDIN, _gone, _running, _wait  # noqa: E402
 from sections import host, replace_section  # noqa: E402
 from test_byo_e2e import ENV, SCRIPTS  # noqa: E402
 
-from malletrain_core.localcluster import LocalCluster  # noqa: E402
-from malletrain_core.localcluster.daemon import LocalDaemon  # noqa: E402
+from devtools.localcluster import LocalCluster  # noqa: E402
+from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 
 BEGIN, END = "<!-- byo:begin -->", "<!-- byo:end -->"
 INPROCESS = {"torchrun", "lightning", "hf"}

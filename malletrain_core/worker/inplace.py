@@ -294,9 +294,10 @@ ABORT_BOUND_S = 15.0
 """How long an NCCL abort may take before the process gives up on it (an abort can itself hang
 on a communicator stuck in the driver): NCCL's abort of a healthy group takes well under a
 second; the node's processes then leave and the daemon restarts them (the restart path)."""
-EXIT_ABORT_HUNG = 75
-"""The exit code of a process whose NCCL abort did not return within :data:`ABORT_BOUND_S`
-(EX_TEMPFAIL): the launcher reports the node's epoch failed and it is started afresh."""
+EXIT_ABORT_HUNG = training.RESTART_EXIT_CODE
+"""The exit code of a process whose NCCL abort did not return within :data:`ABORT_BOUND_S`:
+``malletrain-run --inplace`` starts the node's processes again at once, and the new ones join
+the membership file's epoch, taking the state from its members (the restart path)."""
 
 
 def abort_within(bound_s: float, abort: Callable[[], None] | None = None) -> bool:

@@ -21,8 +21,8 @@ from test_byo_e2e import SCRIPTS as RESTART_SCRIPTS
 from test_byo_e2e import check_training, grow_preempt_grow_back
 from test_training_e2e import daemon  # noqa: F401  (the daemon fixture)
 
-from malletrain_core.localcluster import LocalCluster
-from malletrain_core.localcluster.daemon import LocalDaemon
+from devtools.localcluster import LocalCluster
+from devtools.localcluster.daemon import LocalDaemon
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
