@@ -314,7 +314,7 @@ class LoopElastic(inplace.Elastic):
                     f"step={self.step + 1} epoch={self.epoch} world={self.world} "
                     f"rank={self.rank} batch={first}-{stop} samples={int(self.session.samples)} "
                     f"loss={'nan' if loss is None else f'{float(loss):.5f}'} "
-                    f"params={_params(self.model)} run={self.run.run_id} t={_now():.3f}")
+                    f"params={_params(self.model)} run={self.run.run_id} t={time.time():.3f}")
         self.run.pacer.wait()
         saved = len(self.checkpoints)
         self.after_boundary()
@@ -361,12 +361,6 @@ def _params(model: Any) -> str:
     from .elastic import params_digest
 
     return params_digest(model)
-
-
-def _now() -> float:
-    import time
-
-    return time.time()
 
 
 def attach(run: Run, model: Any) -> LoopElastic:
