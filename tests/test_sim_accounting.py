@@ -125,6 +125,25 @@ def test_pbs_accounting_log() -> None:
     assert trace.node_names == ("n01", "n02", "n03") and trace.idle_node_seconds() > 0
 
 
+def test_pbs_start_zero_is_not_started(tmp_path: Path) -> None:
+    """The server clears a job's start when it sends it and sets it when the MOM reports it
+    running: requeued in between, the R record says start=0 (seen on the live server)."""
+    head = "11/27/2026 04:45:{s:02d};{k};{j};queue=preemptable start={t} end=1795800000 " \
+        "exec_vnode=(n03:ncpus=2)"
+    path = tmp_path / "acct"
+    path.write_text("\n".join([
+        head.format(s=20, k="R", j="0.s", t=0),  # requeued before it started
+        head.format(s=21, k="S", j="1.s", t=1795799990),
+        head.format(s=29, k="R", j="1.s", t=0),  # started, then its R says 0: the S's start
+        "11/27/2026 04:45:30;E;2.s;queue=prod start=1795799000 end=1795800000 "
+        "exec_vnode=(n01:ncpus=2)"]) + "\n")
+    said: list[str] = []
+    log = read_accounting(path, said.append)
+    assert said == [] and log.not_run == 1
+    assert [(r.job, r.start, r.state) for r in log.runs] == [
+        ("1.s", 1795799990, "RERUN"), ("2.s", 1795799000, "ENDED")]
+
+
 def test_malformed_records_are_one_line_each_and_counted(tmp_path: Path) -> None:
     lines = SACCT_P.read_text().splitlines()
     bad = [lines[0], lines[1], "12|x|prod||COMPLETED|n01|2026-13-45T99:00:00|"

@@ -7,6 +7,10 @@ missing). The records that close a run carry all of it:
 
 * ``E`` (the job ended) and ``R`` (it was rerun: requeued, e.g. preempted) have ``start=``,
   ``end=`` and the vnodes; an ``R`` record without ``end=`` ends at the record's own time;
+  ``start=0`` is the server's "not started": it clears the start time when it sends a job to
+  its MOMs and sets it when they report it running, so a job requeued in between (preempted
+  at once, a MOM that refused it) closes with 0; such a run takes the start of its ``S``
+  record, and one without is counted as never run;
 * ``S`` (started) opens a run; one no ``E``/``R`` of the same job follows was still running
   when the log was taken and holds its vnodes to the log's end;
 * other records (``Q`` queued, ``D`` deleted, ``A`` aborted, reservations' ``B``/``Y``/``K``…)
@@ -58,7 +62,7 @@ def vnodes(attrs: dict[str, str]) -> tuple[str, ...]:
 
 
 def _seconds(text: str | None) -> float | None:
-    if text is None or text == "":
+    if text is None or text in ("", "0"):  # 0: not started (see the module doc)
         return None
     value = int(text)  # ValueError: reported with the record
     if not 0 < value < 2**40:

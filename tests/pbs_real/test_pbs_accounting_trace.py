@@ -5,6 +5,7 @@ them preempting a job of the preemptable queue (its ``R`` record), then the serv
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from pbs_real_helpers import submit, wait_state
 
@@ -17,19 +18,31 @@ from malletrain_core.sim.accounting import (
 )
 
 
+def started(log_path: Path, job_id: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log_path.exists() and f";S;{job_id};" in log_path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no S record of {job_id} in {log_path} within {timeout_s:.0f} s")
+
+
 def test_the_servers_accounting_gives_each_vnode_its_own_jobs(pbs: PbsComplex,
                                                               test_user: str) -> None:
     day = time.strftime("%Y%m%d")
     low = submit(pbs, test_user, "-q", "preemptable", "-l", "select=1:ncpus=2:host=n03",
                  script="sleep 600\n")
     wait_state(pbs, low, "R", 60)
+    log_path = pbs.root / "server" / "server_priv" / "accounting" / day
+    # State R comes when the server sends the job; its start (the S record) only when the MOM
+    # reports it running. Preempted before that, the R record says start=0: never ran.
+    started(log_path, low, 60)
     one = submit(pbs, test_user, "-q", "prod", "-l", "select=1:ncpus=2:host=n01",
                  script="sleep 2\n")
     wide = submit(pbs, test_user, "-q", "prod", "-l", "select=1:ncpus=2:host=n02+1:ncpus=2:"
                   "host=n03", "-l", "place=scatter", script="sleep 2\n")
     for job_id in (one, wide):
         wait_state(pbs, job_id, "F", 120)
-    log_path = pbs.root / "server" / "server_priv" / "accounting" / day
     said: list[str] = []
     log = read_accounting(log_path, said.append)
     assert said == [] and log.kind == "PBS accounting"
