@@ -33,6 +33,7 @@ it again at once, and it resumes from the last disk checkpoint like a restarted 
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import threading
@@ -196,6 +197,7 @@ class LoopElastic(inplace.Elastic):
                          extra=extra, backend=backend, ddp=False)
         self.resumed = "no"
         self._averaged = False
+        self._held_schedule: tuple[list[Any], Any] | None = None
         if patch_optimizer:
             self._patch_optimizer()
 
@@ -229,6 +231,31 @@ class LoopElastic(inplace.Elastic):
                 raise
             self._step_failed = True
             self._note_abandoned()
+            self._hold_schedule()
+
+    def _hold_schedule(self) -> None:
+        """Note the learning-rate schedule as it is when a step is dropped, for
+        :meth:`after_boundary` to put back: the loop still steps its scheduler after the
+        optimizer's (dropped) step, and a dropped step must not advance it. Otherwise a member
+        that took the state from a peer which finished the step (that peer's scheduler already
+        advanced for it) would advance it once more than that peer, and their learning rates,
+        then their parameters, would differ from there on."""
+        optimizer, scheduler = self.optimizer, self.scheduler
+        self._held_schedule = (
+            [group.get("lr") for group in optimizer.param_groups] if optimizer is not None
+            else [],
+            copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None)
+
+    def _restore_schedule(self) -> None:
+        held, self._held_schedule = self._held_schedule, None
+        if held is None:
+            return
+        lrs, state = held
+        if state is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(state)
+        if self.optimizer is not None:
+            for group, lr in zip(self.optimizer.param_groups, lrs):
+                group["lr"] = lr
 
     # ----- Elastic's hooks ------------------------------------------------------------
     def _checkpoint(self) -> None:
@@ -286,7 +313,8 @@ class LoopElastic(inplace.Elastic):
                       f"rank={self.rank} resumed={self.resumed} "
                       f"cursor={self.cursor.boundary if self.cursor else -1} "
                       f"params={_params(self.model)} run={self.run.run_id} "
-                      f"reform_s={handed.get('reform_s', 0)} kind={kind} pid={os.getpid()}")
+                      f"reform_s={handed.get('reform_s', 0)} kind={kind} pid={os.getpid()} "
+                      f"source={handed.get('source', 0)} sent={handed.get('sent_bytes', 0)}")
 
     # ----- the script's side ----------------------------------------------------------
     def start(self) -> None:
@@ -323,6 +351,7 @@ class LoopElastic(inplace.Elastic):
     def after_boundary(self) -> None:
         """The step boundary: count the step (unless dropped), agree on the newest epoch and
         a checkpoint, re-form when the membership changed."""
+        self._restore_schedule()
         next(self._steps)
         self.run.app.step = self.step
 

@@ -12,7 +12,7 @@ exactly as for a torchrun script. What it takes over from the Trainer:
 * the gradients: averaged over the group before the Trainer clips them (its
   ``_clip_grad_norm``) or, without clipping, in the optimizer's step; a step the new group
   cannot finish after a lost peer is dropped (no update, not counted, its batch trained again;
-  the Trainer's learning-rate schedule still advances one step for it);
+  the Trainer still steps its scheduler after it, which the step boundary undoes);
 * the step boundary (the callback's ``on_step_end``): the members agree on the newest epoch and
   on a checkpoint; a checkpoint is the Trainer's own ``checkpoint-N``, saved by rank 0 alone;
   after a re-form the Trainer's ``train`` is left and re-entered with the accumulation for the
@@ -20,7 +20,9 @@ exactly as for a torchrun script. What it takes over from the Trainer:
 
 The job's first epoch loads the newest ``checkpoint-N`` (if any) before joining; the Trainer
 then never fast-forwards its data (``ignore_data_skip``): the stream's position is the global
-step × the global batch. Tested with transformers 5.23 on CPU (gloo), one process per node.
+step × the global batch. Tested with transformers 5.23 on CPU (gloo), with one and with two
+processes per node (each a Trainer alone; on a GPU node each keeps its own GPU: :func:`own_gpu`,
+not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import byo_inplace
+from . import byo_inplace, inplace
 from .sampler import ElasticSampler
 
 TESTED_TRANSFORMERS = ((5, 23),)
@@ -51,8 +54,6 @@ def unsupported(version: str) -> str:
         major, minor = (int(p) for p in version.split(".")[:2])
     except ValueError:
         return f"transformers {version!r} is not a version this MalleTrain can read"
-    if os.environ.get("LOCAL_WORLD_SIZE", "1") not in ("", "1"):
-        return "the Trainer rescales in process with one process per node only"
     if (major, minor) not in TESTED_TRANSFORMERS:
         tested = ", ".join(f"{a}.{b}" for a, b in TESTED_TRANSFORMERS)
         return (f"transformers {major}.{minor} is not one this MalleTrain was tested with "
@@ -62,10 +63,41 @@ def unsupported(version: str) -> str:
 
 def hide_layout() -> None:
     """Keep the Trainer single-process: it must not see the first epoch's ``RANK`` and
-    ``WORLD_SIZE`` (the launcher's), which :func:`train` gives back to the job's group."""
+    ``WORLD_SIZE`` (the launcher's), which :func:`train` gives back to the job's group.
+    With several processes on a node, each keeps its own GPU (:func:`own_gpu`) first."""
+    visible = own_gpu(os.environ, _nvidia_gpus())
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
     for name in LAYOUT:
         if name in os.environ:
             _stashed[name] = os.environ.pop(name)
+
+
+def _nvidia_gpus() -> int:
+    """The node's NVIDIA GPUs, counted without starting CUDA (whose device list is fixed at
+    its first use, so ``CUDA_VISIBLE_DEVICES`` must be set before)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def own_gpu(env: Mapping[str, str], gpus: int) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` that leaves this process only its own GPU, when several
+    processes share a node (``LOCAL_WORLD_SIZE`` > 1); None to leave it as it is.
+
+    A Trainer that sees several GPUs in one process spreads each batch over all of them
+    (``DataParallel``), so every process of the node would use every GPU. The process of local
+    rank *i* keeps the *i*-th GPU the node left visible (all of them when unset), as
+    ``--device auto`` does for the other scripts; with fewer GPUs than processes they are
+    shared in turn (rank *i* keeps GPU *i* mod their number)."""
+    local_rank, local_world = inplace.local_layout(env)
+    if local_world <= 1:
+        return None
+    given = env.get("CUDA_VISIBLE_DEVICES")
+    devices = ([d.strip() for d in given.split(",") if d.strip()] if given is not None
+               else [str(i) for i in range(gpus)])
+    return devices[local_rank % len(devices)] if devices else None
 
 
 class StreamSampler(ElasticSampler):
