@@ -51,6 +51,20 @@ def test_planned_shrink_in_place_stops_only_the_leaver():
     assert running(co, "n2", 0, 10.5).kind == "stop"
 
 
+def test_a_planned_leaver_is_released_only_once_its_process_left():
+    """The next epoch starts without the leaver at once, but its node goes back to the batch
+    system only when its launcher says the process left (at the step boundary): released
+    earlier, its process is killed inside a step that the survivors are still in."""
+    co = start(("n1", "n2", "n3"))
+    co.set_target("7", ["n1", "n2"], 10.0)
+    assert co.current("7").members == ("n1", "n2")
+    assert co.draining("7") == {"n3"}  # still in epoch 0's step
+    assert running(co, "n3", 0, 10.5).kind == "stop"
+    assert co.draining("7") == {"n3"}
+    co.checkin("7", "n3", 11.0, inplace=True)  # its launcher: the process left, idle now
+    assert co.draining("7") == set()
+
+
 def test_preemption_in_place_abandons_the_step_in_flight():
     co = start()
     running(co, "n1", 0, 49.0)

@@ -255,12 +255,23 @@ class EpochCoordinator:
         return self._get(job).epoch
 
     def draining(self, job: str) -> set[str]:
-        """Nodes that left the target but still train in the running epoch: release them
-        to the batch system only once they are gone from here (after the checkpoint)."""
+        """Nodes that left the target but still train: release them to the batch system only
+        once they are gone from here (after the checkpoint).
+
+        In place that is once the leaver's launcher says its process is gone, not when the
+        next epoch starts without it: the process leaves at the next step boundary, together
+        with the others, and released before that the batch system kills it inside a step,
+        where the survivors wait for it in the step's all-reduce (up to the collective
+        timeout for a member that does not talk to it directly). The bridge's ``max_defer_s``
+        bounds the wait for a launcher that no longer checks in."""
         st = self._get(job)
         if st.epoch is None:
             return set()
-        return set(st.epoch.members) - set(st.target)
+        gone = set(st.epoch.members) - set(st.target)
+        members, target = set(st.epoch.members), set(st.target)
+        return gone | {n for n, la in st.launchers.items()
+                       if la.inplace and la.state == "running" and n not in members
+                       and n not in target}
 
     def finished(self, job: str) -> bool:
         return self._get(job).finished

@@ -127,6 +127,8 @@ def test_job_driven_2_3_1_2_in_place(cluster: LocalCluster, daemon: LocalDaemon,
     other = cluster.sbatch("--qos=malletrain", "-N", "2-2", "--comment=profile=no",
                            "-o", "/dev/null", "--chdir=/tmp", script=STANDIN)
     e2 = wait_world(cluster, outdir, job, 1, after=e1)
+    # the leavers' nodes go to the other job once their processes left (at a step boundary)
+    cluster.wait_for(f"job {other} on 2 nodes", lambda: len(nodes_of(cluster, other)) == 2, 60)
     prod(cluster, 1, "-w", nodes_of(cluster, other)[0])  # takes one of the other job's nodes
     cluster.run(["scancel", other])
     e3 = wait_world(cluster, outdir, job, 2, after=e2)
