@@ -151,6 +151,33 @@ def test_job_driven_2_3_1_2_in_place(cluster: LocalCluster, daemon: LocalDaemon,
            [("grow 2→3", e0, e1), ("shrink 3→1", e1, e2), ("grow 1→2", e2, e3)])
 
 
+def test_planned_shrink_3_2_leaves_at_a_step_boundary(cluster: LocalCluster,
+                                                     daemon: LocalDaemon, outdir: Path) -> None:
+    """Planned shrink 3 → 2 of one-process nodes (a second elastic job takes one node): the
+    leaver's node goes back to Slurm only after its process left at a step boundary, so both
+    survivors re-form as planned. Released earlier, requeuehold killed the leaver inside a
+    step: its neighbour failed at once, the other survivor waited in the all-reduce for the
+    collective timeout (pauses of 20.1, 28.7 and 20.1 s in three runs, once a restart from
+    disk; 0.09-0.10 s since)."""
+    prod(cluster, 5)
+    one = prod(cluster, 1)
+    job = submit(cluster, daemon, "1-3", outdir)
+    e0 = wait_world(cluster, outdir, job, 2, timeout_s=150)
+    cluster.run(["scancel", one])
+    e1 = wait_world(cluster, outdir, job, 3, after=e0)
+    cluster.sbatch("--qos=malletrain", "-N", "1-1", "--comment=profile=no", "-o", "/dev/null",
+                   "--chdir=/tmp", script=STANDIN)
+    e2 = wait_world(cluster, outdir, job, 2, after=e1)
+    epochs = daemon_epochs(daemon.log_text(), job)
+    assert epochs[e2][1] == "inplace" and not epochs[e2][2], epochs
+    log = read(outdir, job)
+    kinds = [c["change"]["kind"] for c in log.changes if c["change"]["epoch"] == e2]
+    assert kinds == ["planned", "planned"], f"the survivors' re-forms into epoch {e2}: {kinds}"
+    assert change(log, e1, e2)[1] == 0
+    check(outdir, job)
+    report("3→2 in place", outdir, job, [("shrink 3→2", e1, e2)])
+
+
 def test_preemption_of_one_node_then_of_every_node(cluster: LocalCluster, daemon: LocalDaemon,
                                                    outdir: Path) -> None:
     """A prod job takes one of three nodes: the survivors re-form in place (abandon) and lose
