@@ -6,10 +6,13 @@ at random (Poisson, sized for ``--load`` of the machine), ask for 1 to 1,024 nod
 for a log-normal run time (median 1 h), and each take the nodes that free up first, starting
 once all of them are free: the gaps a real machine leaves while a wide job waits. Then it
 times reading that file into a trace, and the what-if replays (one per cost model) with the
-real engine, and prints one JSON object (last line); ``--markdown`` rewrites the section of
-BENCHMARKS.md.
+real engine (in one process per cost model, at most one per core, unless ``--workers``),
+with each replay's CPU seconds beside its wall time (the cores may be shared), and where one
+replay's time goes (the restart model over ``--profile-days`` under cProfile). It prints one
+JSON object (last line); ``--markdown`` rewrites the section of BENCHMARKS.md.
 
-    python3 bench/whatif.py [--nodes 4000] [--days 30] [--jobs 50] [--workers 1] [--markdown]
+    python3 bench/whatif.py [--nodes 4000] [--days 30] [--jobs 50] [--workers N]
+                            [--profile-days 5] [--markdown]
 """
 
 from __future__ import annotations
@@ -103,6 +106,15 @@ def profile_shares(path: Path, days: float, jobs: int, seed: int, cost: str) -> 
             "shares": shares}
 
 
+def makespan(cpu_s: list[float], workers: int) -> float:
+    """Wall seconds of replays taking ``cpu_s`` each on ``workers`` idle cores, handed out in
+    order to the first free process (as the process pool does)."""
+    loads = [0.0] * max(1, workers)
+    for c in cpu_s:
+        loads[loads.index(min(loads))] += c
+    return max(loads)
+
+
 def _stamp(t: float) -> str:
     return datetime.fromtimestamp(round(t), timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -146,6 +158,9 @@ def main() -> int:
            "replays_s": round(report["timing_s"]["replays"], 1),
            "total_s": round(report["timing_s"]["total"], 1),
            "workers": report["timing_s"]["workers"],
+           "replays_on_idle_cores_s": round(makespan(
+               [m["replay_cpu_s"] for m in report["cost_models"].values()],
+               report["timing_s"]["workers"]), 1),
            "idle_node_hours": round(report["idle_node_hours"]),
            "idle_share_of_machine": round(report["idle_share_of_machine"], 4),
            "cost_models": {c: {"harvested_share": round(m["harvested_share"], 4),
@@ -181,13 +196,15 @@ def main() -> int:
             f"| total | {report['timing_s']['total']:.1f} | |",
             "",
             f"Each replay is the production engine taking every event of the month (the "
-            f"backend's node changes, the jobs' progress reports every 300 s, re-plans where "
-            f"the engine calls for one); they took {min(cpus):.0f}–{max(cpus):.0f} CPU "
-            f"seconds each (wall time above that is other processes on the same cores). "
-            "Before this measurement the same month took 175 s in one process "
-            "(`--workers 1`, 36–77 s per replay); the replays are now unchanged bit for bit "
-            "and cheaper (`Curve.at` without `np.interp`'s per-call array conversions, the "
-            "median of a few ratios without numpy), and side by side.",
+            f"backend's node changes, the jobs' progress reports every 300 s, a re-plan "
+            f"wherever the engine calls for one); they took {min(cpus):.0f}–{max(cpus):.0f} "
+            f"CPU seconds each here (wall time above that is other processes on the same "
+            f"cores), so {len(cpus)} cost models in {workers} process"
+            f"{'es' if workers != 1 else ''} need about {makespan(cpus, workers):.0f} s on "
+            f"{workers} idle core{'s' if workers != 1 else ''}. The engine's work per event is "
+            "the daemon's own, so the shares below are where a faster month has to come from: "
+            "the allocator's solve at each re-plan, and the store-learning check that runs on "
+            "every report and for every job at every re-plan.",
             *([] if profile is None else [
                 "",
                 f"Where a replay's time goes (the restart model over the first "
