@@ -20,6 +20,11 @@
 
     python3 bench/sim_to_real.py [--json] [--markdown] [--duration-s 150] [--seed 0]
     python3 bench/sim_to_real.py --from bench/results/sim_to_real --json   # replay only
+    python3 bench/sim_to_real.py --batch-system pbs [--duration-s 150]     # OpenPBS
+
+With ``--batch-system pbs`` step 1 runs a smaller workload of the same kind on the local OpenPBS
+complex (:mod:`bench.sim_to_real_pbs`), and step 2 replays the server's own accounting log
+(``server_priv/accounting/YYYYMMDD``, the prod queue's runs) instead of ``sacct``.
 
 The last line of stdout is one JSON object: ``predicted_share``, ``measured_share`` and
 ``relative_error`` of the harvested node-seconds, and the same three under ``samples``.
@@ -53,6 +58,7 @@ from malletrain_core.sim.workloads import SimJob  # noqa: E402
 
 BEGIN, END = "<!-- sim-to-real:begin -->", "<!-- sim-to-real:end -->"
 RESULTS = REPO / "bench" / "results" / "sim_to_real"
+RESULTS_PBS = REPO / "bench" / "results" / "sim_to_real_pbs"
 SACCT_FIELDS = "JobID,JobName,Partition,Reservation,State,NodeList,Start,End"
 CHECKPOINT_EVERY_S = 15.0
 """The demo's elastic jobs checkpoint this often (scripts/demo.py, CHECKPOINT_EVERY_S)."""
@@ -121,9 +127,13 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
     window = (float(measured["window"][0]), float(measured["window"][1]))
     os.environ["TZ"] = "UTC"  # the dump's times (sacct ran under TZ=UTC)
     time.tzset()
-    log = read_accounting(out / "sacct.txt", warn=None)
-    prod = [r for r in log.runs if AccountingFilter.of(skip_partitions=["preemptable"]).keeps(r)]
-    trace = runs_to_trace("demo sacct", prod, measured["node_names"], *window)
+    pbs = measured.get("batch_system") == "pbs"
+    log = read_accounting(out / str(measured.get("accounting", "sacct.txt")), warn=None)
+    keep = AccountingFilter.of(partitions=["prod"]) if pbs else \
+        AccountingFilter.of(skip_partitions=["preemptable"])
+    prod = [r for r in log.runs if keep.keeps(r)]
+    trace = runs_to_trace("demo PBS accounting" if pbs else "demo sacct", prod,
+                          measured["node_names"], *window)
     stats = measured["step_stats"]
     rate = stats["rate_per_node"]
     delays, startups = measured["grant_delays_s"], measured["startups_s"]
@@ -203,11 +213,68 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
         "window_s": round(window[1] - window[0], 1), "nodes": len(trace.node_names),
         "prod_runs": len(prod), "elastic_runs": len(log.runs) - len(prod),
         "elastic_jobs": len(jobs), "max_nodes": max_nodes,
+        **({"batch_system": "pbs"} if pbs else {}),  # Slurm's saved comparisons predate it
     }
 
 
+def pbs_lines(cmp: dict[str, Any], wall_s: float | None) -> list[str]:
+    """The section's paragraph and table for the run on the local OpenPBS complex."""
+    c = cmp["costs"]
+    real = cmp["where_idle_went"]["real"]
+
+    def pct(x: float | None) -> str:
+        return "" if x is None else f"{100 * x:+.1f} %"
+
+    return [
+        "",
+        f"**On OpenPBS.** `python3 bench/sim_to_real.py --batch-system pbs --seed "
+        f"{cmp.get('seed', 0)}` on {cmp.get('host') or 'the development machine'}"
+        + (f" (real run and replay {wall_s:.0f} s)" if wall_s else
+           " (rewritten from the saved run)") + ": the same kind of workload, smaller "
+        f"({cmp['window_s']:.0f} s, {cmp['nodes']} moms, {cmp['prod_runs']} prod runs, "
+        f"{cmp['elastic_jobs']} elastic jobs of up to {cmp['max_nodes']} nodes, stood-in "
+        "compute, in place), run on the local complex (`bench/sim_to_real_pbs.py`); the "
+        "server's own accounting log (`server_priv/accounting/YYYYMMDD`, the prod queue's "
+        "runs) replayed with the run's measured costs:",
+        "",
+        "| measure | simulator | real complex | sim − real |",
+        "| --- | ---: | ---: | ---: |",
+        f"| idle node-seconds (the same accounting records, whole s) | "
+        f"{cmp['idle_node_s']['predicted']} | {cmp['idle_node_s']['measured']} | "
+        f"{pct(cmp['idle_node_s']['relative_error'])} |",
+        f"| harvested node-seconds (inside training steps) | {cmp['predicted_node_s']} | "
+        f"{cmp['measured_node_s']} | {pct(cmp['relative_error'])} |",
+        f"| harvested share of idle | {100 * (cmp['predicted_share'] or 0):.1f} % | "
+        f"{100 * (cmp['measured_share'] or 0):.1f} % | |",
+        f"| samples trained (counters) | {cmp['samples']['predicted']} | "
+        f"{cmp['samples']['measured']} | {pct(cmp['samples']['relative_error'])} |",
+        f"| node-seconds held by elastic subjobs | {cmp['held_node_s']['predicted']} | "
+        f"{cmp['held_node_s']['measured']} | |",
+        f"| preemptions (requeued subjobs) | {cmp['preemptions']['predicted']} | "
+        f"{cmp['preemptions']['measured']} | |",
+        "",
+        f"Costs from this run: {c['rate_per_node']:.2f} samples/s per node inside steps (step "
+        f"{c['step_s']:.3f} s); a joiner's start {c['joiner_start_s']:.2f} s = a vnode's prod "
+        f"run ended → a subjob started there {c['grant_delay_s']:.2f} s (mean of "
+        f"{c['grant_delays_seen']} in the accounting log, whole seconds) + task start → first "
+        f"step {c['task_start_to_first_step_s']:.2f} s (mean of {c['startups_seen']} workers). "
+        f"The complex left {real['idle_no_task_node_s']:.0f} idle node-seconds with no subjob "
+        f"on them and held {real['held_not_in_a_step_node_s']:.0f} outside completed steps "
+        f"({real['elastic_task_starts']} subjob starts; running workers paused "
+        f"{real['member_stalls']} times, {real['member_stalls_node_s']:.0f} node-seconds; "
+        f"hand-overs at preemption {real['handover_node_s']:.0f} node-seconds over "
+        f"{real['handovers']}). The samples differ more than the node-seconds, as on Slurm: "
+        f"the step logs hold {cmp['samples_in_step_logs']} samples, the counters "
+        f"{cmp['samples']['measured']} (what a job rolled back to its checkpoint after "
+        "losing every node is not in them). The 5 % target on harvested node-seconds is "
+        + ("met" if cmp["relative_error"] is not None and abs(cmp["relative_error"]) <= 0.05
+           else "not met") + " in this run.",
+    ]
+
+
 def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
-             others: Sequence[tuple[str, dict[str, Any]]] = ()) -> str:
+             others: Sequence[tuple[str, dict[str, Any]]] = (),
+             pbs: dict[str, Any] | None = None, pbs_wall_s: float | None = None) -> str:
     c = cmp["costs"]
     real, sim = cmp["where_idle_went"]["real"], cmp["where_idle_went"]["simulator"]
 
@@ -302,6 +369,8 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
                   f"{len(every)} runs. The simulator predicted {side} ({errors}); the losses "
                   "above that it does not charge are one side of it, and the runs differ "
                   f"from each other as much (worker start-ups averaged {startups} s)."]
+    if pbs is not None:
+        lines += pbs_lines(pbs, pbs_wall_s)
     lines.append(END)
     return "\n".join(lines)
 
@@ -310,7 +379,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--from", dest="source", type=Path, default=None,
                    help="replay a saved run (sacct.txt, measured.json) instead of running one")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--batch-system", choices=("slurm", "pbs"), default="slurm",
+                   help="run on the local Slurm cluster (default) or the local OpenPBS "
+                   "complex (bench/sim_to_real_pbs.py)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"where the run is saved (default {RESULTS.relative_to(REPO)}, or "
+                   f"{RESULTS_PBS.relative_to(REPO)} with --batch-system pbs)")
     p.add_argument("--duration-s", type=float, default=150.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the comparison as JSON only")
@@ -329,21 +403,35 @@ def main() -> int:
         if os.geteuid() != 0:
             print("sim_to_real: error: run as root (the local cluster)", file=sys.stderr)
             return 1
-        out = args.out
+        out = args.out or (RESULTS_PBS if args.batch_system == "pbs" else RESULTS)
         out.mkdir(parents=True, exist_ok=True)
-        measured = run_real(out, args.duration_s, args.seed)
+        if args.batch_system == "pbs":
+            from bench.sim_to_real_pbs import run_real_pbs
+            measured = run_real_pbs(out, args.duration_s, args.seed)
+        else:
+            measured = run_real(out, args.duration_s, args.seed)
     cmp = predict(out, measured)
     wall = None if args.source is not None else time.monotonic() - t0
     (out / "comparison.json").write_text(json.dumps(cmp, indent=1) + "\n")
-    if args.markdown:
-        command = f"python3 bench/sim_to_real.py --seed {measured.get('seed', 0)}" + (
-            "" if float(measured.get("span_s", 150)) < 155 else
-            f" --duration-s {float(measured['span_s']):.0f}")
+    if args.markdown:  # one section: the Slurm run(s), then the PBS run (each the saved one
+        # when this run was the other)
+        on_pbs = cmp.get("batch_system") == "pbs"
+        slurm_cmp, slurm_measured = (
+            (json.loads((RESULTS / "comparison.json").read_text()),
+             json.loads((RESULTS / "measured.json").read_text())) if on_pbs
+            else (cmp, measured))
+        saved_pbs = RESULTS_PBS / "comparison.json"
+        pbs_cmp = cmp if on_pbs else (json.loads(saved_pbs.read_text())
+                                      if saved_pbs.is_file() else None)
+        command = f"python3 bench/sim_to_real.py --seed {slurm_measured.get('seed', 0)}" + (
+            "" if float(slurm_measured.get("span_s", 150)) < 155 else
+            f" --duration-s {float(slurm_measured['span_s']):.0f}")
         others = [(f"seed {json.loads((d / 'measured.json').read_text()).get('seed')} "
                    f"({d.name})", json.loads((d / "comparison.json").read_text()))
                   for d in args.also]
         replace_section(REPO / "BENCHMARKS.md", BEGIN, END,
-                        markdown(cmp, command, wall, others),
+                        markdown(slurm_cmp, command, None if on_pbs else wall, others,
+                                 pbs_cmp, wall if on_pbs else None),
                         "Simulator against the real cluster (sim-to-real)")
     if not args.json:
         print(json.dumps(cmp, indent=1), file=sys.stderr)

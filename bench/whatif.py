@@ -6,10 +6,13 @@ at random (Poisson, sized for ``--load`` of the machine), ask for 1 to 1,024 nod
 for a log-normal run time (median 1 h), and each take the nodes that free up first, starting
 once all of them are free: the gaps a real machine leaves while a wide job waits. Then it
 times reading that file into a trace, and the what-if replays (one per cost model) with the
-real engine, and prints one JSON object (last line); ``--markdown`` rewrites the section of
-BENCHMARKS.md.
+real engine (in one process per cost model, at most one per core, unless ``--workers``),
+with each replay's CPU seconds beside its wall time (the cores may be shared), and where one
+replay's time goes (the restart model over ``--profile-days`` under cProfile). It prints one
+JSON object (last line); ``--markdown`` rewrites the section of BENCHMARKS.md.
 
-    python3 bench/whatif.py [--nodes 4000] [--days 30] [--jobs 50] [--workers 1] [--markdown]
+    python3 bench/whatif.py [--nodes 4000] [--days 30] [--jobs 50] [--workers N]
+                            [--profile-days 5] [--markdown]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -66,6 +70,51 @@ def write_sacct(path: Path, nodes: int, days: float, load: float, seed: int) -> 
     return count
 
 
+PROFILED = {  # label -> (file, function): where a replay's time goes (cumulative, overlapping)
+    "engine, all events (Engine.handle_many)": ("engine/engine.py", "handle_many"),
+    "re-plans (Engine._replan)": ("engine/engine.py", "_replan"),
+    "believed curves (corrected_curve)": ("engine/curves.py", "corrected_curve"),
+    "allocator solve (allocator.dp.solve)": ("allocator/dp.py", "solve"),
+    "store-learning check per report and re-plan (StoreLearning._new_points)":
+        ("engine/learning.py", "_new_points"),
+    "throughput estimates (Monitor.report)": ("engine/monitor.py", "report"),
+    "simulated batch system (SimBackend.poll + execute)": ("sim/backend.py", "poll|execute"),
+}
+
+
+def profile_shares(path: Path, days: float, jobs: int, seed: int, cost: str) -> dict[str, Any]:
+    """One cost model's replay of the first ``days`` under cProfile: the share of its time
+    inside each of :data:`PROFILED` (cumulative, so they overlap; cProfile's own overhead
+    weighs on the many small calls)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    what_if(WhatIfOptions(trace=str(path), jobs=jobs, seed=seed, days=days,
+                          cost_models=(cost,)), workers=1)
+    prof.disable()
+    stats: Any = pstats.Stats(prof)
+    total = max((ct for (_, _, fn), (_, _, _, ct, _) in stats.stats.items()
+                 if fn == "replay"), default=0.0)
+    shares = {}
+    for label, (file, names) in PROFILED.items():
+        ct = sum(v[3] for (f, _, fn), v in stats.stats.items()
+                 if f.endswith(file) and fn in names.split("|"))
+        shares[label] = round(ct / total, 3) if total else None
+    return {"cost_model": cost, "days": days, "replay_s_under_cprofile": round(total, 1),
+            "shares": shares}
+
+
+def makespan(cpu_s: list[float], workers: int) -> float:
+    """Wall seconds of replays taking ``cpu_s`` each on ``workers`` idle cores, handed out in
+    order to the first free process (as the process pool does)."""
+    loads = [0.0] * max(1, workers)
+    for c in cpu_s:
+        loads[loads.index(min(loads))] += c
+    return max(loads)
+
+
 def _stamp(t: float) -> str:
     return datetime.fromtimestamp(round(t), timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -76,9 +125,14 @@ def main() -> int:
     p.add_argument("--days", type=float, default=30.0)
     p.add_argument("--load", type=float, default=0.9, help="offered load (default 0.9)")
     p.add_argument("--jobs", type=int, default=50, help="saturated training jobs (default 50)")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes for the replays (default: one per cost model, at most "
+                   "one per core)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--markdown", action="store_true", help="rewrite BENCHMARKS.md's section")
+    p.add_argument("--profile-days", type=float, default=5.0,
+                   help="also replay this many days of the restart model under cProfile, for "
+                   "where the time goes (0: skip; default 5)")
     args = p.parse_args()
     import os
     os.environ["TZ"] = "UTC"  # the file's times are UTC
@@ -94,44 +148,74 @@ def main() -> int:
         result = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed),
                          workers=args.workers)
         size_mb = path.stat().st_size / 1e6
+        profile = profile_shares(path, args.profile_days, args.jobs, args.seed, "restart") \
+            if args.profile_days > 0 else None
     report = result.report
     out = {"nodes": args.nodes, "days": args.days, "load": args.load, "sacct_jobs": jobs,
            "sacct_mb": round(size_mb, 1), "generate_s": round(gen_s, 1),
            "parse_s": round(parse_s, 2), "runs": len(log.runs),
            "trace_steps": result.trace.steps, "read_s": round(report["timing_s"]["read"], 2),
            "replays_s": round(report["timing_s"]["replays"], 1),
-           "total_s": round(report["timing_s"]["total"], 1), "workers": args.workers,
+           "total_s": round(report["timing_s"]["total"], 1),
+           "workers": report["timing_s"]["workers"],
+           "replays_on_idle_cores_s": round(makespan(
+               [m["replay_cpu_s"] for m in report["cost_models"].values()],
+               report["timing_s"]["workers"]), 1),
            "idle_node_hours": round(report["idle_node_hours"]),
            "idle_share_of_machine": round(report["idle_share_of_machine"], 4),
            "cost_models": {c: {"harvested_share": round(m["harvested_share"], 4),
                                "samples_per_s": round(m["samples_per_s"]),
                                "ub_oracle_share": round(m["ub_oracle_share"], 4),
-                               "replay_wall_s": round(m["replay_wall_s"], 1)}
-                           for c, m in report["cost_models"].items()}}
+                               "replay_wall_s": round(m["replay_wall_s"], 1),
+                               "replay_cpu_s": round(m["replay_cpu_s"], 1),
+                               "replans": m["replans"]}
+                           for c, m in report["cost_models"].items()},
+           "profile": profile}
     print(format_report(report), file=sys.stderr)
     if args.markdown:
-        walls = [m["replay_wall_s"] for m in report["cost_models"].values()]
+        models = report["cost_models"]
+        cpus = [m["replay_cpu_s"] for m in models.values()]
+        workers = report["timing_s"]["workers"]
         body = "\n".join([
             BEGIN,
             f"`python3 bench/whatif.py --nodes {args.nodes} --days {args.days:g} --jobs "
-            f"{args.jobs} --workers {args.workers}` on {host()}: a synthetic `sacct -P` month "
+            f"{args.jobs}` on {host()}: a synthetic `sacct -P` month "
             f"({jobs:,} jobs, {size_mb:.1f} MB; Poisson arrivals at {args.load:g} offered "
             "load, 1–1,024 nodes, log-normal run times with a 1-h median, each job on the "
-            "nodes that free up first) read and replayed by `malletrain admin what-if`.",
+            "nodes that free up first) read and replayed by `malletrain admin what-if`, the "
+            f"cost models in {workers} process{'es' if workers != 1 else ''} (the default: one "
+            "per cost model, at most one per core).",
             "",
-            "| step | seconds |",
-            "| --- | ---: |",
-            f"| parse sacct -P ({len(log.runs):,} runs) | {parse_s:.2f} |",
+            "| step | wall s | CPU s |",
+            "| --- | ---: | ---: |",
+            f"| parse sacct -P ({len(log.runs):,} runs) | {parse_s:.2f} | |",
             f"| read into a trace, parse included ({result.trace.steps:,} event times) | "
-            f"{report['timing_s']['read']:.2f} |",
-            *(f"| replay, {c} cost model | {m['replay_wall_s']:.1f} |"
-              for c, m in report["cost_models"].items()),
-            f"| total | {report['timing_s']['total']:.1f} |",
+            f"{report['timing_s']['read']:.2f} | |",
+            *(f"| replay, {c} cost model ({m['replans']:,} re-plans) | "
+              f"{m['replay_wall_s']:.1f} | {m['replay_cpu_s']:.1f} |" for c, m in models.items()),
+            f"| total | {report['timing_s']['total']:.1f} | |",
             "",
-            f"Reading the month takes seconds; each replay with the production engine (one "
-            f"re-plan per event time) takes {min(walls):.0f}–{max(walls):.0f} s here, so the "
-            f"{len(walls)} cost models take {report['timing_s']['total'] / 60:.1f} minutes in "
-            "one process (`--workers N` replays them side by side).",
+            f"Each replay is the production engine taking every event of the month (the "
+            f"backend's node changes, the jobs' progress reports every 300 s, a re-plan "
+            f"wherever the engine calls for one); they took {min(cpus):.0f}–{max(cpus):.0f} "
+            f"CPU seconds each here (wall time above that is other processes on the same "
+            f"cores), so {len(cpus)} cost models in {workers} process"
+            f"{'es' if workers != 1 else ''} need about {makespan(cpus, workers):.0f} s on "
+            f"{workers} idle core{'s' if workers != 1 else ''}. The engine's work per event is "
+            "the daemon's own, so the shares below are where a faster month has to come from: "
+            "the allocator's solve at each re-plan, and the store-learning check that runs on "
+            "every report and for every job at every re-plan.",
+            *([] if profile is None else [
+                "",
+                f"Where a replay's time goes (the restart model over the first "
+                f"{profile['days']:g} days under cProfile, "
+                f"{profile['replay_s_under_cprofile']:.0f} s; cumulative shares, so nested "
+                "ones overlap):",
+                "",
+                "| inside | share |",
+                "| --- | ---: |",
+                *(f"| {label} | {100 * share:.0f} % |"
+                  for label, share in profile["shares"].items() if share is not None)]),
             "",
             format_report(report).split("\n\n")[1],
             END])

@@ -8,6 +8,7 @@ meant (min > max, repeated curve points, NaN throughput, negative costs) is refu
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -76,10 +77,28 @@ class Curve:
         return cls(tuple(counts), tuple(p for _, p in pairs))
 
     def at(self, k: float) -> float:
-        """Throughput at ``k`` nodes (0 at 0)."""
+        """Throughput at ``k`` nodes (0 at 0): ``np.interp`` over (0, 0) and the points,
+        bit for bit, without its per-call array conversions. The engine reads curves point by
+        point (6 million calls in a month's what-if replay, a seventh of its time with
+        ``np.interp``); the arithmetic is numpy's own (a point hit exactly returns its value,
+        else slope × (k − left) + left value), so replays are unchanged."""
         if k <= 0:
             return 0.0
-        return float(np.interp(k, (0,) + self.nodes, (0.0,) + self.throughput))
+        nodes = self.nodes
+        j = bisect_right(nodes, k)  # nodes[j-1] <= k < nodes[j]; the (0, 0) point is j = 0
+        if j == len(nodes):
+            return float(self.throughput[-1]) if nodes else 0.0
+        x1, y1 = nodes[j], self.throughput[j]
+        x0, y0 = (nodes[j - 1], self.throughput[j - 1]) if j else (0, 0.0)
+        if x0 == k:
+            return float(y0)
+        slope = (y1 - y0) / float(x1 - x0)
+        value = slope * (k - x0) + y0
+        if value != value:  # numpy's fall-back when a slope is not finite
+            value = slope * (k - x1) + y1
+            if value != value and y0 == y1:
+                value = y0
+        return float(value)
 
     def table(self, kmax: int) -> np.ndarray:
         """Throughput at 0, 1, …, ``kmax`` nodes as a float array."""

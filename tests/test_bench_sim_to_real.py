@@ -57,3 +57,27 @@ def test_the_saved_run_replays_to_its_saved_comparison() -> None:
     assert got == saved
     assert {"predicted_share", "measured_share", "relative_error"} <= got.keys()
     assert {"predicted", "measured", "relative_error"} <= got["samples"].keys()
+
+
+def test_the_saved_pbs_run_replays_to_its_saved_comparison() -> None:
+    """--batch-system pbs: the server's accounting log of the saved run, the prod queue's runs
+    only, replayed; the idle node-seconds come from the same records on both sides."""
+    saved_dir = REPO / "bench" / "results" / "sim_to_real_pbs"
+    measured = json.loads((saved_dir / "measured.json").read_text())
+    saved = json.loads((saved_dir / "comparison.json").read_text())
+    got = s2r.predict(saved_dir, measured)
+    assert got == saved and got["batch_system"] == "pbs"
+    assert abs(got["idle_node_s"]["relative_error"]) < 1e-3
+    assert got["elastic_runs"] > 0 and got["prod_runs"] > 0
+
+
+def test_pbs_spans_keep_one_queue_and_close_open_runs() -> None:
+    pbs = pytest.importorskip("bench.sim_to_real_pbs")
+    from malletrain_core.sim.accounting import JobRun
+
+    runs = [JobRun("1", 10.0, 20.0, ("n01", "n02"), "prod"),
+            JobRun("2[1]", 21.0, None, ("n01",), "mt_preemptable"),
+            JobRun("3", 5.0, 8.0, ("n01",), "prod")]
+    assert pbs.spans(runs, "prod", (0.0, 50.0)) == {"n01": [(5.0, 8.0), (10.0, 20.0)],
+                                                    "n02": [(10.0, 20.0)]}
+    assert pbs.spans(runs, "mt_preemptable", (0.0, 50.0)) == {"n01": [(21.0, 50.0)]}

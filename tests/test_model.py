@@ -35,6 +35,18 @@ class TestCurve:
         assert CURVE.at(8) == 30.0
         assert CURVE.table(5).tolist() == pytest.approx([0.0, 10.0, 18.0, 24.0, 30.0, 30.0])
 
+    def test_at_is_numpys_interp_bit_for_bit(self) -> None:
+        """Curve.at does np.interp's arithmetic without it: replays must not move."""
+        rng = np.random.default_rng(5)
+        for _ in range(3000):
+            nodes = np.sort(rng.choice(np.arange(1, 300), size=int(rng.integers(1, 9)),
+                                       replace=False)).tolist()
+            values = (rng.random(len(nodes)) * 10.0 ** rng.integers(-3, 12)).tolist()
+            curve = Curve(tuple(nodes), tuple(values))
+            for k in (*nodes, *rng.integers(-1, 320, 4).tolist(), *(rng.random(3) * 320)):
+                want = 0.0 if k <= 0 else float(np.interp(k, (0, *nodes), (0.0, *values)))
+                assert curve.at(k) == want, (nodes, values, k)
+
     def test_below_first_point_interpolates_to_origin(self) -> None:
         curve = Curve.of([4, 8], [40.0, 60.0])
         assert curve.at(2) == pytest.approx(20.0)

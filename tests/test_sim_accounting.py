@@ -226,3 +226,21 @@ def test_what_if_report_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert {p.name for p in tmp_path.iterdir()} == {"whatif.json", "whatif.md", "idle.png",
                                                    "share.png"}
     assert "| inplace |" in (tmp_path / "whatif.md").read_text()
+
+
+def test_what_if_figures_do_not_depend_on_the_processes() -> None:
+    """The cost models replay side by side by default; one process gives the same figures."""
+    from malletrain_core.sim.whatif import WhatIfOptions, default_workers, what_if
+
+    opts = WhatIfOptions(trace=str(PBS_LOG), jobs=2,
+                         accounting=AccountingFilter.of(skip_partitions=["preemptable"]))
+    one, side = what_if(opts, workers=1).report, what_if(opts, workers=5).report
+    assert one["timing_s"]["workers"] == 1 and side["timing_s"]["workers"] == 3
+
+    def figures(report: dict) -> dict:
+        return {c: {k: v for k, v in m.items() if k not in ("replay_wall_s", "replay_cpu_s")}
+                for c, m in report["cost_models"].items()}
+
+    assert figures(one) == figures(side)
+    assert all(m["replay_cpu_s"] > 0 and m["replans"] > 0 for m in side["cost_models"].values())
+    assert 1 <= default_workers(3) <= 3 and default_workers(1) == 1

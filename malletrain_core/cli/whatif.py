@@ -45,8 +45,9 @@ def register_admin(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="draws the job set (default 0)")
     p.add_argument("--cost-models", type=_names, default=tuple(COST_MODELS),
                    help=f"comma-separated (default: {','.join(COST_MODELS)})")
-    p.add_argument("--workers", type=int, default=1,
-                   help="replay the cost models in this many processes (default 1)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="replay the cost models in this many processes (default: one per "
+                   "cost model, at most one per core)")
     p.add_argument("--out", type=Path, default=None,
                    help="write whatif.json, whatif.md, idle.png and share.png here")
     p.add_argument("--json", action="store_true", help="print whatif.json instead of a table")
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     opts = WhatIfOptions(trace=args.trace, accounting=filter_from(args), days=args.days,
                          workload=args.workload, jobs=args.jobs, seed=args.seed,
                          cost_models=args.cost_models)
-    result = what_if(opts, workers=max(1, args.workers))
+    result = what_if(opts, workers=None if args.workers is None else max(1, args.workers))
     text = format_report(result.report)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
