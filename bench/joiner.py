@@ -17,8 +17,8 @@ the joiner's own line (tests/workers/joiner_train.py):
 * **placed and formed**: ready → the first step at the grown size (the launcher tells the
   daemon, which places the node; the members re-form at their next step boundary).
 
-``--markdown FILE --compare BEFORE.json AFTER.json`` writes the section from two saved runs
-(the same bench on two versions of the code) side by side, without running anything.
+``--markdown FILE --compare BEFORE.json AFTER.json [...]`` writes the section from pairs of
+saved runs (the same bench on two versions of the code), without running anything.
 """
 
 from __future__ import annotations
@@ -58,6 +58,39 @@ LABELS = {"grant": "grant: node idle → task started (slurmctld)",
           "import_torch": "import torch (and the script's imports)", "model": "model",
           "optimizer": "optimizer (imports torch._dynamo)", "to_ready": "Elastic → ready",
           "placed_and_formed": "ready → placed and formed, first step"}
+
+
+FINDINGS = """\
+What each part is, and what of it can be cut:
+
+* *Grant.* The daemon hears of the prod job's end from the EpilogSlurmctld hook and releases
+  the task to the node within about 60 ms (the daemon's log against slurmctld's). Slurm 22.05
+  then starts it at its next scheduling pass: the background loop wakes about once a second
+  (ten 0.1-s naps, then `schedule()` when a job changed) and backfill every `bf_interval` (1 s
+  here), at the same phase through the run. The one event that runs the scheduler at once is a
+  node's epilog-complete message (`_slurm_rpc_epilog_complete`), and a prod job that ends by
+  itself on a node with no `Epilog` configured, as in the local cluster, sends none (with
+  `SlurmctldDebug=debug2` slurmctld's log shows one for each killed elastic task, none for the
+  prod jobs that ended), so nothing runs the scheduler when the node is released. About
+  half a second on average, a second at most, is Slurm's.
+* *import torch and the optimizer* are the script's own: `import torch` and, at the first
+  `torch.optim` optimizer (`Optimizer.add_param_group` is wrapped by `torch._disable_dynamo`),
+  `import torch._dynamo`, together about 3 CPU-seconds here, serial in one interpreter (an
+  import in a thread hides nothing on a CPU: `bench/gpu.py --cpu-check --parts joiner`).
+  Both vary with the host's load (the other runs on these 2 cores), hence most of the spread
+  of the totals. The demo's worker (`examples/standin_nas.py`) writes its SGD out and skips
+  the second.
+* *Launcher.* `malletrain-run --inplace` starts the training process before its first
+  check-in; the part is the task's shell, the launcher's interpreter and imports, and the
+  training interpreter's own start. Starting the process before the launcher's other imports
+  and its config was tried and not kept: from the launcher's exec to the training process's
+  first line took 0.105 s against 0.098 s before (bytecode compiled; 0.149 against 0.147 s
+  without), medians of 20 starts each on this host.
+* *Placed and formed* is MalleTrain's: the launcher notices the ready file, checks in, the
+  daemon starts the epoch, the members hear of it and re-form at their next step boundary
+  (steps of about 0.1 s here). The launcher now looks for the ready files every 10 ms (was
+  0.1 s) and the joiner's check-in wakes the members' held check-ins (was their 50-ms look).\
+"""
 
 
 def say(msg: str) -> None:
@@ -116,10 +149,16 @@ def joins(log_text: str, prods: list[tuple[str, str]],
     return out
 
 
-def run(n_joins: int, nodes: int, prod_s: float) -> dict[str, Any]:
+def run(n_joins: int, nodes: int, prod_s: float, node_epilog_s: float = 0.0) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="malletrain-joiner-"))
     work.chmod(0o755)
-    cluster = LocalCluster(nodes=nodes, root=work / "cluster")
+    extra = []
+    if node_epilog_s > 0:  # what most sites have: slurmd runs it at every job's end
+        epilog = work / "node-epilog"
+        epilog.write_text(f"#!/bin/sh\nsleep {node_epilog_s:g}\n")
+        epilog.chmod(0o755)
+        extra.append(f"Epilog={epilog}")
+    cluster = LocalCluster(nodes=nodes, root=work / "cluster", extra_conf=extra)
     say(f"starting a {nodes}-node local cluster in {work}")
     cluster.start()
     daemon = LocalDaemon(cluster, root=work / "daemon")
@@ -154,39 +193,54 @@ def run(n_joins: int, nodes: int, prod_s: float) -> dict[str, Any]:
     finally:
         daemon.stop()
         cluster.stop()
-    return {"joins": rows, "nodes": nodes, "prod_s": prod_s,
-            "median": {k: round(statistics.median(r[k] for r in rows), 3)
-                       for k in ("total", *(p[0] for p in PARTS))} if rows else {}}
+    return {"joins": rows, "nodes": nodes, "prod_s": prod_s, "node_epilog_s": node_epilog_s,
+            "median": medians(rows)}
 
 
-def section(before: dict[str, Any], after: dict[str, Any]) -> str:
-    def cell(r: dict[str, Any], key: str) -> str:
-        return f"{r['median'][key]:.2f} s" if key in r.get("median", {}) else "–"
+def medians(joins: list[dict[str, Any]]) -> dict[str, float]:
+    """The median of the total and of each part over ``joins``."""
+    return {k: round(statistics.median(j[k] for j in joins), 3)
+            for k in ("total", *(p[0] for p in PARTS))} if joins else {}
 
-    rows = [f"| {LABELS[name]} | {cell(before, name)} | {cell(after, name)} |"
-            for name, _, _ in PARTS]
-    rows.append(f"| **node idle → first step at the grown size** | **{cell(before, 'total')}** "
-                f"| **{cell(after, 'total')}** |")
-    every = [f"* {label} ({r['commit']}, {r['date']}, 1-min load {r['load']}): "
-             + ", ".join(f"{j['total']:.2f}" for j in r["joins"]) + " s"
-             for label, r in (("before", before), ("after", after))]
+
+def section(befores: list[dict[str, Any]], afters: list[dict[str, Any]]) -> str:
+    """The BENCHMARKS section: every join of the runs of each side pooled, medians side by
+    side, then each run's joins."""
+    pooled = [medians([j for r in runs for j in r["joins"]]) for runs in (befores, afters)]
+
+    def cell(side: int, key: str) -> str:
+        return f"{pooled[side][key]:.2f} s" if key in pooled[side] else "–"
+
+    rows = [f"| {LABELS[name]} | {cell(0, name)} | {cell(1, name)} |" for name, _, _ in PARTS]
+    rows.append(f"| **node idle → first step at the grown size** | **{cell(0, 'total')}** "
+                f"| **{cell(1, 'total')}** |")
+    every = [f"* {label} ({r['commit']}, {r['date']}, 1-min load {r['load']} at the end): "
+             + ", ".join(f"{j['total']:.2f}" for j in r["joins"])
+             + f" s; median {r['median']['total']:.2f} s, placed and formed "
+             f"{r['median']['placed_and_formed']:.2f} s"
+             for label, runs in (("before", befores), ("after", afters)) for r in runs]
+    after = afters[-1]
+    n = [sum(len(r["joins"]) for r in runs) for runs in (befores, afters)]
     return "\n".join([
         BEGIN,
         f"`{after['command']}` on {after['machine']}: a {after['nodes']}-node local Slurm "
         "cluster and `malletraind`, one elastic job rescaling in place on every node "
         "(tests/workers/joiner_train.py: `torch.optim.SGD`, a step of 0.1 s of waiting and a "
         "small real all-reduce over gloo); each join, a prod job pinned to one of its nodes "
-        f"runs {after['prod_s']:g} s and completes, and the node goes back to the job. Median "
-        f"over {len(before['joins'])} joins (before) and {len(after['joins'])} (after); each "
-        "part from slurmctld's log (ms) and the joiner's own timestamps:",
+        f"runs {after['prod_s']:g} s and completes, and the node goes back to the job. "
+        f"Before: the code at {befores[0]['commit']} (with this bench added), after: at "
+        f"{after['commit']}, run alternately. Median over {n[0]} joins (before) and {n[1]} "
+        "(after); each part from slurmctld's log (ms) and the joiner's own timestamps:",
         "",
         "| part | before | after |",
         "| --- | ---: | ---: |",
         *rows,
         "",
-        "Every join, node idle → first step:",
+        "Each run's joins, node idle → first step:",
         "",
         *every,
+        "",
+        FINDINGS,
         END,
     ])
 
@@ -196,22 +250,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--joins", type=int, default=6)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--prod-s", type=float, default=4.0, help="each prod job's run")
+    p.add_argument("--node-epilog-s", type=float, default=0.0, help="give the nodes an Epilog "
+                   "that takes this long (the local cluster has none; most sites have one)")
     p.add_argument("--markdown", metavar="FILE", help="rewrite the joiner section of FILE "
                    "(with --compare)")
-    p.add_argument("--compare", metavar="JSON", nargs=2, help="no run: BEFORE.json AFTER.json, "
-                   "two saved runs of this bench, side by side")
+    p.add_argument("--compare", metavar="JSON", nargs="+", help="no run: BEFORE.json "
+                   "AFTER.json [...], pairs of saved runs of this bench (the same bench on two "
+                   "versions of the code), each side's joins pooled, side by side")
     args = p.parse_args(argv)
     if args.compare:
-        before, after = (json.loads(Path(f).read_text()) for f in args.compare)
+        try:
+            runs = [json.loads(Path(f).read_text()) for f in args.compare]
+        except (OSError, ValueError) as exc:
+            p.error(f"--compare: {exc} (give the JSON files this bench printed)")
+        if len(runs) % 2:
+            p.error("--compare takes pairs: BEFORE.json AFTER.json [BEFORE.json AFTER.json ...]")
+        befores, afters = runs[0::2], runs[1::2]
         if args.markdown:
-            replace_section(Path(args.markdown), BEGIN, END, section(before, after),
+            replace_section(Path(args.markdown), BEGIN, END, section(befores, afters),
                             "Joiners: node idle → training in place")
-        print(json.dumps({"before": before["median"], "after": after["median"]}))
+        print(json.dumps({side: medians([j for r in rs for j in r["joins"]])
+                          for side, rs in (("before", befores), ("after", afters))}))
         return 0
-    if args.joins < 1 or args.nodes < 2 or args.prod_s < 4:
-        p.error("--joins must be ≥ 1, --nodes ≥ 2 and --prod-s ≥ 4 (a task is not given back "
-                "a node it left under 3 s ago)")
-    result = run(args.joins, args.nodes, args.prod_s)
+    if args.joins < 1 or args.nodes < 2 or args.prod_s < 4 or not 0 <= args.node_epilog_s <= 30:
+        p.error("--joins must be ≥ 1, --nodes ≥ 2, --prod-s ≥ 4 (a task is not given back a "
+                "node it left under 3 s ago) and --node-epilog-s between 0 and 30")
+    result = run(args.joins, args.nodes, args.prod_s, args.node_epilog_s)
     import subprocess  # noqa: PLC0415
 
     result["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
