@@ -86,6 +86,10 @@ What each part is, and what of it can be cut:
   and its config was tried and not kept: from the launcher's exec to the training process's
   first line took 0.105 s against 0.098 s before (bytecode compiled; 0.149 against 0.147 s
   without), medians of 20 starts each on this host.
+* *What the change moved* is the last part alone, placed and formed (every run's median below
+  every run's before). The launcher's and the imports' parts differ from run to run in both
+  versions with the host's load (other work shares these 2 cores; runs of either side took
+  0.9 to 1.9 s for `import torch`), and most of the difference between the totals is theirs.
 * *Placed and formed* is MalleTrain's: the launcher notices the ready file, checks in, the
   daemon starts the epoch, the members hear of it and re-form at their next step boundary
   (steps of about 0.1 s here). The launcher now looks for the ready files every 10 ms (was
@@ -211,9 +215,13 @@ def section(befores: list[dict[str, Any]], afters: list[dict[str, Any]]) -> str:
     def cell(side: int, key: str) -> str:
         return f"{pooled[side][key]:.2f} s" if key in pooled[side] else "–"
 
-    rows = [f"| {LABELS[name]} | {cell(0, name)} | {cell(1, name)} |" for name, _, _ in PARTS]
+    def each(runs: list[dict[str, Any]], key: str) -> str:
+        return ", ".join(f"{r['median'][key]:.2f}" for r in runs if key in r.get("median", {}))
+
+    rows = [f"| {LABELS[name]} | {cell(0, name)} | {cell(1, name)} | {each(befores, name)} "
+            f"| {each(afters, name)} |" for name, _, _ in PARTS]
     rows.append(f"| **node idle → first step at the grown size** | **{cell(0, 'total')}** "
-                f"| **{cell(1, 'total')}** |")
+                f"| **{cell(1, 'total')}** | {each(befores, 'total')} | {each(afters, 'total')} |")
     every = [f"* {label} ({r['commit']}, {r['date']}, 1-min load {r['load']} at the end): "
              + ", ".join(f"{j['total']:.2f}" for j in r["joins"])
              + f" s; median {r['median']['total']:.2f} s, placed and formed "
@@ -232,8 +240,8 @@ def section(befores: list[dict[str, Any]], afters: list[dict[str, Any]]) -> str:
         f"{after['commit']}, run alternately. Median over {n[0]} joins (before) and {n[1]} "
         "(after); each part from slurmctld's log (ms) and the joiner's own timestamps:",
         "",
-        "| part | before | after |",
-        "| --- | ---: | ---: |",
+        "| part | before | after | before, each run's median | after, each run's median |",
+        "| --- | ---: | ---: | --- | --- |",
         *rows,
         "",
         "Each run's joins, node idle → first step:",
