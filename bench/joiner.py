@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--prod-s", type=float, default=4.0, help="each prod job's run")
     p.add_argument("--node-epilog-s", type=float, default=0.0, help="give the nodes an Epilog "
-                   "that takes this long (the local cluster has none; most sites have one)")
+                   "that takes this long (the local cluster has none; sites commonly have one)")
     p.add_argument("--markdown", metavar="FILE", help="rewrite the joiner section of FILE "
                    "(with --compare)")
     p.add_argument("--compare", metavar="JSON", nargs="+", help="no run: BEFORE.json "
