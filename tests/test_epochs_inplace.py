@@ -267,3 +267,37 @@ def test_join_wait_s_round_trips_and_is_checked():
     from malletrain_core.errors import ValidationError
     with pytest.raises(ValidationError):
         coordinator(join_wait_s=-1.0)
+
+
+def test_a_joiners_ready_check_in_wakes_the_members_held_check_ins(monkeypatch):
+    """The joiner's check-in starts the epoch; the members' held check-ins are woken by it, not
+    left to their polling period (made longer than the hold here, so only the wake-up can
+    answer before the hold ends)."""
+    import threading
+    import time
+
+    from malletrain_core.daemon import launchers
+
+    monkeypatch.setattr(launchers, "HOLD_POLL_S", 60.0)
+    co = start()
+    co.set_target("7", ["n1", "n2", "n3"], 10.0)
+    svc = launchers.LauncherService(co, wrap_key=lambda key, uid: "wrapped",
+                                    report_addr="127.0.0.1:1", clock=lambda: 10.2)
+    got = {}
+
+    def held():
+        got["reply"] = svc.checkin(1000, {"job": "7", "node": "n1", "epoch": 0,
+                                          "state": "running", "inplace": True, "hold_s": 9})
+        got["t"] = time.monotonic()
+
+    th = threading.Thread(target=held)
+    th.start()
+    time.sleep(0.3)
+    assert "reply" not in got, "nothing new yet: the member's check-in is held"
+    t_ready = time.monotonic()
+    joiner = svc.checkin(1000, {"job": "7", "node": "n3", "inplace": True, "ready": True})
+    assert (joiner["order"]["kind"], joiner["order"]["epoch"]) == ("run", 1)
+    th.join(10)
+    order = got["reply"]["order"]
+    assert (order["kind"], order["epoch"], order["world"]) == ("run", 1, 3)
+    assert got["t"] - t_ready < 5.0, "answered by the wake-up, not by the end of the hold"

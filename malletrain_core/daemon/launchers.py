@@ -11,12 +11,13 @@ from typing import Any
 
 from ..wire.api import ApiError
 from ..wire.orders import VERSION as ORDERS_VERSION
+from ..wire.orders import EpochError
 from ..wire.reports import Report
 from .api import Dispatcher
 from .epochs import EpochCoordinator, Order
 
 MAX_HOLD_S = 10.0    # a held check-in returns after this long at most (the client waits 30 s)
-HOLD_POLL_S = 0.05   # how often a held check-in looks for a new order
+HOLD_POLL_S = 0.05   # how often a held check-in looks for a new order at the latest
 
 
 class LauncherService:
@@ -37,6 +38,10 @@ class LauncherService:
         """Launchers authenticated by job secrets: ``wrap_for_job(key_hex, job)`` wraps the
         report key with that job's secret instead of a munge credential."""
         self.report_addr = report_addr
+        self._news = threading.Condition()
+        """Notified when a check-in changed a job's epoch, checkpoint request or end: the held
+        check-ins of the other launchers look again at once instead of at their next poll (a
+        joiner's ready check-in starts the epoch that the members' held check-ins carry)."""
         self.clock = clock
         self.lock = lock or threading.Lock()
         self.admin_uids = admin_uids
@@ -80,21 +85,37 @@ class LauncherService:
         deadline = time.monotonic() + hold_s
         while True:
             with self.lock:
+                before = self._news_mark(job)
                 order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch,
                                                  state=state, rc=rc, addr=addr,
                                                  ckpt_seen=ckpt_seen, inplace=inplace,
                                                  ready=ready)
+                changed = self._news_mark(job) != before
+            if changed:
+                with self._news:
+                    self._news.notify_all()
             carry_on = (order.kind == "run" and state == "running" and order.epoch == epoch) \
                 or (order.kind == "wait" and state != "running")
-            if not carry_on or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if not carry_on or left <= 0:
                 break
-            time.sleep(HOLD_POLL_S)
+            with self._news:
+                self._news.wait(min(HOLD_POLL_S, left))
         reply: dict[str, Any] = {"order": order.to_dict()}
         if order.kind == "run" and state != "running":
             reply["key"] = self.wrap_key(key, owner) if self.wrap_for_job is None \
                 else self.wrap_for_job(key, job)
             reply["report_addr"] = self.report_addr
         return reply
+
+    def _news_mark(self, job: str) -> tuple[Any, ...]:
+        """What a held check-in's order depends on, for one job (call with the lock held)."""
+        try:
+            st = self.coordinator.state(job)
+        except EpochError:
+            return ()
+        return (st.epoch.number if st.epoch is not None else None, st.ckpt_request,
+                st.finished, st.failed_at)
 
     def acknowledge(self, verified: list[Report]) -> bool:
         """Feed the checkpoint acknowledgements among verified reports to the coordinator

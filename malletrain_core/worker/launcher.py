@@ -62,6 +62,10 @@ log = logging.getLogger("malletrain-run")
 ENV_DAEMON = "MALLETRAIN_DAEMON"
 ENV_NODE_ADDR = "MALLETRAIN_NODE_ADDR"
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+READY_POLL_S = 0.01
+"""How often the launcher looks for its processes' ready files while they start: the node is
+placed only once the daemon hears it is ready (a stat per process; was 0.1 s, about 50 ms of
+a joiner's start on average)."""
 
 
 def torchrun_argv(order: Order, command: Sequence[str], nproc_per_node: int = 1,
@@ -495,7 +499,8 @@ class Launcher:
                 return
             if waiting_ready and control.is_ready(self.control_dir, self.nproc_per_node):
                 return
-            self.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            nap = READY_POLL_S if waiting_ready else 0.1
+            self.sleep(min(nap, max(0.0, deadline - time.monotonic())))
 
     def run(self) -> int:
         backoff = self.poll_s
