@@ -40,8 +40,12 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests" / "slurm"))
 
 from byo_logs import ByoLog, problems, read  # noqa: E402
-from e2e_paths import SETTINGS, STANDIN, _gone, _running, _wait  # noqa: E402
-from sections import host, replace_section  # noqa: E402
+from e2e_paths import SETTINGS, STANDIN, _gone, _running  # noqa: E402
+from sections import (  # noqa: E402
+    host,
+    replace_section,
+    wait_until,  # noqa: E402
+)
 from test_byo_e2e import ENV, SCRIPTS  # noqa: E402
 
 from devtools.localcluster import LocalCluster  # noqa: E402
@@ -75,7 +79,7 @@ def wait_epoch(cluster: LocalCluster, outdir: Path, job: str, world: int, after:
                     return True
         return False
 
-    _wait(f"job {job} training at world {world} after epoch {after}", ok, timeout_s, 0.5)
+    wait_until(f"job {job} training at world {world} after epoch {after}", ok, timeout_s, 0.5)
     return found[0]
 
 
@@ -111,7 +115,7 @@ def one_path(cluster: LocalCluster, daemon: LocalDaemon, work: Path, name: str,
 
     def free(other: str) -> None:
         cluster.run(["scancel", other])
-        _wait(f"job {other} gone", lambda: _gone(cluster, other), 60, 0.1)
+        wait_until(f"job {other} gone", lambda: _gone(cluster, other), 60, 0.1)
 
     for r in range(rounds):
         prod = cluster.sbatch("-p", "prod", "-N", "1", "-w", _running(cluster, job)[-1],
@@ -129,7 +133,7 @@ def one_path(cluster: LocalCluster, daemon: LocalDaemon, work: Path, name: str,
               file=sys.stderr, flush=True)
     time.sleep(2)
     cluster.run(["scancel", job])
-    _wait("training job gone", lambda: _gone(cluster, job), 60, 0.5)
+    wait_until("training job gone", lambda: _gone(cluster, job), 60, 0.5)
     log = read(outdir, job)
     out: dict[str, Any] = {}
     for kind, pairs in done.items():

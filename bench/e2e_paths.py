@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "slurm"))
 
 from inplace_logs import change, daemon_epochs, read  # noqa: E402
+from sections import wait_until  # noqa: E402
 
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
@@ -54,15 +55,6 @@ def _running(cluster: LocalCluster, job: str) -> list[str]:
     return sorted(_run(cluster, "squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%N").split())
 
 
-def _wait(what: str, check: Any, timeout_s: float, interval_s: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s:g} s")
-
-
 def _world(cluster: LocalCluster, outdir: Path, job: str, world: int, after: int,
            timeout_s: float = 240.0) -> int:
     found: list[int] = []
@@ -75,7 +67,7 @@ def _world(cluster: LocalCluster, outdir: Path, job: str, world: int, after: int
             return True
         return False
 
-    _wait(f"job {job} training at world {world}", ok, timeout_s, 0.5)
+    wait_until(f"job {job} training at world {world}", ok, timeout_s, 0.5)
     return found[0]
 
 
@@ -114,7 +106,7 @@ def one_path(cluster: LocalCluster, daemon: LocalDaemon, work: Path, inplace: bo
     def free(other: str) -> float:
         """Cancel ``other``; the time its nodes are free as squeue says."""
         cluster.run(["scancel", other])
-        _wait(f"job {other} gone", lambda: _gone(cluster, other), 60, 0.05)
+        wait_until(f"job {other} gone", lambda: _gone(cluster, other), 60, 0.05)
         return time.time()
 
     for r in range(rounds):
@@ -129,12 +121,12 @@ def one_path(cluster: LocalCluster, daemon: LocalDaemon, work: Path, inplace: bo
         load.append(os.getloadavg()[0])
         print(f"[{time.strftime('%H:%M:%S')}] {name}: round {r + 1}/{rounds} done",
               file=sys.stderr, flush=True)
-    _wait("the daemon's epoch lines", lambda: e in daemon_epochs(daemon.log_text(), job), 15)
+    wait_until("the daemon's epoch lines", lambda: e in daemon_epochs(daemon.log_text(), job), 15)
     epochs = daemon_epochs(daemon.log_text(), job)
     if lost is not None:
         lost += lost_tasks(cluster, job)
     cluster.run(["scancel", job])
-    _wait("training job gone", lambda: _gone(cluster, job), 60, 0.5)
+    wait_until("training job gone", lambda: _gone(cluster, job), 60, 0.5)
     return summarize(read(outdir, job), epochs, done, load)
 
 

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from sections import host, replace_section  # noqa: E402
+from sections import host, replace_section, wait_until  # noqa: E402
 from sim_to_real_costs import elastic_starts  # noqa: E402
 
 from devtools.demo.slurmctld_log import job_times  # noqa: E402
@@ -99,15 +99,6 @@ What each part is, and what of it can be cut:
 
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def wait(what: str, check: Any, timeout_s: float, interval_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s:g} s")
 
 
 def joiner_lines(outdir: Path) -> list[dict[str, Any]]:
@@ -176,19 +167,20 @@ def run(n_joins: int, nodes: int, prod_s: float, node_epilog_s: float = 0.0) -> 
         job = cluster.sbatch("--qos=malletrain", f"-N1-{nodes}", "--comment=profile=no",
                              "--open-mode=append", "-o", f"{outdir}/task-%A_%a.out",
                              script=script)
-        wait(f"job {job} training on {nodes} nodes",
-             lambda: any(x["world"] == nodes for x in joiner_lines(outdir))
-             and len(running_nodes(cluster, job)) == nodes, 180, 0.5)
+        wait_until(f"job {job} training on {nodes} nodes",
+                   lambda: any(x["world"] == nodes for x in joiner_lines(outdir))
+                   and len(running_nodes(cluster, job)) == nodes, 180, 0.5)
         for i in range(n_joins):
             node = running_nodes(cluster, job)[-1 - i % nodes]
             t0 = time.time()
             prod = cluster.sbatch("-p", "prod", "-N", "1", "-w", node, "-t", "1",
                                   "-o", "/dev/null", "--wrap", f"sleep {prod_s:g}")
             prods.append((prod, node))
-            wait(f"join {i + 1}: {node} training again",
-                 lambda node=node, t0=t0: any(  # type: ignore[misc]
-                     x["joiner"] == node and x["exec_t"] > t0 + prod_s and x["world"] == nodes
-                     for x in joiner_lines(outdir)), 90 + prod_s, 0.3)
+            wait_until(f"join {i + 1}: {node} training again",
+                       lambda node=node, t0=t0: any(  # type: ignore[misc]
+                           x["joiner"] == node and x["exec_t"] > t0 + prod_s
+                           and x["world"] == nodes for x in joiner_lines(outdir)),
+                       90 + prod_s, 0.3)
             time.sleep(1.0)  # the members' steps settle before the next preemption
             say(f"join {i + 1}/{n_joins} on {node} done")
         cluster.run(["scancel", job], check=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -33,3 +35,14 @@ def replace_section(path: Path, begin: str, end: str, body: str, heading: str) -
     else:
         text = text.rstrip("\n") + f"\n\n## {heading}\n\n" + body + "\n"
     path.write_text(text)
+
+
+def wait_until(what: str, check: Callable[[], object], timeout_s: float,
+               interval_s: float = 0.2) -> None:
+    """Poll ``check`` until it is true; TimeoutError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what}: not within {timeout_s:g} s")
