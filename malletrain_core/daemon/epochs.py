@@ -267,11 +267,10 @@ class EpochCoordinator:
         st = self._get(job)
         if st.epoch is None:
             return set()
-        gone = set(st.epoch.members) - set(st.target)
-        members, target = set(st.epoch.members), set(st.target)
-        return gone | {n for n, la in st.launchers.items()
-                       if la.inplace and la.state == "running" and n not in members
-                       and n not in target}
+        target = set(st.target)
+        leaving = {n for n, la in st.launchers.items()
+                   if la.inplace and la.state == "running" and n not in target}
+        return (set(st.epoch.members) - target) | leaving
 
     def finished(self, job: str) -> bool:
         return self._get(job).finished

@@ -30,6 +30,8 @@ class StoreLearning:
     store: MutableMapping[str, Curve]
     seen: dict[str, int]
     """Job -> the monitor version the store last found nothing new in."""
+    far_memo: dict[tuple[int, ...], dict[int, bool]]
+    """Stored curve's scales -> scale -> :meth:`_is_far` (see :meth:`_far_from`)."""
 
     def learn(self) -> None:
         """Add to a model's stored curve a scale a running job of the model measured over a
@@ -76,10 +78,9 @@ class StoreLearning:
         """Scale → whether it is :data:`GAP` away from every scale of ``stored``, remembered
         per stored curve: this check runs for every job at every report and re-plan (28 % of
         a month's replay in the what-if profile), over few distinct scales and curves."""
-        memo: dict[tuple[int, ...], dict[int, bool]] = self.__dict__.setdefault("_far_memo", {})
-        if stored not in memo and len(memo) >= 256:
-            memo.clear()  # curves the store no longer holds: bounded for a long-lived daemon
-        return memo.setdefault(stored, {})
+        if stored not in self.far_memo and len(self.far_memo) >= 256:
+            self.far_memo.clear()  # curves the store no longer holds: bounded for a daemon
+        return self.far_memo.setdefault(stored, {})
 
     def settled(self, job_id: str, full_only: bool = False) -> dict[int, float]:
         """The job's estimates over a full window (all of them where none is full, unless

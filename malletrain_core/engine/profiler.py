@@ -152,6 +152,7 @@ class Advisor(StoreLearning):
         self.sent_back: list[str] = []
         self.remeasured: set[tuple[str, int]] = set()  # (job, scale): measured again once
         self.seen: dict[str, int] = {}  # job -> monitor version the store last learned from
+        self.far_memo: dict[tuple[int, ...], dict[int, bool]] = {}
 
     # ------------------------------------------------------------- queries
     def profiling_model(self, model: str) -> bool:
