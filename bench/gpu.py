@@ -73,7 +73,7 @@ HEADING = "GPU: the in-place path on NCCL"
 RESULT = "RESULT "
 STALE_NUMEL = 1 << 28          # 1 GiB of float32: a collective long enough to race a read
 STEP_LINE = re.compile(r"^(start )?step=\d+ ")  # train_elastic.py: its start, then each step
-PARTS = ("stale", "communicator", "reform", "elastic", "joiner", "examples")
+PARTS = ("stale", "communicator", "reform", "elastic", "joiner", "leak", "examples")
 
 
 def say(msg: str) -> None:
@@ -271,7 +271,38 @@ def child_reform(spec: dict[str, Any]) -> dict[str, Any]:
         rows["init_s"].append(t2 - t1)
         rows["first_allreduce_s"].append(t3 - t2)
         rows["pause_s"].append(t3 - t0)
+    # The way Elastic re-forms now: the old group forgotten, shut down in a thread, the new
+    # one formed beside it and trained on at once; all-reduces are counted until the old
+    # group's shut-down returns.
+    for key in ("side_pause_s", "side_teardown_s", "side_overlap_ops"):
+        rows[key] = []
+    for i in range(spec["rounds"]):
+        t0 = time.perf_counter()
+        side = _Beside(inplace._shutdown_group)
+        _group(spec, store, dev, f"s{i}")
+        dist.all_reduce(x)
+        _sync(dev)
+        rows["side_pause_s"].append(time.perf_counter() - t0)
+        ops = 0
+        while not side.done.is_set():
+            dist.all_reduce(x)
+            _sync(dev)
+            ops += 1
+        rows["side_teardown_s"].append(side.seconds)
+        rows["side_overlap_ops"].append(float(ops))
     action = inplace.abandon_action(dist.get_backend())
+    if action == "abort":  # NCCL: the abort beside the new group, as Elastic lets it go
+        rows["bg_abandon_pause_s"], rows["bg_abort_s"] = [], []
+        for i in range(spec["abandons"]):
+            dist.all_reduce(x, async_op=True)  # an operation in flight when the group goes
+            t0 = time.perf_counter()
+            side = _Beside(inplace._abort_group)
+            _group(spec, store, dev, f"b{i}")
+            dist.all_reduce(x)
+            _sync(dev)
+            rows["bg_abandon_pause_s"].append(time.perf_counter() - t0)
+            side.done.wait(60)
+            rows["bg_abort_s"].append(side.seconds)
     let_go = inplace._abort_default_group if action == "abort" else inplace._forget_default_group
     error = ""
     try:
@@ -292,22 +323,50 @@ def child_reform(spec: dict[str, Any]) -> dict[str, Any]:
     return {"abandon_action": action, **rows, **({"abandon_error": error} if error else {})}
 
 
+class _Beside:
+    """The current default group, forgotten and let go in a thread (``seconds`` once done)."""
+
+    def __init__(self, let_go: Any) -> None:
+        import torch.distributed as dist
+
+        from malletrain_core.worker import inplace
+
+        group = dist.group.WORLD
+        inplace._forget_default_group()
+        self.done = threading.Event()
+        self.seconds = 0.0
+        started = time.perf_counter()
+
+        def body(g: Any = group) -> None:
+            try:
+                let_go(g)
+            finally:
+                self.seconds = time.perf_counter() - started
+                self.done.set()
+
+        del group
+        threading.Thread(target=body, daemon=True).start()
+
+
 def child_joiner(spec: dict[str, Any]) -> dict[str, Any]:
     """A joiner's start-up, part by part, from this process's start (``spec["spawned"]``).
 
-    The first optimizer's cost is mostly ``import torch._dynamo`` (``Optimizer.add_param_group``
-    is wrapped by ``torch._disable_dynamo``, which imports it on its first call; the optimizer's
-    first ``step`` imports it in any case): timed apart as ``dynamo_import_s``. With
-    ``spec["warm"]`` that import runs in a thread started right after ``import torch``, beside
-    the CUDA context and the model (whose driver calls release the GIL): the variant that shows
-    how much of it a joiner can hide."""
+    ``plain``: as torch does it, the first optimizer importing ``torch._dynamo``
+    (``Optimizer.add_param_group`` is wrapped by ``torch._disable_dynamo``; the first ``step``
+    imports it too), timed apart as ``dynamo_import_s``. ``deferred``: as a MalleTrain
+    training process starts (``worker.startup.defer_dynamo``, what ``training.Session`` does),
+    where nothing imports it; ``dynamo_loaded`` says whether anything did after all."""
     t0 = time.time()
     import torch  # noqa: PLC0415 - the import is what is timed
     t1 = time.time()
-    warm = None
-    if spec.get("warm"):
-        warm = threading.Thread(target=importlib.import_module, args=("torch._dynamo",))
-        warm.start()
+    deferred = bool(spec.get("deferred"))
+    if deferred:
+        from malletrain_core.worker import startup
+
+        startup.defer_dynamo()
+    else:
+        os.environ["MALLETRAIN_DEFER_DYNAMO"] = "0"
+    t1d = time.time()
     dev = torch.device("cuda", 0) if spec["backend"] == "nccl" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -318,9 +377,8 @@ def child_joiner(spec: dict[str, Any]) -> dict[str, Any]:
     model = nas.Network(nas.random_cell(3)).to(dev)
     _sync(dev)
     t3 = time.time()
-    if warm is not None:
-        warm.join()
-    importlib.import_module("torch._dynamo")
+    if not deferred:
+        importlib.import_module("torch._dynamo")
     t3d = time.time()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     t4 = time.time()
@@ -334,10 +392,11 @@ def child_joiner(spec: dict[str, Any]) -> dict[str, Any]:
         _sync(dev)
         marks.append(time.time())
     return {"interpreter_s": t0 - spec["spawned"], "import_torch_s": t1 - t0,
-            "cuda_context_s": t2 - t1, "model_s": t3 - t2, "dynamo_import_s": t3d - t3,
-            "optimizer_s": t4 - t3d,
+            "defer_s": t1d - t1, "cuda_context_s": t2 - t1d, "model_s": t3 - t2,
+            "dynamo_import_s": t3d - t3, "optimizer_s": t4 - t3d,
             "first_step_s": marks[1] - marks[0], "second_step_s": marks[2] - marks[1],
-            "ready_s": t4 - spec["spawned"], "total_s": marks[2] - spec["spawned"]}
+            "ready_s": t4 - spec["spawned"], "total_s": marks[2] - spec["spawned"],
+            "dynamo_loaded": float("torch._dynamo" in sys.modules)}
 
 
 def child_elastic(spec: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +412,7 @@ def child_elastic(spec: dict[str, Any]) -> dict[str, Any]:
     model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     el = inplace.Elastic(session, model, opt, backend=spec["backend"], collective_timeout_s=60)
-    shown = 0
+    shown = retired = 0
     for _step in el.steps(0):
         with el.guard():
             x = torch.randn(64, 256, device=dev)
@@ -366,11 +425,28 @@ def child_elastic(spec: dict[str, Any]) -> dict[str, Any]:
         for change in el.changes[shown:]:
             print(json.dumps({"change": change}), flush=True)
         shown = len(el.changes)
+        for gone in el.retired[retired:]:
+            print(json.dumps({"retired": gone}), flush=True)
+        retired = len(el.retired)
         print(json.dumps({"t": time.time(), "step": el.step, "epoch": el.epoch,
-                          "failed": el._step_failed}), flush=True)
+                          "failed": el._step_failed, **_footprint(dev)}), flush=True)
         time.sleep(spec["sleep"])
     el.close()
     return {}
+
+
+def _footprint(dev: Any) -> dict[str, float]:
+    """This process's resident memory, threads and (CUDA) allocated and reserved memory."""
+    import torch
+
+    with open("/proc/self/status") as f:
+        status = dict(ln.split(":", 1) for ln in f if ":" in ln)
+    out = {"rss_mb": int(status["VmRSS"].split()[0]) / 1024,
+           "threads": float(int(status["Threads"]))}
+    if dev.type == "cuda":
+        out["gpu_allocated_mb"] = torch.cuda.memory_allocated(dev) / 2**20
+        out["gpu_reserved_mb"] = torch.cuda.memory_reserved(dev) / 2**20
+    return out
 
 
 def _load_example(name: str) -> Any:
@@ -419,9 +495,16 @@ class Budget:
 BUDGET = Budget(3600.0)  # replaced by run() with --budget-s
 
 
-def _env(rank: int = 0, extra: dict[str, str] | None = None) -> dict[str, str]:
+def _env(rank: int | None = 0, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A child's environment; ``rank`` None: an example, started as a user would, with no
+    ``LOCAL_RANK`` (the Hugging Face Trainer takes one without ``RANK`` for an ``env://``
+    group and fails)."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               LOCAL_RANK=str(rank), PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1")
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    if rank is not None:
+        env["LOCAL_RANK"] = str(rank)
     env.update(extra or {})
     return env
 
@@ -506,15 +589,17 @@ def part_reform(backend: str, world: int, rounds: int, abandons: int) -> dict[st
 
 
 def part_joiner(backend: str, runs: int) -> dict[str, Any]:
-    """Fresh joiners, the plain ones and those importing torch._dynamo in a thread
-    (``warm``), alternated so that both see the same machine."""
-    rows: dict[str, list[dict[str, Any]]] = {"plain": [], "warm": []}
+    """Fresh joiners as torch starts them (``plain``) and as a MalleTrain training process
+    does (``deferred``, no ``torch._dynamo``), alternated so that both see the same machine."""
+    rows: dict[str, list[dict[str, Any]]] = {"plain": [], "deferred": []}
     for _ in range(runs):
         for kind in rows:
             rows[kind].append(run_children("joiner", [{"backend": backend, "rank": 0,
-                                                       "warm": kind == "warm"}], 240)[0])
+                                                       "deferred": kind == "deferred"}],
+                                           240)[0])
     plain = {k: spread([r[k] for r in rows["plain"]]) for k in rows["plain"][0]}
-    return {**plain, "warm": {k: spread([r[k] for r in rows["warm"]]) for k in rows["warm"][0]}}
+    return {**plain, "deferred": {k: spread([r[k] for r in rows["deferred"]])
+                                  for k in rows["deferred"][0]}}
 
 
 class Lines:
@@ -627,6 +712,7 @@ def part_elastic(backend: str, reforms: int, abandons: int, steps_per_epoch: int
         lines.thread.join(timeout=5)
         records = lines.records()
     changes = [r["change"] for r in records if "change" in r]
+    retired = [r["retired"] for r in records if "retired" in r]
     gaps = pauses(records)
     out: dict[str, Any] = {"ready_s": round(ready_s, 3),
                            "first_step_after_membership_s": round(first_step_s or 0.0, 4),
@@ -639,6 +725,35 @@ def part_elastic(backend: str, reforms: int, abandons: int, steps_per_epoch: int
                                          and "reform_s" in c]),
                      "step_interval_s": median([g["step_interval_s"] for g in mine
                                                if g["step_interval_s"] is not None])}
+    for kind in ("shutdown", "abort"):
+        out[f"let_go_{kind}_s"] = spread([r["seconds"] for r in retired if r["kind"] == kind])
+    out["footprint"] = footprint(records, settle_epoch=min(10, reforms))
+    return out
+
+
+def footprint(records: list[dict[str, Any]], settle_epoch: int) -> dict[str, Any]:
+    """Resident memory, threads and GPU memory at the first step of ``settle_epoch`` (once
+    the allocators have settled) and at the last step: a leak shows as growth."""
+    steps = [r for r in records if "step" in r and "rss_mb" in r]
+    early = next((r for r in steps if r.get("epoch") == settle_epoch), None)
+    if early is None or not steps:
+        return {}
+    late = steps[-1]
+    keys = [k for k in ("rss_mb", "threads", "gpu_allocated_mb", "gpu_reserved_mb") if k in late]
+    return {"from_epoch": settle_epoch, "to_epoch": late.get("epoch"),
+            **{k: {"from": round(early[k], 1), "to": round(late[k], 1),
+                   "growth": round(late[k] - early[k], 1)} for k in keys}}
+
+
+def part_leak(backend: str, reforms: int) -> dict[str, Any]:
+    """``reforms`` planned re-forms of one Elastic process (world 1, two steps each): its
+    memory, threads and GPU memory from the 10th to the last, and what letting go took."""
+    out = part_elastic(backend, reforms, 0, 2)
+    grew = {k: v["growth"] for k, v in out["footprint"].items() if isinstance(v, dict)}
+    # the allocator's and the interpreter's noise: a few MiB of RSS; nothing else may grow
+    out["leaked"] = bool(grew.get("rss_mb", 0) > 16 or grew.get("threads", 0) > 0
+                         or grew.get("gpu_allocated_mb", 0) > 0
+                         or grew.get("gpu_reserved_mb", 0) > 0)
     return out
 
 
@@ -678,7 +793,7 @@ def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> 
     for device in devices:
         n = steps[device]
         with tempfile.TemporaryDirectory(prefix="bench-gpu-ex-") as tmp:
-            env = _env(0, {"MALLETRAIN_CHECKPOINT_DIR": tmp})
+            env = _env(None, {"MALLETRAIN_CHECKPOINT_DIR": tmp})
             code, wall, last, arrivals = run_example(
                 [py, "examples/train_elastic.py", "--steps", str(n), "--batch", "32",
                  "--log-every", "1", "--checkpoint-every-s", "3600", "--device", device],
@@ -687,7 +802,7 @@ def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> 
                                               **step_times(arrivals, 10),
                                               **({"error": last} if code else {})}
         with tempfile.TemporaryDirectory(prefix="bench-gpu-ex-") as tmp:
-            env = _env(0, {"MALLETRAIN_CHECKPOINT_DIR": tmp, "SLURMD_NODENAME": "bench"})
+            env = _env(None, {"MALLETRAIN_CHECKPOINT_DIR": tmp, "SLURMD_NODENAME": "bench"})
             code, wall, last, _ = run_example(
                 [py, "examples/nas_cell.py", "--cell-seed", "3", "--steps", str(n), "--batch",
                  "16", "--log-every", str(n + 1), "--checkpoint-every-s", "3600", "--device",
@@ -717,7 +832,7 @@ def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> 
                 out[f"byo/{name}"] = {"skipped": "out of --budget-s"}
                 continue
             with tempfile.TemporaryDirectory(prefix="bench-gpu-byo-") as tmp:
-                env = _env(0, {"MALLETRAIN_CHECKPOINT_DIR": tmp})
+                env = _env(None, {"MALLETRAIN_CHECKPOINT_DIR": tmp})
                 code, wall, last, _ = run_example([a.format(tmp=tmp) for a in argv], env,
                                                   budget.cap(180))
             out[f"byo/{name}"] = {"exit_code": code, "wall_s": round(wall, 2), "last": last}
@@ -776,6 +891,9 @@ def run(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
             result[f"reform/world{world}"] = no_world2
     attempt("elastic/world1", lambda: part_elastic(backend, args.reforms, args.abandons, 20), 60)
     attempt("joiner", lambda: part_joiner(backend, args.joiners), 20 * args.joiners)
+    attempt("leak", lambda: part_leak(backend, args.leak_reforms), 0.5 * args.leak_reforms)
+    if isinstance(result.get("leak"), dict) and result["leak"].get("leaked"):
+        result["failed"].append("leak")
     devices = ["cpu"] if args.cpu_check else ["cuda", "cpu"]
     steps = {"cuda": args.example_steps, "cpu": max(20, args.example_steps // 5)}
     attempt("examples", lambda: part_examples(devices, steps, budget), 90)
@@ -864,7 +982,17 @@ def section(r: dict[str, Any], command: str) -> str:
         f"| re-form pause (all three) | {both('reform', None, 'pause_s')} |",
         f"| abandon: let the group go (abort on NCCL) | {both('reform', None, 'let_go_s')} |",
         f"| abandon: let go + new group + all-reduce | "
-        f"{both('reform', None, 'abandon_reform_s')} |", ""]
+        f"{both('reform', None, 'abandon_reform_s')} |",
+        f"| **beside**: new group + all-reduce, the old one shut down in a thread | "
+        f"{both('reform', None, 'side_pause_s')} |",
+        f"| beside: the old group's shut-down, in its thread | "
+        f"{both('reform', None, 'side_teardown_s')} |",
+        f"| beside: all-reduces on the new group during it | "
+        f"{both('reform', None, 'side_overlap_ops')} |",
+        f"| **beside, abandon**: new group + all-reduce, the abort in a thread (NCCL) | "
+        f"{both('reform', None, 'bg_abandon_pause_s')} |",
+        f"| beside, abandon: the abort, in its thread (NCCL) | "
+        f"{both('reform', None, 'bg_abort_s')} |", ""]
     el: Any = r.get("elastic/world1")
     why = _why(el)
     if why:
@@ -876,7 +1004,21 @@ def section(r: dict[str, Any], command: str) -> str:
                   f"{_s(el['planned']['pause_s'])}, Elastic's reform_s "
                   f"{_s(el['planned']['reform_s'])}; abandon re-form: pause "
                   f"{_s(el['abandon']['pause_s'])}, reform_s {_s(el['abandon']['reform_s'])} "
-                  f"(a step every {el['planned']['step_interval_s'] or 0:.3f} s).", ""]
+                  f"(a step every {el['planned']['step_interval_s'] or 0:.3f} s). The old "
+                  f"group, let go in a thread: shut-down {_s(el.get('let_go_shutdown_s'))}, "
+                  f"abort {_s(el.get('let_go_abort_s'))}.", ""]
+    lk: Any = r.get("leak")
+    why = _why(lk)
+    if why:
+        lines += [f"Leak check: {why}.", ""]
+    else:
+        fp = lk.get("footprint") or {}
+        grew = "; ".join(f"{k} {v['from']:g} → {v['to']:g}" for k, v in fp.items()
+                         if isinstance(v, dict))
+        lines += [f"Leak check, {fp.get('to_epoch', '?')} planned re-forms of one Elastic "
+                  f"process, from epoch {fp.get('from_epoch', '?')} to the last: {grew} "
+                  f"({'GROWTH' if lk.get('leaked') else 'no growth'}); planned pause "
+                  f"{_s(lk['planned']['pause_s'])}.", ""]
     j: Any = r.get("joiner")
     why = _why(j)
     if why:
@@ -891,12 +1033,16 @@ def section(r: dict[str, Any], command: str) -> str:
                                                      "ready_s")]
         lines += ["Joiner start-up, a fresh process: "
                   + "; ".join(f"{name} {_s(j.get(key))}" for name, key in parts) + ".", ""]
-        w = j.get("warm")
-        if isinstance(w, dict):
-            lines += ["The same with `import torch._dynamo` in a thread from right after "
-                      "`import torch` (beside the CUDA context and the model): left to wait "
-                      f"for it before the optimizer {_s(w.get('dynamo_import_s'))}; "
-                      f"start → ready {_s(w.get('ready_s'))}.", ""]
+        d = j.get("deferred")
+        if isinstance(d, dict):
+            loaded = (d.get("dynamo_loaded") or {}).get("max")
+            lines += ["The same as a MalleTrain training process starts "
+                      "(`worker.startup.defer_dynamo`, no `import torch._dynamo`): the "
+                      f"deferral {_s(d.get('defer_s'))}, first optimizer "
+                      f"{_s(d.get('optimizer_s'))}, first step {_s(d.get('first_step_s'))}; "
+                      f"**start → ready {_s(d.get('ready_s'))}**, start → second step "
+                      f"{_s(d.get('total_s'))}"
+                      f"{' (torch._dynamo was imported after all)' if loaded else ''}.", ""]
     ex: Any = r.get("examples")
     why = _why(ex)
     if why:
@@ -944,6 +1090,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reforms", type=int, default=8, help="re-forms per process (8)")
     p.add_argument("--abandons", type=int, default=4, help="abandon re-forms per process (4)")
     p.add_argument("--joiners", type=int, default=3, help="fresh joiner processes (3)")
+    p.add_argument("--leak-reforms", type=int, default=200,
+                   help="planned re-forms of the leak check (200)")
     p.add_argument("--example-steps", type=int, default=200,
                    help="steps per example on cuda (a fifth, at least 20, on the CPU)")
     p.add_argument("--parts", default=",".join(PARTS),
@@ -959,9 +1107,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--parts: unknown {', '.join(unknown) or '(none given)'}; choose from "
                 f"{', '.join(PARTS)}")
     if min(args.trials, args.numel, args.rounds, args.reforms, args.abandons, args.joiners,
-           args.example_steps) < 1:
-        p.error("--trials, --numel, --rounds, --reforms, --abandons, --joiners and "
-                "--example-steps must be ≥ 1")
+           args.example_steps, args.leak_reforms) < 1:
+        p.error("--trials, --numel, --rounds, --reforms, --abandons, --joiners, "
+                "--leak-reforms and --example-steps must be ≥ 1")
     t0 = time.monotonic()
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())

@@ -273,6 +273,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the GPU with NCCL when one is visible, else the CPU with gloo")
+    p.add_argument("--compile", default="", metavar="BACKEND",
+                   help="torch.compile the cell with this backend (inductor, aot_eager, ...); "
+                        "empty: eager, and torch._dynamo is never imported")
     return p.parse_args(argv)
 
 
@@ -284,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = random_cell(args.cell_seed)
     torch.manual_seed(args.cell_seed)
     model = Network(spec).to(device)
+    if args.compile:
+        # compiled once: every group's DDP wraps the same compiled module, so a re-form
+        # compiles nothing again (its checkpoints name the weights "_orig_mod.*")
+        model = torch.compile(model, backend=args.compile)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # Elastic wraps DDP for each group, sets the learning rate for each world size, resumes
     # from the last checkpoint when no member holds the state, and has rank 0 checkpoint at

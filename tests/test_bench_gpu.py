@@ -161,7 +161,8 @@ def test_from_json_rewrites_only_its_section(gpu: ModuleType, tmp_path: Path) ->
 def test_cpu_check_runs_every_part_on_gloo() -> None:
     """Every part's children on the CPU with gloo (no GPU figure): the script itself works."""
     proc = _run("--cpu-check", "--json", "--trials", "3", "--rounds", "1", "--reforms", "2",
-                "--abandons", "1", "--joiners", "1", "--example-steps", "20", timeout=600)
+                "--abandons", "1", "--joiners", "1", "--example-steps", "20",
+                "--leak-reforms", "12", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["backend"] == "gloo" and out["failed"] == []
@@ -173,7 +174,14 @@ def test_cpu_check_runs_every_part_on_gloo() -> None:
     assert len(el["abandon"]["pause_s"]["all"]) == 1
     assert out["joiner"]["import_torch_s"]["median"] > 0
     assert out["joiner"]["dynamo_import_s"]["median"] > 0  # plain: torch._dynamo not yet in
-    assert len(out["joiner"]["warm"]["ready_s"]["all"]) == 1
+    deferred = out["joiner"]["deferred"]
+    assert len(deferred["ready_s"]["all"]) == 1
+    assert deferred["dynamo_loaded"]["max"] == 0  # as a MalleTrain process starts: never
+    assert len(out["reform/world2"]["side_pause_s"]["all"]) == 2
+    assert out["elastic/world1"]["let_go_shutdown_s"]["median"] is not None  # in a thread
+    leak = out["leak"]
+    assert leak["leaked"] is False and leak["footprint"]["to_epoch"] == 12
+    assert leak["footprint"]["threads"]["growth"] == 0
     ex = out["examples"]
     assert ex["train_elastic/cpu"]["exit_code"] == 0 and ex["train_elastic/cpu"]["step_s"] > 0
     assert ex["nas_cell/cpu"]["exit_code"] == 0 and ex["nas_cell/cpu"]["compute_s"] > 0

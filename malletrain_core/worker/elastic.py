@@ -35,6 +35,7 @@ import torch.distributed as dist
 from . import byo_inplace, checkpoint, training
 from .runid import run_id
 from .sampler import ElasticBatchSampler, ElasticSampler
+from .startup import defer_dynamo
 
 __all__ = ["ElasticBatchSampler", "ElasticSampler", "Run", "init_process_group", "run_id"]
 
@@ -81,7 +82,9 @@ def init_process_group(backend: str | None = None, **kwargs: Any) -> None:
     Under ``malletrain-run --inplace`` the membership is not known yet (and changes while the
     process lives): a private one-process group lets the script go on (``dist.get_rank()``,
     ``DDP(model)``) and :class:`Run` then joins the job's group (:mod:`.byo_inplace`).
-    Anywhere else it is torch's own call, torchrun's environment and all."""
+    Anywhere else it is torch's own call, torchrun's environment and all. Either way the
+    optimizer and DDP built after it do not import ``torch._dynamo`` (:mod:`.startup`)."""
+    defer_dynamo()
     if byo_inplace.requested():
         byo_inplace.init_process_group(backend, **kwargs)
     else:

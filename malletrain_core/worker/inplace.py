@@ -63,6 +63,7 @@ from .control import (  # the control-file format, also importable from here as 
     ready_name,
     write_membership,  # noqa: F401
 )
+from .startup import ddp_without_dynamo
 
 MAX_COLLECTIVE_TIMEOUT_S = 60.0
 KEEP_WORKS_S = 60.0  # how long a finished collective stays referenced (see _Pending)
@@ -229,6 +230,59 @@ class _Abandoned:
         return all(w.is_completed() for w in self.works)
 
 
+class _Retiring:
+    """The previous epoch's group, let go in a thread of its own while the next one trains.
+
+    Shutting an NCCL communicator down takes 0.45-0.50 s and aborting one 1.0 s on an H100
+    whatever the settings; a group formed beside it trains at once (measured: a re-form in
+    0.015-0.053 s, thousands of all-reduces on the new group during the old one's tear-down).
+    The thread runs ``shutdown()`` (``abort()`` for an abandoned NCCL operation), then drops
+    the old DDP, the group and its store, and only then the works they ran (a work freed
+    before its group's threads are joined can need the GIL on a gloo thread, see
+    :class:`_Pending`)."""
+
+    def __init__(self, kind: str, epoch: int | None, backend: str, parts: list[Any],
+                 works: list[Any]) -> None:
+        self.kind, self.epoch, self.backend = kind, epoch, backend
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._parts, self._works = parts, works   # [old net, group, store]
+        self.thread = threading.Thread(target=self._run, name=f"malletrain-{kind}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            group = self._parts[1]
+            if group is not None:
+                (_abort_group if self.kind == "abort" else _shutdown_group)(group)
+                del group
+        except BaseException as exc:  # noqa: BLE001 - reported by Elastic._settle_retiring
+            self.error = exc
+        finally:
+            self._parts.clear()   # frees the old DDP, the group and its store
+            self._works.clear()   # then the works its threads ran
+            self.seconds = time.monotonic() - self.started
+            self.done.set()
+
+    def summary(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "kind": self.kind,
+                "seconds": round(self.seconds or 0.0, 4),
+                "error": None if self.error is None else type(self.error).__name__}
+
+
+def _shutdown_group(group: Any) -> None:
+    """Shut a forgotten group down (what ``destroy_process_group`` does to it)."""
+    group.shutdown()
+
+
+def _abort_group(group: Any) -> None:
+    """Abort a forgotten group's communicators, which ends the operations they hold (NCCL)."""
+    group.abort()
+
+
 CONFIG_ERRORS = (
     ("Duplicate GPU", "two ranks on one GPU: give each process its own device "
      "(LOCAL_RANK, CUDA_VISIBLE_DEVICES; malletrain-run --nproc-per-node at most the GPUs)"),
@@ -291,38 +345,15 @@ def abandon_action(backend: str) -> str:
 
 
 ABORT_BOUND_S = 15.0
-"""How long an NCCL abort may take before the process gives up on it (an abort can itself hang
-on a communicator stuck in the driver): NCCL's abort of a healthy group takes well under a
-second; the node's processes then leave and the daemon restarts them (the restart path)."""
+"""How long letting go of an old group (its shut-down, or the abort of an abandoned NCCL
+operation) may take before the process gives up on it (an abort can itself hang on a
+communicator stuck in the driver): on an H100 a shut-down takes 0.5 s and an abort 1.0 s; past
+the bound the node's processes leave and are started again (the restart path). It is
+:attr:`Elastic.retire_bound_s`, per process."""
 EXIT_ABORT_HUNG = training.RESTART_EXIT_CODE
 """The exit code of a process whose NCCL abort did not return within :data:`ABORT_BOUND_S`:
 ``malletrain-run --inplace`` starts the node's processes again at once, and the new ones join
 the membership file's epoch, taking the state from its members (the restart path)."""
-
-
-def abort_within(bound_s: float, abort: Callable[[], None] | None = None) -> bool:
-    """Run ``abort`` (default: :func:`_abort_default_group`) in a thread of its own and wait
-    at most ``bound_s``; True when it returned (its exception, if any, is raised here), False
-    when it is still running: the caller must leave the process, which cannot be trusted with
-    the device any more."""
-    done = threading.Event()
-    failed: list[BaseException] = []
-    run = abort if abort is not None else _abort_default_group
-
-    def body() -> None:
-        try:
-            run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            failed.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=body, name="malletrain-abort", daemon=True).start()
-    if not done.wait(bound_s):
-        return False
-    if failed:
-        raise failed[0]
-    return True
 
 
 def _abort_default_group() -> None:
@@ -450,6 +481,9 @@ class Elastic:
         if backend == "nccl":
             bind_device()
         self._graveyard: list[_Abandoned] = []
+        self._retiring: _Retiring | None = None   # the last group, being let go in a thread
+        self.retire_bound_s = ABORT_BOUND_S
+        self.retired: list[dict[str, Any]] = []   # what letting go of each old group took
         self._store: Any = None
         self._torch_hook: tuple[Any, Any] = (None, None)  # (what it wrapped, torch's hook)
         self._latest: Membership | None = None
@@ -530,6 +564,12 @@ class Elastic:
 
     # ----- the group ----------------------------------------------------------------------
     def _teardown(self) -> None:
+        """Let go of the current group without waiting for it (see :class:`_Retiring`).
+
+        The group is forgotten by torch.distributed at once, so the next one can be formed
+        beside it, and is shut down (planned changes) or aborted (NCCL, an abandoned
+        operation) in a thread of its own. An abandoned gloo group cannot be shut down while
+        its operation is pending: it goes to the graveyard until that operation ends."""
         import torch.distributed as dist
 
         old_net, self.net = self.net, self.model
@@ -538,20 +578,7 @@ class Elastic:
             self._store = None
             return
         backend = str(dist.get_backend())
-        if self._pending.reason is None:
-            dist.destroy_process_group()
-        elif abandon_action(backend) == "abort":
-            # NCCL: aborting the communicators ends the abandoned operation, so the process
-            # keeps no operation that could block its exit (untested on GPUs, docs/inplace.md).
-            # An abort that hangs itself (a communicator stuck in the driver) is given up on:
-            # the node's processes leave and restart (never a hung job).
-            if not abort_within(ABORT_BOUND_S):
-                self.holds_abandoned = True  # leave with os._exit: nothing may wait on it
-                self._leave(EXIT_ABORT_HUNG, f"aborting the abandoned {backend} "
-                            f"group did not return within {ABORT_BOUND_S:g} s: this node's "
-                            "processes leave and are started again (the restart path)")
-            self.holds_abandoned = bool(self._graveyard)  # nothing of this group is pending
-        else:
+        if self._pending.reason is not None and abandon_action(backend) == "forget":
             # An abandoned gloo operation is still pending on a hung peer: shutting the group
             # down would wait for it (the collective timeout). Forget the group instead and
             # keep it referenced, so that no destructor waits either; this process leaves with
@@ -560,13 +587,49 @@ class Elastic:
                 self.holds_abandoned = True
                 self._watch_for_crash()
             self._graveyard.append(_Abandoned(dist.group.WORLD, self._store, old_net, works))
-            works = []
+            self._store = None
             _forget_default_group()
-        self._store = None
-        # The old DDP holds the group: freeing it joins the group's threads. Only then go the
-        # works they ran (their tensors need the GIL when freed, see _Pending).
-        del old_net
-        works.clear()
+            return
+        # NCCL with an abandoned operation: aborting the communicators ends it. A shut-down or
+        # abort that hangs itself (a communicator stuck in the driver) is given up on after
+        # retire_bound_s: the node's processes leave and restart (never a hung job).
+        kind = "abort" if self._pending.reason is not None else "shutdown"
+        self._settle_retiring(wait=True)   # at most one old group being let go at a time
+        group, store, self._store = dist.group.WORLD, self._store, None
+        _forget_default_group()
+        self._retiring = _Retiring(kind, self.epoch, backend, [old_net, group, store], works)
+        del old_net, group, store
+        works = []
+        if kind == "abort":
+            self.holds_abandoned = True  # until the abort returns (_settle_retiring)
+
+    def _settle_retiring(self, wait: bool) -> None:
+        """Forget the group let go in the background once its thread is done; ``wait``: wait
+        for it, at most until its bound. Past the bound the process leaves for the restart
+        path (:data:`EXIT_ABORT_HUNG`): it cannot be trusted with the device any more."""
+        r = self._retiring
+        if r is None or self._retired_within(r, wait):
+            return
+        if r.started + self.retire_bound_s > time.monotonic():
+            return
+        self.holds_abandoned = True  # leave with os._exit: nothing may wait on that group
+        self._leave(EXIT_ABORT_HUNG, f"the {r.kind} of epoch {r.epoch}'s {r.backend} group "
+                    f"did not return within {self.retire_bound_s:g} s: this node's processes "
+                    "leave and are started again (the restart path)")
+
+    def _retired_within(self, r: _Retiring, wait: bool) -> bool:
+        """Whether ``r`` is done (``wait``: waiting at most until its bound); once it is, it
+        is forgotten and what it took recorded in :attr:`retired`."""
+        left = r.started + self.retire_bound_s - time.monotonic()
+        if not r.done.wait(max(0.0, left) if wait else 0.0):
+            return False
+        self._retiring = None
+        self.retired.append(r.summary())
+        if r.error is not None:
+            print(f"malletrain: letting go of epoch {r.epoch}'s {r.backend} group ({r.kind}) "
+                  f"failed: {type(r.error).__name__}: {r.error}", file=sys.stderr, flush=True)
+        self.holds_abandoned = bool(self._graveyard) or self._pending.reason is not None
+        return True
 
     def _reap(self) -> None:
         """Shut down the abandoned groups whose operations have all ended (failed when their
@@ -643,7 +706,8 @@ class Elastic:
 
         self._pending.reset()
         if self.world > 1 and self.ddp:
-            net = nn.parallel.DistributedDataParallel(self.model)
+            with ddp_without_dynamo():   # a joiner's first step imports no torch._dynamo
+                net = nn.parallel.DistributedDataParallel(self.model)
             # a lambda: DDP refuses a hook whose parameters carry (string) annotations
             net.register_comm_hook(None, lambda state, bucket: self._pending.hook(state, bucket))
             self.net = net
@@ -907,6 +971,8 @@ class Elastic:
         while total <= 0 or self.step < total:
             if self._graveyard:
                 self._reap()
+            if self._retiring is not None:
+                self._settle_retiring(wait=False)
             self._step_failed = False
             self.step_pauses = []
             yield self.step
@@ -977,12 +1043,22 @@ class Elastic:
     def close(self, code: int = 0) -> None:
         """Leave the group; a process holding an abandoned collective exits at once."""
         self._stop_threads()
+        if not self.holds_abandoned:
+            with contextlib.suppress(Exception):
+                self._teardown()
+        self._exit_if_held(code)
+
+    def _exit_if_held(self, code: int) -> None:
+        """Leave at once (``os._exit``) when an operation or a group being let go could make
+        the interpreter's exit wait or abort; the group of the last epoch is waited for, up to
+        its bound (a daemon thread inside torch's C++ at exit aborts the process)."""
+        r = self._retiring
+        if r is not None and not self._retired_within(r, wait=True):
+            self.holds_abandoned = True
         if self.holds_abandoned:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-        with contextlib.suppress(Exception):
-            self._teardown()
 
     def _watch_for_crash(self) -> None:
         """Remember an uncaught exception, so the forced exit keeps a failing exit code."""
@@ -999,10 +1075,7 @@ class Elastic:
         process holding an abandoned collective would block and die of SIGABRT in its
         destructors, so it leaves at once with its exit code."""
         self._stop_threads()
-        if self.holds_abandoned:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # an uncaught exception when the flag was set before the crash hook was installed
-            # (guard() sets it first): never report a crash as "training finished"
-            crashed = getattr(sys, "last_value", None) is not None
-            os._exit(self._exit_code or (1 if crashed else 0))
+        # an uncaught exception when the flag was set before the crash hook was installed
+        # (guard() sets it first): never report a crash as "training finished"
+        crashed = getattr(sys, "last_value", None) is not None
+        self._exit_if_held(self._exit_code or (1 if crashed else 0))

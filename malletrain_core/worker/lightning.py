@@ -44,6 +44,7 @@ from .elastic import (
 )
 from .runid import run_id
 from .sampler import ElasticSampler
+from .startup import defer_dynamo
 
 SUBDIR = "lightning"
 
@@ -128,6 +129,7 @@ class MalleTrainCallback(pl.Callback):
     """Reports, checkpoints when due or asked, and keeps the data position across rescales."""
 
     def __init__(self, checkpoint_every_s: float | None = None) -> None:
+        defer_dynamo()   # before the Trainer builds the optimizer (see .startup)
         self.every_s = checkpoint_every_s
         self.session: training.Session | None = None
         self.sampler: ElasticSampler | None = None

@@ -131,6 +131,10 @@ class Session:
                  env: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.time, handle_sigterm: bool = True) -> None:
         env = os.environ if env is None else env
+        if "torch" in sys.modules:  # a training process, before it builds its optimizer
+            from .startup import defer_dynamo
+
+            defer_dynamo()
         self.job_id = env.get(ENV_JOB, "")
         self.epoch = int(env.get(ENV_EPOCH, "0"))
         self.rank = int(env.get("RANK", "0"))
