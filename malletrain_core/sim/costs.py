@@ -33,33 +33,35 @@ torch 2.13 CPU, gloo, 2 shared cores, medians of the members' pauses):
   so the engine's monitor, which measures a change's cost as the time from the order to the
   first report at the new size, sees joiner start + pause + report delay (≈ 9.4 s for a grow).
 
-``inplace-gpu`` — the same in-place path on GPU nodes (``Elastic(..., backend="nccl")``).
-These figures come from ONE run on ONE H100 (torch 2.11.0+cu130, NCCL 2.28.9) by an earlier
-session, as reported in the project's issue; ``bench/gpu.py`` measures each of them (re-form,
-abort, eager and lazy communicator, the joiner's start-up split) and is the way to check or
-replace them. One GPU means world 1 only: re-forms of larger NCCL groups and a hand-over
-between GPUs were not measured, so these are one process's re-form costs, not a group's:
+``inplace-gpu`` — the same in-place path on GPU nodes (``Elastic(..., backend="nccl")``), as it
+is now: the old group let go in a thread beside the next one (``inplace._Retiring``) and a
+joiner that never imports ``torch._dynamo`` (``worker.startup``). The figures come from one
+H100 (torch 2.11.0+cu130, NCCL 2.28.9, world 1; ``../shared/research/gpu.md``), where the
+side-group re-form and the joiner's start-up by piece were measured; the whole of the new
+``Elastic`` has not run on a GPU yet, so these are derived from those pieces, and
+``bench/gpu.py`` is the way to check or replace them. One GPU means world 1 only: re-forms of
+larger NCCL groups and a hand-over between GPUs were not measured:
 
-* ``grow_pause_s`` 1.56 s — the re-form 0.51 s (the top of the measured 0.09–0.51 s: destroying
-  the old NCCL group, 0.41–0.50 s, is most of it and comes with every re-form after the first)
-  + the new group's first all-reduce 0.05 s (the communicator made eagerly, ``device_id``, as
-  ``Elastic`` does; a lazily made one costs that all-reduce 0.39–0.62 s; added in case the
-  measured re-form did not hold it, so at most 0.05 s counted twice) + the joiner's first step
-  1.0 s (the middle of the measured 0.6–1.4 s; the members wait for it in that step's
-  all-reduce);
-* ``shrink_pause_s`` 0.56 s — the re-form 0.51 s + the first all-reduce 0.05 s (no joiner);
-* ``preempt_pause_s`` 1.01 s — an ``abandon`` re-form 0.96 s (the communicators aborted,
-  ``_abort_default_group``, then a new group) + the first all-reduce 0.05 s;
+* ``grow_pause_s`` 0.50 s — a group formed beside the old one and its first all-reduce
+  0.053 s (the top of the measured 0.015–0.053 s; destroying the old group, 0.45–0.50 s, is
+  no longer waited for) + the joiner's first step 0.44 s (measured; the members wait for it in
+  that step's all-reduce);
+* ``shrink_pause_s`` 0.053 s — the side-group re-form, no joiner;
+* ``preempt_pause_s`` 0.053 s — an ``abandon`` re-form: the abort (1.0 s) runs in the old
+  group's thread too, so the survivors pay the side-group re-form only;
 * ``lost_step_s`` 1.0 s — as under ``inplace`` (the profiles carry no step time);
-* ``joiner_start_s`` 11.5 s — a joiner's process from its start to ready (``import torch``
-  3.6–4.9 s, the first CUDA context, the model, the first optimizer 6.1–6.5 s); ``ready`` is
-  written once model and optimizer exist, before any step, so the first step is charged in the
-  grow pause above; the batch system's start of the task (about 0.5 s under Slurm here) is not
-  in it;
+* ``joiner_start_s`` 3.9 s — a joiner's process from its start to ready as measured by piece
+  (interpreter 0.10, ``import torch`` 3.6, the CUDA context 0.16, the model 0.03 s) less the
+  ``import torch._dynamo`` (4.1–5.6 s) that a MalleTrain training process no longer does;
+  ``ready`` is written once model and optimizer exist, before any step, so the first step is
+  charged in the grow pause above; the batch system's start of the task (about 0.5 s under
+  Slurm here) is not in it;
 * ``first_report_s`` 2.0 s — the worker's report interval, as under ``inplace``.
 
-So the engine measures a grow at ≈ 15.1 s (11.5 + 1.56 + 2) and a shrink at ≈ 3.6 s
-(1.0 + 0.56 + 2).
+So the engine measures a grow at ≈ 6.4 s (3.9 + 0.50 + 2) and a shrink at ≈ 3.1 s
+(1.0 + 0.053 + 2). (The figures of the first GPU pass, with the old group destroyed on the
+critical path and the joiner importing ``torch._dynamo``: grow 1.56 s after an 11.5-s joiner,
+shrink 0.56 s, preemption 1.01 s.)
 
 Under ``inplace`` and ``inplace-gpu`` a change that leaves no process alive — a preemption that
 takes every node of a job, or a shrink to 0 — still costs a restart from the disk checkpoint,
@@ -107,16 +109,14 @@ INPLACE = RescaleCosts("inplace", inplace=True, grow_pause_s=0.13, shrink_pause_
                        preempt_pause_s=0.29, lost_step_s=1.0, joiner_start_s=7.3,
                        first_report_s=2.0)
 # One H100 (torch 2.11.0+cu130, NCCL 2.28.9), world 1; see the module docstring and bench/gpu.py.
-GPU_REFORM_S = 0.51          # re-form at world 1 (0.09-0.51 s; the NCCL destroy 0.41-0.50 s)
-GPU_ABANDON_REFORM_S = 0.96  # abandon: the communicators aborted, then a new group
-GPU_FIRST_ALLREDUCE_S = 0.05  # the new group's first all-reduce, communicator made eagerly
-GPU_JOINER_FIRST_STEP_S = 1.0  # a joiner's first step (0.6-1.4 s), the members wait for it
+GPU_SIDE_REFORM_S = 0.053     # a group formed beside the old one + its first all-reduce
+GPU_JOINER_FIRST_STEP_S = 0.44  # a joiner's first step; the members wait for it
+GPU_JOINER_READY_S = 3.9      # process start -> ready without torch._dynamo (9.4 s with it)
 INPLACE_GPU = RescaleCosts(
     "inplace-gpu", inplace=True,
-    grow_pause_s=round(GPU_REFORM_S + GPU_FIRST_ALLREDUCE_S + GPU_JOINER_FIRST_STEP_S, 3),
-    shrink_pause_s=round(GPU_REFORM_S + GPU_FIRST_ALLREDUCE_S, 3),
-    preempt_pause_s=round(GPU_ABANDON_REFORM_S + GPU_FIRST_ALLREDUCE_S, 3),
-    lost_step_s=1.0, joiner_start_s=11.5, first_report_s=2.0)
+    grow_pause_s=round(GPU_SIDE_REFORM_S + GPU_JOINER_FIRST_STEP_S, 3),
+    shrink_pause_s=GPU_SIDE_REFORM_S, preempt_pause_s=GPU_SIDE_REFORM_S,
+    lost_step_s=1.0, joiner_start_s=GPU_JOINER_READY_S, first_report_s=2.0)
 COST_MODELS = {c.name: c for c in (RESTART, INPLACE, INPLACE_GPU)}
 DEFAULT_COST_MODEL = RESTART.name
 
