@@ -25,10 +25,12 @@ test-pbs: setup-pbs
 	$(PYTEST) -q -m pbs_real || [ $$? -eq 5 ]
 
 ## Long loops (not in `make test`): 200 cancellations during rescale churn on real Slurm, the
-## two slowest fault scenarios (a hung slurmd, the checkpoint folder full and read-only), and
+## two slowest fault scenarios (a hung slurmd, the checkpoint folder full and read-only), 200
+## re-forms of two processes (threads, fds and memory flat), and
 ## 40 pairs of processes re-formed in place 21 times each beside two busy processes.
 test-long: setup-full
 	MALLETRAIN_REFORM_ROUNDS=40 $(PYTEST) -q tests/test_inplace.py -k many_pairs
+	MALLETRAIN_REFORM_LEAK_ROUNDS=200 $(PYTEST) -q -s tests/test_inplace.py -k leak_nothing
 	MALLETRAIN_REVIVAL_CANCELS=200 $(PYTEST) -q -s tests/slurm/test_revival.py
 	MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q tests/slurm/test_faults_site.py -k "slurmd_hung or checkpoint_folder"
 

@@ -76,15 +76,19 @@ HUNG_ABORT = textwrap.dedent("""
     model = torch.nn.Linear(2, 1)
     el = inplace.Elastic(training.Session(env={}, handle_sigterm=False), model, None,
                          control_dir="")
-    inplace.abandon_action = lambda backend: "abort"          # as NCCL's group would be
-    inplace._abort_group = lambda group: time.sleep(600)      # an abort stuck in the driver
+    kind = sys.argv[2]
+    if kind == "abort":
+        inplace.abandon_action = lambda backend: "abort"      # as NCCL's group would be
+        inplace._abort_group = lambda group: time.sleep(600)  # an abort stuck in the driver
+        el._pending.abandon("a peer hung")
+    else:
+        inplace._shutdown_group = lambda group: time.sleep(600)  # a planned shut-down stuck
     el.retire_bound_s = 0.5
-    el._pending.abandon("a peer hung")
     started = time.monotonic()
     el._teardown()
     # the abort runs beside: the next group can be formed and trained on at once
     print(f"went on after {time.monotonic() - started:.3f} s", flush=True)
-    assert not dist.is_initialized() and el.holds_abandoned
+    assert not dist.is_initialized() and el.holds_abandoned == (kind == "abort")
     el._settle_retiring(wait=False)                           # within the bound: nothing
     print("still here", flush=True)
     time.sleep(0.6)
@@ -93,16 +97,21 @@ HUNG_ABORT = textwrap.dedent("""
 """)
 
 
-def test_a_hung_abort_makes_the_process_leave_for_the_restart_path(tmp_path):
+@pytest.mark.parametrize("kind", ["abort", "shutdown"])
+def test_a_hung_let_go_makes_the_process_leave_for_the_restart_path(tmp_path, kind):
+    """The old group's abort (NCCL, an abandoned operation) or planned shut-down runs beside
+    the next group; one that never returns sends the process to the restart path once it is
+    past its bound, never holding the training meanwhile."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", HUNG_ABORT, str(free_port())],
+    proc = subprocess.run([sys.executable, "-c", HUNG_ABORT, str(free_port()), kind],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == inplace.EXIT_ABORT_HUNG, proc.stderr[-2000:]
     went_on = float(proc.stdout.split("went on after ")[1].split()[0])
     assert went_on < 0.4, proc.stdout   # the abort did not hold the caller
     assert "still here" in proc.stdout and "not reached" not in proc.stdout
-    assert "did not return within 0.5 s" in proc.stderr and "restart path" in proc.stderr
+    assert f"the {kind} of epoch" in proc.stderr and "restart path" in proc.stderr
+    assert "did not return within 0.5 s" in proc.stderr
     assert time.monotonic() - started < 60  # the bound, not the 600 s of the stuck abort
 
 

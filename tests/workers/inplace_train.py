@@ -43,6 +43,11 @@ class Position:
         self.pos = int(state["pos"])
 
 
+def rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=0)
@@ -101,7 +106,9 @@ def main() -> int:
                "world": el.world, "rank": el.rank, "local": el.local_rank,
                "lr": opt.param_groups[0]["lr"],
                "pos": pos.pos, "threads": threading.active_count(),
-               "fds": len(os.listdir("/proc/self/fd")), "pid": os.getpid()}
+               "fds": len(os.listdir("/proc/self/fd")), "pid": os.getpid(),
+               "rss_kb": rss_kb(), "retired": len(el.retired),
+               "retire_errors": sum(1 for r in el.retired if r["error"])}
         if done % args.digest_every == 0 and not el._step_failed:
             st = el.state()
             st["step"] = done
