@@ -988,7 +988,7 @@ def section(r: dict[str, Any], command: str) -> str:
         f"| beside: the old group's shut-down, in its thread | "
         f"{both('reform', None, 'side_teardown_s')} |",
         f"| beside: all-reduces on the new group during it | "
-        f"{both('reform', None, 'side_overlap_ops')} |",
+        f"{both('reform', None, 'side_overlap_ops').replace(' s', '')} |",
         f"| **beside, abandon**: new group + all-reduce, the abort in a thread (NCCL) | "
         f"{both('reform', None, 'bg_abandon_pause_s')} |",
         f"| beside, abandon: the abort, in its thread (NCCL) | "
