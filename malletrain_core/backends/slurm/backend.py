@@ -217,8 +217,12 @@ class SlurmBackend(TaskBackend):
         return task.split("_", 1)[0]
 
     def busy(self) -> bool:
-        """Also while grants are held back: the poll that lifts the hold must come soon."""
-        return super().busy() or self._hold_grants
+        """Also while grants are held back (the poll that lifts the hold must come soon) and
+        while finished arrays wait for their ``scancel``."""
+        return super().busy() or self._hold_grants or bool(self._to_cancel)
+
+    def watch_submits(self, count: Callable[[], int]) -> None:
+        self.submits_seen = count
 
     # ------------------------------------------------------------------ commands
     def _query(self) -> tuple[dict[str, sp.NodeRow], list[sp.TaskRow], list[sp.PlanRow]]:
