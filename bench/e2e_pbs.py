@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "pbs_real"))
 
-from e2e import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
+from e2e_common import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
 from pbs_real_helpers import complex_root, start_daemon, subjob  # noqa: E402
 from sections import host, replace_section  # noqa: E402
 

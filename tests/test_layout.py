@@ -1,6 +1,7 @@
 """The import rules of the package, checked on the source (no import is executed).
 
-* No import cycle among modules (imports at module level).
+* No import cycle among modules: imports at any depth count (inside functions and
+  ``TYPE_CHECKING`` blocks too), since an import put off into a function is a cycle still.
 * Arrows point down: the engine, allocator and shared vocabulary reach no backend, daemon,
   CLI or worker code; the worker side (``malletrain-run`` and the
   training API) reaches no daemon or backend code; the wire formats reach only the shared
@@ -50,15 +51,13 @@ def from_target(node: ast.ImportFrom, base: list[str]) -> str:
     return ".".join(anchor + ([node.module] if node.module else []))
 
 
-def imports(path: Path, top_level_only: bool) -> set[str]:
+def imports(path: Path) -> set[str]:
+    """The package's modules ``path`` imports, at any depth (functions, ``TYPE_CHECKING``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     mod = module_name(path)
     base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
     found: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.If) and top_level_only:  # TYPE_CHECKING blocks do not count
-            continue
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith(ROOT)}
         elif isinstance(node, ast.ImportFrom):
@@ -74,9 +73,8 @@ def imports(path: Path, top_level_only: bool) -> set[str]:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def graph(top_level_only: bool) -> dict[str, set[str]]:
-    return {m: {t for t in imports(p, top_level_only) if t in MODULES and t != m}
-            for m, p in MODULES.items()}
+def graph() -> dict[str, set[str]]:
+    return {m: {t for t in imports(p) if t in MODULES and t != m} for m, p in MODULES.items()}
 
 
 def reach(g: dict[str, set[str]], start: str) -> set[str]:
@@ -91,7 +89,7 @@ def reach(g: dict[str, set[str]], start: str) -> set[str]:
 
 
 def test_no_import_cycles() -> None:
-    g = graph(top_level_only=True)
+    g = graph()
     cycles = sorted(m for m in g if m in reach(g, m) and not m.endswith("__init__"))
     # A package's __init__ importing its own modules is no cycle; anything else is.
     real = [m for m in cycles if any(m in reach(g, n) for n in g[m]
@@ -101,7 +99,7 @@ def test_no_import_cycles() -> None:
 
 @pytest.mark.parametrize("layer", sorted(LAYERS))
 def test_arrows_point_down(layer: str) -> None:
-    g = graph(top_level_only=False)
+    g = graph()
     banned = [f"{ROOT}.{b}" for b in LAYERS[layer]]
     bad = []
     for m in g:
@@ -126,38 +124,40 @@ PACKAGES = ("malletrain_core", "devtools")  # imported by their dotted names fro
 SKIP = {".git", ".cluster", "build", "node_modules", "__pycache__"}
 
 
-def repo_files() -> list[Path]:
-    return sorted(p for p in REPO.rglob("*.py")
-                  if not SKIP & set(p.relative_to(REPO).parts))
+def repo_files(root: Path = REPO) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py")
+                  if not SKIP & set(p.relative_to(root).parts))
 
 
-def repo_module(path: Path) -> str:
+def repo_module(path: Path, root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> str:
     """A file's name as Python imports it: dotted from the repository for the packages,
-    from its own folder otherwise (tests, bench and scripts put their folder on sys.path)."""
-    rel = path.relative_to(REPO)
+    from its own folder otherwise (tests and scripts put their folder on sys.path)."""
+    rel = path.relative_to(root)
     parts = list(rel.with_suffix("").parts)
-    if parts[0] not in PACKAGES:
+    if parts[0] not in packages:
         return f"{rel.parent}::{parts[-1]}"
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def repo_graph() -> dict[str, set[str]]:
-    """Module-level imports between the repository's own Python files."""
-    files = {repo_module(p): p for p in repo_files()}
+def repo_graph(root: Path = REPO, packages: tuple[str, ...] = PACKAGES
+               ) -> dict[str, set[str]]:
+    """Imports between the repository's own Python files, at any depth: an import inside a
+    function or a ``TYPE_CHECKING`` block is an edge like one at the top."""
+    files = {repo_module(p, root, packages): p for p in repo_files(root)}
     g: dict[str, set[str]] = {}
     for mod, path in files.items():
         try:
             tree = ast.parse(path.read_text(), filename=str(path))
         except SyntaxError:  # a template or a file for another Python: not imported here
             continue
-        here = f"{path.relative_to(REPO).parent}::"
+        here = f"{path.relative_to(root).parent}::"
         base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         found: set[str] = set()
 
         def known(name: str, here: str = here) -> str | None:
             return next((c for c in (name, here + name) if c in files), None)
 
-        for node in tree.body:
+        for node in ast.walk(tree):
             hits: list[str | None] = []
             if isinstance(node, ast.Import):
                 hits = [known(a.name) for a in node.names]
@@ -186,6 +186,25 @@ def test_no_import_cycle_anywhere_in_the_repository() -> None:
 def test_the_cycle_finder_sees_a_cycle() -> None:
     g = {"a.x": {"a.y"}, "a.y": {"a.x"}, "a": {"a.x"}}
     assert cycles(g) == ["a.x", "a.y"]
+
+
+@pytest.mark.parametrize("hidden", ["def f():\n    from . import b\n",
+                                    "from typing import TYPE_CHECKING\n"
+                                    "if TYPE_CHECKING:\n    from .b import B\n"])
+def test_a_cycle_hidden_in_a_function_or_a_type_check_is_found(tmp_path: Path,
+                                                                hidden: str) -> None:
+    """A tiny package whose ``a`` imports ``b`` at the top and ``b`` imports ``a`` out of
+    sight: the repository's cycle finder names both, and the same package without the hidden
+    import has none."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("import os\n\n" + hidden.replace("from . import b", "from . import a")
+                              .replace("from .b import B", "from .a import A"))
+    assert cycles(repo_graph(tmp_path, ("pkg",))) == ["pkg.a", "pkg.b"]
+    (pkg / "b.py").write_text("import os\n")
+    assert cycles(repo_graph(tmp_path, ("pkg",))) == []
 
 
 def test_the_runtime_package_does_not_import_the_development_tools() -> None:

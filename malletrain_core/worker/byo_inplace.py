@@ -40,12 +40,31 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import inplace, training
+from .digest import params_digest
 
-if TYPE_CHECKING:
-    from .elastic import Run
+
+class Run(Protocol):
+    """What the in-process path reads and calls of the script's
+    :class:`~malletrain_core.worker.elastic.Run` (which drives this module, so it is named
+    here by what it offers rather than imported)."""
+
+    session: Any
+    sampler: Any
+    app: Any
+    resumed: Path | None
+    run_id: str
+    log_every: int
+    pacer: Any
+
+    def checkpoint(self) -> Any: ...
+
+    def resume(self) -> int: ...
+
+    def _log(self, text: str) -> None: ...
+
 
 TESTED_TORCH = ((2, 13),)
 """The torch releases (major, minor) whose private process-group bookkeeping the in-process
@@ -387,8 +406,6 @@ class LoopHost:
 
 
 def _params(model: Any) -> str:
-    from .elastic import params_digest
-
     return params_digest(model)
 
 
