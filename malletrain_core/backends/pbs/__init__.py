@@ -16,7 +16,7 @@ def from_config(config: Config) -> PbsBackend:
     """The backend ``malletraind`` runs with ``daemon.batch_system = "pbs"``."""
     p = config.pbs
     return PbsBackend(with_bin_dir(p.bin_dir, p.command_timeout_s), queue=p.queue,
-                      grow_timeout_s=p.grant_timeout_s)
+                      grant_timeout_s=p.grant_timeout_s)
 
 
 SYSTEM = BatchSystem(from_config, admin_checks=admin_checks,
