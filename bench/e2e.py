@@ -1,7 +1,7 @@
 """End-to-end timings of MalleTrain on a real local Slurm cluster.
 
-    python bench/e2e.py --json                       # prints the figures as JSON
-    python bench/e2e.py --markdown BENCHMARKS.md     # and rewrites the e2e section there
+    python -m bench.e2e --json                       # prints the figures as JSON
+    python -m bench.e2e --markdown BENCHMARKS.md     # and rewrites the e2e section there
 
 One run, one 16-node cluster (test timings: bf_interval=1, batch_sched_delay=0), one
 malletraind, in three phases:
@@ -37,17 +37,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from e2e_common import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
-from e2e_paths import SETTINGS, lost_tasks, run_paths  # noqa: E402
-from sections import host, replace_section  # noqa: E402
-
+from bench.e2e_common import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
+from bench.e2e_paths import SETTINGS, lost_tasks, run_paths  # noqa: E402
+from bench.sections import host, replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 
@@ -375,20 +374,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.nodes < 8 or args.submissions < 1 or args.rounds < 1 or args.path_rounds < 1:
         p.error("--nodes must be ≥ 8, --submissions, --rounds and --path-rounds ≥ 1")
-    runner, where, sect, write = run, machine, section, write_markdown
+    runner: Callable[[int, int, int, int], dict[str, Any]] = run
+    where, sect, write = machine, section, write_markdown
     if args.batch_system == "pbs":
-        import e2e_pbs  # noqa: PLC0415 - it needs the PBS harness, Slurm runs do not
+        from bench import e2e_pbs  # noqa: PLC0415 - it needs the PBS harness, Slurm runs do not
 
-        def runner(_nodes: int, submissions: int, rounds: int,
-                   _path_rounds: int = 0) -> dict[str, Any]:
+        def pbs_runner(_nodes: int, submissions: int, rounds: int,
+                       _path_rounds: int = 0) -> dict[str, Any]:
             return e2e_pbs.run(submissions, rounds)
+        runner = pbs_runner
         where, sect, write = e2e_pbs.machine, e2e_pbs.section, e2e_pbs.write_markdown
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
     else:
         result = runner(args.nodes, args.submissions, args.rounds, args.path_rounds)
         flags = [a for a in (argv if argv is not None else sys.argv[1:])]
-        result["command"] = "python bench/e2e.py " + shlex.join(flags)
+        result["command"] = "python -m bench.e2e " + shlex.join(flags)
         result["machine"] = where()
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.markdown and result.get("failed"):

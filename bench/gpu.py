@@ -1,8 +1,8 @@
 """The in-place path on GPUs: NCCL's costs and pitfalls, measured on the CUDA devices of this host.
 
-    python bench/gpu.py --json                       # prints the figures as one JSON object
-    python bench/gpu.py --markdown BENCHMARKS.md     # and rewrites the GPU section there
-    python bench/gpu.py --cpu-check --json           # the same parts on the CPU with gloo:
+    python -m bench.gpu --json                       # prints the figures as one JSON object
+    python -m bench.gpu --markdown BENCHMARKS.md     # and rewrites the GPU section there
+    python -m bench.gpu --cpu-check --json           # the same parts on the CPU with gloo:
                                                      # checks the script, not a GPU figure
 
 Without a CUDA device (no torch, a CPU build, ``CUDA_VISIBLE_DEVICES=``) it prints
@@ -63,10 +63,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from sections import host, replace_section  # noqa: E402
+from bench.sections import host, replace_section  # noqa: E402
 
 BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
 HEADING = "GPU: the in-place path on NCCL"

@@ -35,12 +35,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from sections import host, replace_section, wait_until  # noqa: E402
-from sim_to_real_costs import elastic_starts  # noqa: E402
-
+from bench.sections import host, replace_section, wait_until  # noqa: E402
+from bench.sim_to_real_costs import elastic_starts  # noqa: E402
 from devtools.demo.slurmctld_log import job_times  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402

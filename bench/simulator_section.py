@@ -517,7 +517,7 @@ def section(head: dict[str, Any], arrivals: list[dict[str, Any]],
             ]
     if timings:
         lines += ["### Speed", "", *timing_table(timings), "",
-                  "`python3 bench/simulate.py --timing` replays the whole trace under one policy "
+                  "`python3 -m bench.simulate --timing` replays the whole trace under one policy "
                   "in one process; allocator ms is the wall time of each `allocator.solve` "
                   "call. The machine is shared: wall seconds depend on the load printed beside "
                   "them, CPU seconds much less. At commit "

@@ -4,6 +4,7 @@ from running it on a machine with one (``--cpu-check`` runs every part on gloo h
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -14,20 +15,18 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from script_module import ROOT, load_script
-
-SCRIPT = ROOT / "bench" / "gpu.py"
+from script_module import ROOT
 
 
 @pytest.fixture(scope="module")
 def gpu() -> ModuleType:
-    return load_script("bench/gpu.py", "gpu_bench")
+    return importlib.import_module("bench.gpu")
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # no GPU, even on a host that has one
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "bench.gpu", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
 def test_without_cuda_it_prints_the_skip_json_and_exits_0(tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ def test_the_rules_see_a_violation(tmp_path: Path) -> None:
 
 # -- the whole repository ----------------------------------------------------------------------
 REPO = PACKAGE.parent
-PACKAGES = ("malletrain_core", "devtools")  # imported by their dotted names from the checkout
+PACKAGES = ("malletrain_core", "devtools", "bench")  # imported by dotted names from the checkout
 SKIP = {".git", ".cluster", "build", "node_modules", "__pycache__"}
 
 
@@ -205,6 +205,28 @@ def test_a_cycle_hidden_in_a_function_or_a_type_check_is_found(tmp_path: Path,
     assert cycles(repo_graph(tmp_path, ("pkg",))) == ["pkg.a", "pkg.b"]
     (pkg / "b.py").write_text("import os\n")
     assert cycles(repo_graph(tmp_path, ("pkg",))) == []
+
+
+def test_bench_is_a_package_that_edits_no_path_and_imports_no_test() -> None:
+    """bench/ runs as ``python -m bench.NAME``: its modules import each other, the package and
+    devtools/ by name, never edit ``sys.path``, and take nothing from tests/ (helpers that both
+    need live in devtools/)."""
+    bench = REPO / "bench"
+    assert (bench / "__init__.py").exists()
+    tests = {p.stem for p in (REPO / "tests").rglob("*.py")}
+    bad = []
+    for path in sorted(bench.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and \
+                    isinstance(node.value, ast.Name) and node.value.id == "sys":
+                bad.append(f"{path.name}:{node.lineno} uses sys.path")
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level \
+                else []
+            bad += [f"{path.name}:{node.lineno} imports {n} from tests/" for n in names
+                    if n.split(".")[0] in tests or n.startswith("tests")]
+    assert bad == []
 
 
 def test_the_runtime_package_does_not_import_the_development_tools() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pbs_real_helpers import job, state, subjob, submit, wait_state
+from devtools.localcluster.pbs_helpers import job, state, subjob, submit, wait_state
 
 from devtools.localcluster.pbs import PbsComplex
 from malletrain_core.backends.pbs import PbsBackend

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pbs_real_helpers import complex_root, job, state, subjob, submit, wait_state
+from devtools.localcluster.pbs_helpers import complex_root, job, state, subjob, submit, wait_state
 
 from devtools.localcluster.pbs import SUBNET, PbsComplex
 

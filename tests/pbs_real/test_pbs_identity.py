@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pbs_real_helpers import subjob, submit, wait_state
+from devtools.localcluster.pbs_helpers import subjob, submit, wait_state
 
 from devtools.localcluster.pbs import REPO, PbsComplex
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pbs_real_helpers import (
+from devtools.localcluster.pbs_helpers import (
     Daemon,
     job_number,
     pbs_view,

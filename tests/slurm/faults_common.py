@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inplace_logs import daemon_epochs
+from devtools.runlogs.inplace_logs import daemon_epochs
 from training_logs import JobLog, invariant_problems
 
 from devtools.localcluster import LocalCluster

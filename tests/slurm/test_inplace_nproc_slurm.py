@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from faults_common import daemons_fixture
-from inplace_logs import change, daemon_epochs, read
+from devtools.runlogs.inplace_logs import change, daemon_epochs, read
 from slurm_helpers import running
 from test_inplace_slurm import BATCH, SETTINGS, STANDIN, check, nodes_of, prod, report
 
