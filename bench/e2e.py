@@ -25,6 +25,10 @@ malletraind, in three phases:
 
 ``hook_to_action_ms`` is the daemon's own measurement (``malletrain status``): from a hook
 datagram's arrival to the batch-system command it led to.
+
+Over 400 lines on purpose: the Slurm phases, their report and the merging of several runs' JSON
+share the record's keys; what the PBS run shares with it is :mod:`bench.e2e_common`, its in-
+place phase :mod:`bench.e2e_paths`.
 """
 
 from __future__ import annotations

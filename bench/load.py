@@ -24,6 +24,10 @@ Phases: warm-up (until 80 % of the nodes run a worker task and 80 % of those job
 chiefs report), then ``idle`` (no flood),
 then one phase per flood rate. In every phase the bench asks the daemon for ``status`` over
 its API every 0.5 s: the round trip, the daemon's last cycle time and its hook counters.
+
+Over 400 lines on purpose: the flood senders, the churn, the probes and the section share one
+run's record and its phases; the soak (:mod:`bench.soak`) reuses the churn and the job script
+from here.
 """
 
 from __future__ import annotations

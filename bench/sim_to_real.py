@@ -28,6 +28,10 @@ complex (:mod:`bench.sim_to_real_pbs`), and step 2 replays the server's own acco
 
 The last line of stdout is one JSON object: ``predicted_share``, ``measured_share`` and
 ``relative_error`` of the harvested node-seconds, and the same three under ``samples``.
+
+Over 400 lines on purpose: the real run, its replay in the simulator and the comparison share
+the demo's workload and the records compared; the cost reading is
+:mod:`bench.sim_to_real_costs`, the PBS run :mod:`bench.sim_to_real_pbs`.
 """
 
 from __future__ import annotations

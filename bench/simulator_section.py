@@ -1,5 +1,9 @@
 """The Simulator section of BENCHMARKS.md, built from ``malletrain simulate`` results.json
-files and ``bench/simulate.py --timing`` records (see bench/simulate.py)."""
+files and ``bench/simulate.py --timing`` records (see bench/simulate.py).
+
+Over 400 lines on purpose: it is the tables of one BENCHMARKS section, one function each; split,
+one section's formatting would be spread over several files.
+"""
 
 from __future__ import annotations
 

@@ -28,6 +28,10 @@ against those each daemon life received or dropped (sent while no daemon listene
 apart), jobs lost (an elastic job that ended or vanished though nobody finished or cancelled
 it, or that the daemon marks done) and jobs revived (a cancelled job with a task PENDING or
 RUNNING one poll interval after ``scancel`` returned).
+
+Over 400 lines on purpose: the soak's driver, its verdicts and its plot read the same per-job
+records (``Job``, ``Life``); the churn and job scripts come from :mod:`bench.load`, the training
+script is :mod:`bench.soak_torch`.
 """
 
 from __future__ import annotations

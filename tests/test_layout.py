@@ -287,3 +287,14 @@ def test_the_name_finder_sees_a_test(tmp_path: Path) -> None:
     src.write_text('if cfg.batch_system == "pbs":\n    pass\nok = name in ("toy", "x")\n'
                    'label = "slurm"\n')
     assert len(batch_system_tests(src, {"pbs", "toy", "slurm"})) == 2
+
+
+# -- module size ---------------------------------------------------------------------------------
+def test_a_module_over_400_lines_says_why() -> None:
+    """The package and bench/: a module longer than 400 lines says in its docstring why it is
+    one module (the word "400" and the reason), or it is split."""
+    long = [p for folder in (PACKAGE, REPO / "bench") for p in sorted(folder.rglob("*.py"))
+            if len(p.read_text().splitlines()) > 400]
+    silent = [str(p.relative_to(REPO)) for p in long
+              if "400" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert silent == [], f"over 400 lines with no word why: {silent}"

@@ -29,6 +29,11 @@ restart path under the same launcher, with one line saying why: the process wait
 membership, sets what torchrun would (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, ...), and
 exits with ``training.RESTART_EXIT_CODE`` at every change; ``malletrain-run --inplace`` starts
 it again at once, and it resumes from the last disk checkpoint like a restarted worker.
+
+Over 400 lines on purpose: :class:`LoopElastic` and the two ways in that the script's
+:class:`~.elastic.Run` calls (:func:`attach`, :func:`restart_in_place`) share the private group,
+the cursor and the checkpoint decision; the machinery they drive is :mod:`.inplace`, the
+frameworks' hosts :mod:`.hf_inplace` and :mod:`.lightning_inplace`.
 """
 
 from __future__ import annotations
