@@ -25,20 +25,14 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
 from . import hostlist
+from .backends.pbs.options import PbsOptions
+from .backends.slurm.options import SlurmOptions
 from .defaults import DEFAULT_LOOKAHEAD_S as DEFAULT_LOOKAHEAD_S
 from .errors import ConfigError, MalleTrainError
 from .tomltables import dataclass_from_table
 
 DEFAULT_PATH = Path("/etc/malletrain/malletrain.toml")
 DOCUMENTED_DEFAULTS = Path(__file__).with_name("malletrain.toml")
-
-
-def _positive(*named: tuple[str, float], unit: str = "") -> None:
-    """ConfigError naming the first of ``named`` (key, value) that is not a finite number > 0."""
-    for name, value in named:
-        if not value > 0 or not math.isfinite(value):
-            what = f"a finite number of {unit} > 0" if unit else "a finite number > 0"
-            raise ConfigError(f"{name}: {value!r} must be {what}")
 
 
 @dataclass(frozen=True)
@@ -79,63 +73,6 @@ class ProfilerConfig:
     window_s: float = 60.0
     default_scale_up_s: float = 20.0
     default_scale_down_s: float = 12.0
-
-
-@dataclass(frozen=True)
-class SlurmConfig:
-    partition: str = "preemptable"
-    default_time_limit_s: float = 72 * 3600.0
-    command_timeout_s: float = 30.0
-    bin_dir: str = ""
-    pyslurm: str = "off"
-    unplanned_wait_s: float = 60.0
-    hole_margin_s: float = 60.0
-    grant_timeout_s: float = 90.0
-    """A released task that is not running after this long is held again and its node given
-    back to the allocator, which plans again at once: a grant must start at Slurm's next
-    scheduling pass, or at the next backfill cycle for a planned hole, and may wait for a
-    preempted predecessor's KillWait. ``backends.slurm.backend.grant_timeout_for`` gives the
-    figure a cluster's settings call for (73 s at Slurm's defaults; 13 s on the local test
-    cluster). The one default: the backend's own comes from here."""
-    task_failures_max: int = 5
-    task_failure_window_s: float = 600.0
-    """Taken off a planned hole: at least the backfill's bf_resolution (Slurm's default 60 s);
-    a cluster that plans in finer steps fills shorter holes with a smaller margin."""
-
-    def validate(self) -> None:
-        """The ``[slurm]`` section's own checks (one line naming the key)."""
-        _positive(("slurm.command_timeout_s", self.command_timeout_s),
-                  ("slurm.default_time_limit_s", self.default_time_limit_s))
-        if not self.unplanned_wait_s >= 0 or not math.isfinite(self.unplanned_wait_s):
-            raise ConfigError(f"slurm.unplanned_wait_s: {self.unplanned_wait_s!r} must "
-                              "be a finite number ≥ 0 (0: grants never wait for other jobs)")
-        if not self.hole_margin_s >= 0 or not math.isfinite(self.hole_margin_s):
-            raise ConfigError(f"slurm.hole_margin_s: {self.hole_margin_s!r} must be a "
-                              "finite number ≥ 0 (bf_resolution + bf_interval of slurm.conf)")
-        _positive(("slurm.grant_timeout_s", self.grant_timeout_s),
-                  ("slurm.task_failure_window_s", self.task_failure_window_s), unit="seconds")
-        if self.task_failures_max < 1:
-            raise ConfigError(f"slurm.task_failures_max: {self.task_failures_max!r} must "
-                              "be at least 1 (task failures before a job is stopped)")
-
-
-@dataclass(frozen=True)
-class PbsConfig:
-    queue: str = "mt_preemptable"
-    command_timeout_s: float = 30.0
-    grant_timeout_s: float = 30.0
-    """A subjob ``qrun`` has not started after this long is a failed grow: ``qrun -H`` bypasses
-    the scheduler, so a subjob runs within seconds or not at all. The one default: the
-    backend's own comes from here."""
-    bin_dir: str = ""
-    job_key_file: str = ""
-    """Where munge is absent: the site key from which each job's launcher secret is derived
-    (pbs_hooks/install.sh --job-key-file writes it; docs/pbs.md). Empty: launchers use munge."""
-
-    def validate(self) -> None:
-        """The ``[pbs]`` section's own checks (one line naming the key)."""
-        _positive(("pbs.command_timeout_s", self.command_timeout_s))
-        _positive(("pbs.grant_timeout_s", self.grant_timeout_s), unit="seconds")
 
 
 @dataclass(frozen=True)
@@ -183,8 +120,8 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    pbs: PbsConfig = field(default_factory=PbsConfig)
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    pbs: PbsOptions = field(default_factory=PbsOptions)
     munge: MungeConfig = field(default_factory=MungeConfig)
     epochs: EpochsConfig = field(default_factory=EpochsConfig)
     trainer: tuple[TrainerConfig, ...] = ()

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,13 @@ LAYERS = {
     "malletrain_core.backends": ["daemon", "cli", "worker", "engine", "allocator", "sim"],
     "malletrain_core.sim": ["daemon", "cli", "worker", "backends"],
 }
+
+
+SETTINGS_LEAVES = re.compile(r"^malletrain_core\.backends\.\w+\.options$")
+"""A batch system's settings (its malletrain.toml section): read by the configuration, which
+every layer may read, so reachable from anywhere; a leaf, so that reaching it reaches no
+backend code (:func:`test_the_settings_of_a_batch_system_are_a_leaf`)."""
+LEAF_IMPORTS = {"malletrain_core.errors", "malletrain_core.tomltables", "malletrain_core.defaults"}
 
 
 def module_name(path: Path) -> str:
@@ -106,9 +114,29 @@ def test_arrows_point_down(layer: str) -> None:
         if m != layer and not m.startswith(layer + "."):
             continue
         for target in sorted(reach(g, m)):
+            if SETTINGS_LEAVES.match(target):
+                continue
             if any(target == b or target.startswith(b + ".") for b in banned):
                 bad.append(f"{m} -> {target}")
     assert bad == [], f"{layer} reaches code above it: {bad[:10]}"
+
+
+def test_the_settings_of_a_batch_system_are_a_leaf() -> None:
+    """``backends/<name>/options.py`` imports only the errors and the TOML helpers, and the
+    package files above it import nothing: the configuration reads a batch system's section
+    without importing (or, at run time, initialising) any backend."""
+    g = graph()
+    leaves = sorted(m for m in MODULES if SETTINGS_LEAVES.match(m))
+    assert leaves, "no batch system has settings"
+    bad = {m: sorted(g[m] - LEAF_IMPORTS) for m in leaves if g[m] - LEAF_IMPORTS}
+    assert bad == {}
+    for leaf in leaves:
+        for package in (leaf.rsplit(".", 2)[0], leaf.rsplit(".", 1)[0]):
+            tree = ast.parse(MODULES[package].read_text())
+            imported = [ast.unparse(n) for n in ast.walk(tree)
+                        if isinstance(n, (ast.Import, ast.ImportFrom))
+                        and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+            assert imported == [], f"{package} imports {imported}"
 
 
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
@@ -274,7 +302,7 @@ def test_no_batch_system_name_is_tested_outside_the_backends() -> None:
     """The daemon, CLI, worker, engine and simulator ask the registry entry
     (backends/system.py) instead of testing ``daemon.batch_system``; only the backends and the
     hooks (plugin/, pbs_hooks/, outside the package) know a batch system by name."""
-    from malletrain_core.backends import BATCH_SYSTEMS
+    from malletrain_core.backends.registry import BATCH_SYSTEMS
 
     bad = [hit for m, p in sorted(MODULES.items())
            if not any(m == a or m.startswith(a + ".") for a in NAMES_ALLOWED)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.backends import BATCH_SYSTEMS
 from malletrain_core.backends.base import TaskBackend
+from malletrain_core.backends.registry import BATCH_SYSTEMS
 from malletrain_core.daemon.bridge import EpochBridge
 from malletrain_core.engine import Engine, EngineConfig, Router
 from malletrain_core.engine.planner import Planner

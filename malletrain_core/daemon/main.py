@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import __version__, backends, logs
+from .. import __version__, logs
+from ..backends import registry as backends
 from ..backends.base import Backend
 from ..config import Config, TrainerConfig, load
 from ..engine import Engine, EngineConfig

@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from devtools.localcluster.pbs_helpers import job, state, subjob, submit, wait_state
-
 from devtools.localcluster.pbs import PbsComplex
-from malletrain_core.backends.pbs import PbsBackend
+from devtools.localcluster.pbs_helpers import job, state, subjob, submit, wait_state
+from malletrain_core.backends.pbs.backend import PbsBackend
 from malletrain_core.events import (
     Event,
     Finish,

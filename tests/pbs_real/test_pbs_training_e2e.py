@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from devtools.localcluster.pbs import REPO, PbsComplex
 from devtools.localcluster.pbs_helpers import (
     Daemon,
     job_number,
@@ -38,8 +40,6 @@ from devtools.localcluster.pbs_helpers import (
     wait_state,
     worker_processes,
 )
-
-from devtools.localcluster.pbs import REPO, PbsComplex
 from devtools.localcluster.procs import ClusterError
 from malletrain_core.backends.pbs import parse as pp
 from malletrain_core.worker.client import UnixClient

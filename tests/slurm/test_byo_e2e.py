@@ -12,7 +12,6 @@ down and the run id never changed.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from ...config import PbsConfig
 from ...errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
 from ...events import (
     EndReason,
@@ -64,6 +63,7 @@ from ...runner import CommandRunner
 from ..base import REUSE_SETTLE_S, Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
 from . import parse as pp
+from .options import PbsOptions
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class PbsBackend(TaskBackend):
     Since then each batch of grows also reads the vnodes again first (:meth:`_fresh_nodes`)."""
 
     def __init__(self, runner: CommandRunner, queue: str = DEFAULT_QUEUE,
-                 grant_timeout_s: float = PbsConfig.grant_timeout_s,
+                 grant_timeout_s: float = PbsOptions.grant_timeout_s,
                  group_resource: str | None = None) -> None:
         if not queue.strip():
             raise ValidationError("PbsBackend", "queue", "empty; name the preemptable queue")

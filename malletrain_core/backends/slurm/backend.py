@@ -48,7 +48,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...config import SlurmConfig
 from ...errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
 from ...events import (
     EndReason,
@@ -66,6 +65,7 @@ from ...runner import CommandRunner
 from ..base import REUSE_SETTLE_S, Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
 from . import parse as sp
+from .options import SlurmOptions
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class SlurmBackend(TaskBackend):
 
     def __init__(self, runner: CommandRunner, partition: str = "preemptable",
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                 grant_timeout_s: float = SlurmConfig.grant_timeout_s,
+                 grant_timeout_s: float = SlurmOptions.grant_timeout_s,
                  hole_margin_s: float = HOLE_MARGIN_S, source: Any = None,
                  unplanned_wait_s: float = UNPLANNED_WAIT_S,
                  task_failures_max: int = TASK_FAILURES_MAX,
