@@ -67,7 +67,7 @@ from .options import PbsOptions
 
 log = logging.getLogger(__name__)
 
-DEFAULT_QUEUE = "mt_preemptable"
+DEFAULT_QUEUE = PbsOptions.queue
 MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
 MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
 TRAINER_VAR = "MALLETRAIN_TRAINER"

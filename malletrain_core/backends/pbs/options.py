@@ -15,6 +15,9 @@ from ...tomltables import positive
 
 @dataclass(frozen=True)
 class PbsOptions:
+    """The ``[pbs]`` section (malletrain.toml documents each key); the backend's defaults
+    (``DEFAULT_QUEUE``, ``grant_timeout_s``) are read from here."""
+
     queue: str = "mt_preemptable"
     command_timeout_s: float = 30.0
     grant_timeout_s: float = 30.0

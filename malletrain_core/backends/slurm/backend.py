@@ -69,15 +69,15 @@ from .options import SlurmOptions
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIME_LIMIT_S = 72 * 3600.0
+DEFAULT_TIME_LIMIT_S = SlurmOptions.default_time_limit_s
 
-TASK_FAILURES_MAX = 5
+TASK_FAILURES_MAX = SlurmOptions.task_failures_max
 """A job whose tasks fail this many times within :data:`TASK_FAILURE_WINDOW_S` is stopped
 (``slurm.task_failures_max``); each failure before that is requeued held, so the job keeps its
 whole node range. A failure of the node (NODE_FAIL, BOOT_FAIL) is not the job's and never
 counts."""
 
-TASK_FAILURE_WINDOW_S = 600.0
+TASK_FAILURE_WINDOW_S = SlurmOptions.task_failure_window_s
 """The window over which :data:`TASK_FAILURES_MAX` counts a job's task failures."""
 
 _NODE_FAULTS = frozenset({"NODE_FAIL", "NF", "BOOT_FAIL", "BF"})
@@ -118,7 +118,7 @@ def _runnable(group: Sequence[sp.TaskRow]) -> bool:
                or (_failed(r) and not cancelled) for r in group)
 
 
-UNPLANNED_WAIT_S = 60.0
+UNPLANNED_WAIT_S = SlurmOptions.unplanned_wait_s
 """How long a waiting job of another partition that Slurm has not planned yet (no start time
 and no SchedNodes in ``squeue --start``) holds back new grants, counted from its submission
 (see :meth:`SlurmBackend._waiting_unplanned`); 0 turns the rule off."""
@@ -131,7 +131,7 @@ columns). A hold, a dependency, a begin time, a limit, a reservation or ``Priori
 come first: beyond the backfill's depth it is never planned) cannot start now, and a site has
 many such jobs: they must not hold grants back."""
 
-HOLE_MARGIN_S = 60.0
+HOLE_MARGIN_S = SlurmOptions.hole_margin_s
 """Taken off a hole's remaining time (``slurm.hole_margin_s``): Slurm's backfill plans in
 bf_resolution steps (60 s by default) and starts the task at one of its cycles, so a limit that
 ends just before the planned start would keep the task pending on the planned node."""
@@ -159,7 +159,7 @@ class SlurmBackend(TaskBackend):
 
     name = "slurm"
 
-    def __init__(self, runner: CommandRunner, partition: str = "preemptable",
+    def __init__(self, runner: CommandRunner, partition: str = SlurmOptions.partition,
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  grant_timeout_s: float = SlurmOptions.grant_timeout_s,
                  hole_margin_s: float = HOLE_MARGIN_S, source: Any = None,

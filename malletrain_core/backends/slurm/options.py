@@ -17,6 +17,10 @@ from ...tomltables import positive
 
 @dataclass(frozen=True)
 class SlurmOptions:
+    """The ``[slurm]`` section (malletrain.toml documents each key). Each default is the one
+    default of its setting: the backend's module constants (``DEFAULT_TIME_LIMIT_S``,
+    ``HOLE_MARGIN_S``, ...) and its constructor's defaults are read from here."""
+
     partition: str = "preemptable"
     default_time_limit_s: float = 72 * 3600.0
     command_timeout_s: float = 30.0
@@ -24,6 +28,8 @@ class SlurmOptions:
     pyslurm: str = "off"
     unplanned_wait_s: float = 60.0
     hole_margin_s: float = 60.0
+    """Taken off a planned hole: at least the backfill's bf_resolution (Slurm's default 60 s);
+    a cluster that plans in finer steps fills shorter holes with a smaller margin."""
     grant_timeout_s: float = 90.0
     """A released task that is not running after this long is held again and its node given
     back to the allocator, which plans again at once: a grant must start at Slurm's next
@@ -33,8 +39,6 @@ class SlurmOptions:
     cluster). The one default: the backend's own comes from here."""
     task_failures_max: int = 5
     task_failure_window_s: float = 600.0
-    """Taken off a planned hole: at least the backfill's bf_resolution (Slurm's default 60 s);
-    a cluster that plans in finer steps fills shorter holes with a smaller margin."""
 
     def validate(self) -> None:
         """The ``[slurm]`` section's own checks (one line naming the key)."""
