@@ -195,6 +195,7 @@ def _wire(config: Config, running: RunningDaemon, admins: set[int]) -> None:
     if d.api_socket:
         Path(d.api_socket).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         servers.append(UnixApiServer(d.api_socket, dispatcher, group=d.api_group or None))
+        running.closables.append(servers[-1])
     if not d.api_port:
         log.warning("daemon.api_port is 0: launchers cannot reach the daemon; elastic jobs "
                     "will wait for orders")
@@ -218,8 +219,8 @@ def _wire(config: Config, running: RunningDaemon, admins: set[int]) -> None:
         daemon.watch(reports_in, handlers.on_reports)
         servers.append(TcpApiServer((d.api_host, d.api_port), dispatcher, munge,
                                     job_secret=job_secret))
-    for server in servers:
-        running.closables.append(server)
+        running.closables.append(servers[-1])
+    for server in servers:  # closed with the rest if anything above failed
         server.start()
 
 
