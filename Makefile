@@ -64,25 +64,25 @@ check: setup lint
 
 lint:
 	$(PYTHON) -m ruff check malletrain_core devtools tests bench pbs_hooks
-	$(PYTHON) -m mypy malletrain_core devtools
+	$(PYTHON) -m mypy malletrain_core devtools bench
 
 demo: setup
 	bash scripts/demo.sh
 
 bench-quick: setup
-	$(PYTHON) bench/allocator.py --quick
+	$(PYTHON) -m bench.allocator --quick
 
 bench: setup
-	$(PYTHON) bench/allocator.py --json --markdown BENCHMARKS.md
+	$(PYTHON) -m bench.allocator --json --markdown BENCHMARKS.md
 
 ## One hour on a 32-node local Slurm cluster (not in `make test`): leaks, lost and revived
 ## jobs, lost reports, prod start delay; rewrites the soak section of BENCHMARKS.md.
 soak: setup
-	$(PYTHON) bench/soak.py --json --markdown BENCHMARKS.md
+	$(PYTHON) -m bench.soak --json --markdown BENCHMARKS.md
 
 ## The same for about 5 minutes (results under bench-output/), for trials.
 soak-quick: setup
-	$(PYTHON) bench/soak.py --quick
+	$(PYTHON) -m bench.soak --quick
 
 # build/slurm-matrix/trixie has the checkout's parent folder, /tmp and /home bind-mounted into it while the
 # matrix is set up: unmount before removing anything, and refuse while a mount is left.

@@ -8,10 +8,10 @@ ratios are taken side by side under the same machine noise. The per-node MILP ru
 64×8 and 460×50, with a time limit (default 120 s), and reports its final gap. A last row per
 large size times the count MILP with side constraints (per-user caps and a running-job cap).
 
-    python3 bench/allocator.py                  # table
-    python3 bench/allocator.py --json           # one JSON record per (size, solver)
-    python3 bench/allocator.py --quick          # no per-node MILP above 64×8; < 30 s
-    python3 bench/allocator.py --markdown BENCHMARKS.md   # rewrite its "## Allocator" section
+    python3 -m bench.allocator                  # table
+    python3 -m bench.allocator --json           # one JSON record per (size, solver)
+    python3 -m bench.allocator --quick          # no per-node MILP above 64×8; < 30 s
+    python3 -m bench.allocator --markdown BENCHMARKS.md   # rewrite its "## Allocator" section
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from malletrain_core.allocator import pernode, solve  # noqa: E402
 from malletrain_core.model import Constraints, Job, Problem  # noqa: E402

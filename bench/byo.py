@@ -1,8 +1,8 @@
 """Bring-your-own loops on a real local Slurm cluster: in process and restart, side by side.
 
-    python bench/byo.py --json                               # every integration, both paths
-    python bench/byo.py --json --integration torchrun --rounds 2
-    python bench/byo.py --markdown BENCHMARKS.md             # and rewrite its section there
+    python -m bench.byo --json                               # every integration, both paths
+    python -m bench.byo --json --integration torchrun --rounds 2
+    python -m bench.byo --markdown BENCHMARKS.md             # and rewrite its section there
 
 For each integration (examples/NAME/after.py, unchanged) and each path (``malletrain-run
 --inplace``: the processes live across changes; ``malletrain-run``: torchrun restarts every
@@ -14,7 +14,7 @@ worker each epoch), one elastic job ``-N 1-3`` on 3 idle nodes, ``--rounds`` rou
   (``allocator.min_share = 1``);
 * **grow** 1 → 3: the stand-in is cancelled.
 
-Per change, from the workers' own step lines (tests/slurm/byo_logs.py): the *pause* (the last
+Per change, from the workers' own step lines (devtools/runlogs/byo_logs.py): the *pause* (the last
 step of the old epoch to the first step of the new one) and the *samples lost* (the positions
 trained in the old epoch beyond the cursor the new epoch started from). The JSON's last line
 has, per integration and path, the medians of the pauses and the largest loss on a
@@ -35,21 +35,16 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO / "tests" / "slurm"))
 
-from byo_logs import ByoLog, problems, read  # noqa: E402
-from e2e_paths import SETTINGS, STANDIN, _gone, _running  # noqa: E402
-from sections import (  # noqa: E402
+from bench.e2e_paths import SETTINGS, STANDIN, _gone, _running  # noqa: E402
+from bench.sections import (  # noqa: E402
     host,
     replace_section,
     wait_until,  # noqa: E402
 )
-from test_byo_e2e import ENV, SCRIPTS  # noqa: E402
-
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
+from devtools.runlogs.byo_logs import ENV, SCRIPTS, ByoLog, problems, read  # noqa: E402
 
 BEGIN, END = "<!-- byo:begin -->", "<!-- byo:end -->"
 INPROCESS = {"torchrun", "lightning", "hf"}
@@ -213,7 +208,7 @@ def section(results: dict[str, Any], command: str) -> str:
         "on CPU; a checkpoint every 6 s). Pauses are from the last step of an epoch to the first "
         "step of the next on the workers' own clocks (one paced step included); samples lost "
         "are the positions trained in the old epoch beyond the cursor the new one started from; "
-        "sample accounting is tests/slurm/byo_logs.py's position-by-position check over all "
+        "sample accounting is devtools/runlogs/byo_logs.py's position-by-position check over all "
         "the rounds (clean, or the number of problems); the load is the host's 1-min load "
         "average at the start and after each round. A Trainer step at world W is 6/W paced "
         "micro-batches, so its pauses hold up to 0.9 s of one step.",
@@ -231,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the JSON line of an earlier run (its last line) instead of running")
     args = p.parse_args(argv)
     names = args.integration or list(SCRIPTS)
-    command = " ".join(["python bench/byo.py --json",
+    command = " ".join(["python -m bench.byo --json",
                         *(f"--integration {n}" for n in args.integration or []),
                         f"--rounds {args.rounds}"])
     if args.source:

@@ -7,7 +7,7 @@ records after each compaction the process's RSS, glibc's main heap (``mallinfo2`
 allocator's value-table cache. Flat: the RSS after the last compaction is at most
 ``--max-growth-mib`` above the RSS after the first quarter of them (warm-up).
 
-    python bench/compaction_rss.py [--compactions 24] [--bound 5000] [--json]
+    python -m bench.compaction_rss [--compactions 24] [--bound 5000] [--json]
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from journal import Clock, rss_mib  # noqa: E402
-
+from bench.journal import Clock, rss_mib  # noqa: E402
 from malletrain_core.allocator import dp  # noqa: E402
 from malletrain_core.daemon.core import Daemon  # noqa: E402
 from malletrain_core.daemon.store import Store  # noqa: E402
@@ -55,7 +52,7 @@ def run(compactions: int, bound: int, seed: int, retention_s: float) -> dict[str
     store = Store(tmp / "state")
     d = Daemon(Engine(EngineConfig(done_retention_s=retention_s)), ChurnBackend(seed), store,
                clock=clock, tick_interval_s=5.0, journal_max_events=bound)
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         while d.compactions < compactions:
             before = d.compactions
@@ -65,7 +62,7 @@ def run(compactions: int, bound: int, seed: int, retention_s: float) -> dict[str
                 rows.append({"compaction": d.compactions, "events": d.counters.events,
                              "rss_mib": round(rss_mib(), 2), "heap_mib": heap_mib(),
                              "cached_tables": len(dp._tables),
-                             "jobs": len(getattr(d.engine, "node_map", {}) or {})})
+                             "jobs": len(d.engine.node_map)})
     finally:
         store.close()
         d.close()

@@ -1,7 +1,7 @@
 """End-to-end timings of MalleTrain on a real local Slurm cluster.
 
-    python bench/e2e.py --json                       # prints the figures as JSON
-    python bench/e2e.py --markdown BENCHMARKS.md     # and rewrites the e2e section there
+    python -m bench.e2e --json                       # prints the figures as JSON
+    python -m bench.e2e --markdown BENCHMARKS.md     # and rewrites the e2e section there
 
 One run, one 16-node cluster (test timings: bf_interval=1, batch_sched_delay=0), one
 malletraind, in three phases:
@@ -25,86 +25,42 @@ malletraind, in three phases:
 
 ``hook_to_action_ms`` is the daemon's own measurement (``malletrain status``): from a hook
 datagram's arrival to the batch-system command it led to.
+
+Over 400 lines on purpose: the Slurm phases, their report and the merging of several runs' JSON
+share the record's keys; what the PBS run shares with it is :mod:`bench.e2e_common`, its in-
+place phase :mod:`bench.e2e_paths`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from e2e_paths import SETTINGS, lost_tasks, run_paths  # noqa: E402
-from sections import host, replace_section  # noqa: E402
-
+from bench.e2e_common import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
+from bench.e2e_paths import SETTINGS, lost_tasks, run_paths  # noqa: E402
+from bench.sections import host, replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 
 BEGIN, END = "<!-- e2e:begin -->", "<!-- e2e:end -->"
-STEP = re.compile(r"^step=\d+ epoch=(\d+) world=(\d+) ")
 TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "16",
          "--step-sleep-s", "0.05", "--checkpoint-every-s", "20", "--log-every", "1"]
 
 
-def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class EpochWatcher:
-    """When each (epoch, world size) first printed a training step, from the output files."""
-
-    def __init__(self, outdir: Path, job: str) -> None:
-        self.outdir, self.job = outdir, job
-        self.offsets: dict[Path, int] = {}
-        self.first: dict[int, tuple[int, float]] = {}  # epoch -> (world, first seen)
-
-    def poll(self) -> None:
-        now = time.monotonic()
-        for path in self.outdir.glob(f"task-{self.job}_*.out"):
-            with open(path, "rb") as fh:
-                fh.seek(self.offsets.get(path, 0))
-                data = fh.read()
-            cut = data.rfind(b"\n") + 1
-            self.offsets[path] = self.offsets.get(path, 0) + cut
-            for line in data[:cut].decode(errors="replace").splitlines():
-                m = STEP.match(line)
-                if m and int(m.group(1)) not in self.first:
-                    self.first[int(m.group(1))] = (int(m.group(2)), now)
-
-    def wait_world(self, world: int, after: float, timeout_s: float) -> float:
-        """The monotonic time the first epoch with ``world`` started after ``after``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.poll()
-            hits = [t for w, t in self.first.values() if w == world and t >= after]
-            if hits:
-                return min(hits)
-            time.sleep(0.2)
-        raise TimeoutError(f"no training at world size {world} within {timeout_s:g} s")
-
-
 def state_of(cluster: LocalCluster, job: str) -> str:
     return cluster.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip()
-
-
-def wait(what: str, check: Any, timeout_s: float, interval_s: float = 0.05) -> float:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return time.monotonic()
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s:g} s")
 
 
 def running_tasks(cluster: LocalCluster, job: str) -> int:
@@ -157,11 +113,6 @@ def prod_starts(cluster: LocalCluster, n: int, before: Any = None,
         if (i + 1) % 10 == 0:
             say(f"  {i + 1}/{n} prod jobs, median start {statistics.median(delays):.2f} s")
     return delays
-
-
-def p95(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))]
 
 
 def clear_phase(cluster: LocalCluster, keep: str) -> None:
@@ -284,19 +235,6 @@ def machine() -> str:
     slurm = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True,
                            check=False).stdout.strip()
     return host(slurm)
-
-
-def timing_rows(r: dict[str, Any]) -> list[str]:
-    """The grow, shrink and hook → action rows of an e2e table (Slurm's and PBS's alike)."""
-    return [
-        f"| node idle → training at the larger world size (grow) | {r['grow_s']:.1f} s | "
-        f"{', '.join(f'{x:.1f}' for x in r['grow_s_all'])} s |",
-        f"| preemption → training resumed at the smaller size (shrink) | {r['shrink_s']:.1f} s"
-        f" | {', '.join(f'{x:.1f}' for x in r['shrink_s_all'])} s |",
-        f"| hook datagram → batch-system command (daemon's own count, n = "
-        f"{r['hook_to_action_count']}) | {r['hook_to_action_ms']:.0f} ms | "
-        f"{r['hook_to_action_ms_p95']:.0f} ms |",
-    ]
 
 
 def liveness_rows(r: dict[str, Any]) -> list[str]:
@@ -440,20 +378,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.nodes < 8 or args.submissions < 1 or args.rounds < 1 or args.path_rounds < 1:
         p.error("--nodes must be ≥ 8, --submissions, --rounds and --path-rounds ≥ 1")
-    runner, where, sect, write = run, machine, section, write_markdown
+    runner: Callable[[int, int, int, int], dict[str, Any]] = run
+    where, sect, write = machine, section, write_markdown
     if args.batch_system == "pbs":
-        import e2e_pbs  # noqa: PLC0415 - it needs the PBS harness, Slurm runs do not
+        from bench import e2e_pbs  # noqa: PLC0415 - it needs the PBS harness, Slurm runs do not
 
-        def runner(_nodes: int, submissions: int, rounds: int,
-                   _path_rounds: int = 0) -> dict[str, Any]:
+        def pbs_runner(_nodes: int, submissions: int, rounds: int,
+                       _path_rounds: int = 0) -> dict[str, Any]:
             return e2e_pbs.run(submissions, rounds)
+        runner = pbs_runner
         where, sect, write = e2e_pbs.machine, e2e_pbs.section, e2e_pbs.write_markdown
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
     else:
         result = runner(args.nodes, args.submissions, args.rounds, args.path_rounds)
         flags = [a for a in (argv if argv is not None else sys.argv[1:])]
-        result["command"] = "python bench/e2e.py " + shlex.join(flags)
+        result["command"] = "python -m bench.e2e " + shlex.join(flags)
         result["machine"] = where()
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.markdown and result.get("failed"):

@@ -1,8 +1,8 @@
 """End-to-end timings of MalleTrain on a real local OpenPBS complex (``bench/e2e.py
 --batch-system pbs`` runs this).
 
-    python bench/e2e.py --batch-system pbs --json
-    python bench/e2e.py --batch-system pbs --markdown BENCHMARKS.md
+    python -m bench.e2e --batch-system pbs --json
+    python -m bench.e2e --batch-system pbs --markdown BENCHMARKS.md
 
 One run, one complex (server and 8 moms in network namespaces, test timings: queue kill_delay
 2 s, mom poll 1-2 s), one malletraind in the server's namespace (poll 2 s, hooks on, profiler
@@ -36,14 +36,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "pbs_real"))
 
-from e2e import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
-from pbs_real_helpers import complex_root, start_daemon, subjob  # noqa: E402
-from sections import host, replace_section  # noqa: E402
-
+from bench.e2e_common import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
+from bench.sections import host, replace_section  # noqa: E402
 from devtools.localcluster.pbs import PbsComplex  # noqa: E402
+from devtools.localcluster.pbs_helpers import complex_root, start_daemon, subjob  # noqa: E402
 from malletrain_core.worker.client import UnixClient  # noqa: E402
 
 BEGIN, END = "<!-- e2e-pbs:begin -->", "<!-- e2e-pbs:end -->"

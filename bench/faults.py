@@ -11,8 +11,8 @@ prints the markdown table (samples lost on each path side by side), or replaces 
 between ``<!-- faults:begin -->`` and ``<!-- faults:end -->`` in BENCHMARKS.md (``--write``;
 appended when the markers are absent).
 
-    python bench/faults.py --run --write
-    python bench/faults.py --run --paths inplace --keep --results FILE --write  # one path again
+    python -m bench.faults --run --write
+    python -m bench.faults --run --paths inplace --keep --results FILE --write  # one path again
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def render(rows: list[dict[str, Any]], summary: str = "",
     restart_ran = len(rows) - len(extra)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"Measured {when} on {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} cores, with `python bench/faults.py --run --write` "
+            f"{os.cpu_count()} cores, with `python -m bench.faults --run --write` "
             f"({' and '.join(TESTS)} on an 8-node local Slurm cluster, the storm on a "
             "32-node one of its own, a real malletraind"
             + (f"; pytest: {summary}" if summary else "") + "). "

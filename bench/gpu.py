@@ -1,8 +1,8 @@
 """The in-place path on GPUs: NCCL's costs and pitfalls, measured on the CUDA devices of this host.
 
-    python bench/gpu.py --json                       # prints the figures as one JSON object
-    python bench/gpu.py --markdown BENCHMARKS.md     # and rewrites the GPU section there
-    python bench/gpu.py --cpu-check --json           # the same parts on the CPU with gloo:
+    python -m bench.gpu --json                       # prints the figures as one JSON object
+    python -m bench.gpu --markdown BENCHMARKS.md     # and rewrites the GPU section there
+    python -m bench.gpu --cpu-check --json           # the same parts on the CPU with gloo:
                                                      # checks the script, not a GPU figure
 
 Without a CUDA device (no torch, a CPU build, ``CUDA_VISIBLE_DEVICES=``) it prints
@@ -41,6 +41,9 @@ that part says why it was skipped):
 A part that fails is named in ``failed`` with its error's last line and the others go on (exit
 1); ``--budget-s`` (default 540 s, for a 10-minute slot on a lent GPU machine) skips the parts
 that no longer fit, saying so, and ``--parts`` runs a few of them (``--parts stale,reform``).
+
+Over 400 lines on purpose: each measured part has a parent half and a child half (the child is
+this file run again with ``--child``), kept side by side so that a part reads as one unit.
 """
 
 from __future__ import annotations
@@ -63,10 +66,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+if not __package__:  # started as a file: bench/ is a package, run from the repository's root
+    sys.exit("run it as a module from the repository's root: python -m bench.gpu "
+             + " ".join(sys.argv[1:]))
 
-from sections import host, replace_section  # noqa: E402
+from bench.sections import host, replace_section  # noqa: E402
 
 BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
 HEADING = "GPU: the in-place path on NCCL"
@@ -524,7 +528,7 @@ def run_children(name: str, specs: list[dict[str, Any]], timeout_s: float) -> li
             spec = {**spec, "spawned": time.time()}
             out = open(Path(tmp) / f"{spec.get('rank', 0)}.out", "w+")
             procs.append((subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--child", name, "--spec",
+                [sys.executable, "-m", "bench.gpu", "--child", name, "--spec",
                  json.dumps(spec)], env=_env(spec.get("rank", 0)), stdout=out,
                 stderr=subprocess.STDOUT, text=True), out))
         deadline = time.monotonic() + timeout_s
@@ -674,7 +678,7 @@ def part_elastic(backend: str, reforms: int, abandons: int, steps_per_epoch: int
                        training.ENV_CHECKPOINT_DIR: str(Path(tmp) / "checkpoints")})
         spawned = time.time()
         spec = {"backend": backend, "rank": 0, "sleep": 0.005}
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child",
+        proc = subprocess.Popen([sys.executable, "-m", "bench.gpu", "--child",
                                  "elastic", "--spec", json.dumps(spec)], env=env,
                                 stdout=subprocess.PIPE, stderr=errors, text=True)
         lines = Lines(proc)
@@ -1122,7 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = {"bench": "gpu", **info, **run(args, info)}
         flags = list(argv if argv is not None else sys.argv[1:])
-        result["command"] = "python bench/gpu.py " + shlex.join(flags)
+        result["command"] = "python -m bench.gpu " + shlex.join(flags)
         result["machine"] = machine(info) if "skipped" not in result else host()
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         result["wall_s"] = round(time.monotonic() - t0, 1)

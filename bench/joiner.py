@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+if not __package__:  # started as a file: bench/ is a package, run from the repository's root
+    sys.exit("run it as a module from the repository's root: python -m bench.joiner "
+             + " ".join(sys.argv[1:]))
 
-from sections import host, replace_section, wait_until  # noqa: E402
-from sim_to_real_costs import elastic_starts  # noqa: E402
-
+from bench.sections import host, replace_section, wait_until  # noqa: E402
+from bench.sim_to_real_costs import elastic_starts  # noqa: E402
 from devtools.demo.slurmctld_log import job_times  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                       capture_output=True, text=True).stdout.strip()
-    result["command"] = "python bench/joiner.py " + shlex.join(
+    result["command"] = "python -m bench.joiner " + shlex.join(
         argv if argv is not None else sys.argv[1:])
     result["machine"] = host(extra="slurm-wlm 22.05")
     result["load"] = Path("/proc/loadavg").read_text().split()[0]

@@ -10,7 +10,7 @@ process's RSS. A second daemon on the same seed journals the same events without
 at the end both state databases are reopened into fresh engines and compared with the live
 engine, state for state (``snapshot.canonical``).
 
-    python bench/journal.py [--events 200000] [--bound 50000] [--markdown BENCHMARKS.md]
+    python -m bench.journal [--events 200000] [--bound 50000] [--markdown BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from sections import host, replace_section  # noqa: E402
-
+from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.config import DaemonConfig  # noqa: E402
 from malletrain_core.daemon import snapshot as snapshots  # noqa: E402
 from malletrain_core.daemon.core import Daemon  # noqa: E402
@@ -204,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--events, --bound and --sample must be ≥ 1")
     result = run(args.events, args.bound, args.seed, args.sample)
     flags = list(argv if argv is not None else sys.argv[1:])
-    result["command"] = "python bench/journal.py " + shlex.join(flags)
+    result["command"] = "python -m bench.journal " + shlex.join(flags)
     result["machine"] = host()
     result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.markdown:

@@ -14,9 +14,9 @@ tuned to one trace. Every replay writes one JSON file into ``--results`` (runs a
 are skipped, so an interrupted campaign resumes); ``--markdown`` builds the table from those
 files into BENCHMARKS.md between the ``lifetime`` markers.
 
-    python3 bench/lifetime.py --results RESULTS_DIR --workers 2 \\
+    python3 -m bench.lifetime --results RESULTS_DIR --workers 2 \\
         --plan summit:imagenet:50:5,summit:hpo:50:3,theta:imagenet:50:3
-    python3 bench/lifetime.py --results RESULTS_DIR --markdown BENCHMARKS.md
+    python3 -m bench.lifetime --results RESULTS_DIR --markdown BENCHMARKS.md
 
 ``--rescale-cost inplace`` replays under the in-place cost model (``malletrain_core/sim/costs.py``);
 its files carry an ``-inplace`` suffix, so both cost models share one results folder and the
@@ -38,8 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from malletrain_core.engine import Engine  # noqa: E402, F401  (loaded once, before the workers fork)
 from malletrain_core.engine.survival import (  # noqa: E402
@@ -305,10 +303,10 @@ def table(results: Path, timing: dict[str, Any] | None = None) -> str:
     return "\n".join([
         f"Built {stamp} from {len(recs)} replays on {_cpu()}, {os.cpu_count()} cores "
         f"(1-min load {load:.2f}), Python {platform.python_version()}, with "
-        "`python3 bench/lifetime.py --results DIR --workers 2 --plan …` (restart cost model), "
-        "`python3 bench/lifetime.py --results DIR --workers 2 --rescale-cost inplace --plan …`"
+        "`python3 -m bench.lifetime --results DIR --workers 2 --plan …` (restart cost model), "
+        "`python3 -m bench.lifetime --results DIR --workers 2 --rescale-cost inplace --plan …`"
         " (in-place cost model, malletrain_core/sim/costs.py) then "
-        "`python3 bench/lifetime.py --results DIR --markdown BENCHMARKS.md`.",
+        "`python3 -m bench.lifetime --results DIR --markdown BENCHMARKS.md`.",
         "",
         f"Survival model learned from Summit days 1–7: {learn.get('fragments', 0):,} complete "
         f"idle fragments (median {learn.get('median_s') or 0:.0f} s) and "

@@ -1,8 +1,8 @@
 """MalleTrain under load on a real local Slurm cluster: reports and hooks counted, latency timed.
 
-    python bench/load.py                              # 64 nodes, 100 jobs; prints JSON
-    python bench/load.py --markdown BENCHMARKS.md     # and rewrites the load section there
-    python bench/load.py --quick                      # 16 nodes, 20 jobs, short phases
+    python -m bench.load                              # 64 nodes, 100 jobs; prints JSON
+    python -m bench.load --markdown BENCHMARKS.md     # and rewrites the load section there
+    python -m bench.load --quick                      # 16 nodes, 20 jobs, short phases
 
 One local cluster (test timings), one ``malletraind`` and:
 
@@ -24,6 +24,10 @@ Phases: warm-up (until 80 % of the nodes run a worker task and 80 % of those job
 chiefs report), then ``idle`` (no flood),
 then one phase per flood rate. In every phase the bench asks the daemon for ``status`` over
 its API every 0.5 s: the round trip, the daemon's last cycle time and its hook counters.
+
+Over 400 lines on purpose: the flood senders, the churn, the probes and the section share one
+run's record and its phases; the soak (:mod:`bench.soak`) reuses the churn and the job script
+from here.
 """
 
 from __future__ import annotations
@@ -45,12 +49,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from e2e import machine, p95, say  # noqa: E402
-from sections import replace_section  # noqa: E402
-
+from bench.e2e import machine, p95, say  # noqa: E402
+from bench.sections import replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 from malletrain_core.wire import hooks as protocol  # noqa: E402
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.nodes, args.jobs, rates, args.flood_s, args.idle_s,
                      args.churn_every_s, args.poll_s, args.warmup_max_s)
         flags = list(argv if argv is not None else sys.argv[1:])
-        result["command"] = "python bench/load.py " + shlex.join(flags)
+        result["command"] = "python -m bench.load " + shlex.join(flags)
         result["machine"] = machine()
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.markdown:

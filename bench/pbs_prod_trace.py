@@ -1,6 +1,6 @@
 """Where a prod job's start on MalleTrain's workers spends its time, from PBS's own logs.
 
-    python bench/pbs_prod_trace.py [--submissions 30] [--plain] [--out trace.txt]
+    python -m bench.pbs_prod_trace [--submissions 30] [--plain] [--out trace.txt]
 
 bench/e2e_pbs.py's phase 2 (and, with ``--plain``, phase 3) on a fresh complex whose daemons
 log with microsecond timestamps (``PBS_LOG_HIGHRES_TIMESTAMP=1``): one-node prod jobs, one at a
@@ -22,14 +22,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "pbs_real"))
 
-from e2e import say, wait  # noqa: E402
-from e2e_pbs import IDLE, MOMS, QUIET, ended, running_subjobs, state_of  # noqa: E402
-from pbs_real_helpers import complex_root, start_daemon  # noqa: E402
-
+from bench.e2e import say, wait  # noqa: E402
+from bench.e2e_pbs import IDLE, MOMS, QUIET, ended, running_subjobs, state_of  # noqa: E402
 from devtools.localcluster.pbs import PbsComplex  # noqa: E402
+from devtools.localcluster.pbs_helpers import complex_root, start_daemon  # noqa: E402
 
 NOISE = ("tpp_mbox_read", "request received from", "Type 0 request", "Compiling script file",
          "Server@pbsserver;Svr;Server@pbsserver;attributes")

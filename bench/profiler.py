@@ -1,8 +1,8 @@
 """Where MalleTrain's gap to FreeTrain-with-true-curves comes from, and the Profiler section of
 BENCHMARKS.md.
 
-    python3 bench/profiler.py --trace summit --days 2 --seeds 0 --label NAME --out FILE
-    python3 bench/profiler.py --markdown BENCHMARKS.md --records FILE[,FILE…]
+    python3 -m bench.profiler --trace summit --days 2 --seeds 0 --label NAME --out FILE
+    python3 -m bench.profiler --markdown BENCHMARKS.md --records FILE[,FILE…]
 
 The first form replays ``malletrain`` and ``freetrain-exact`` with the real Engine (the same
 replay as ``malletrain simulate``, in-place cost model unless ``--rescale-cost`` says
@@ -27,20 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-try:
-    import malletrain_core  # noqa: F401  (the tree on PYTHONPATH, if any)
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sections import host, replace_section  # noqa: E402
-
 import malletrain_core.sim.replay as replay_module  # noqa: E402
+from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.engine import JobPhase  # noqa: E402
 from malletrain_core.sim.bounds import BoundJob, compute_bounds  # noqa: E402
 from malletrain_core.sim.measured import load_profiles  # noqa: E402
@@ -162,7 +155,7 @@ def section(records: list[dict[str, Any]], command: str, notes: str) -> str:
     lines = [BEGIN, f"Section written {date} by `{command}` on {host()}.", "",
              "Each row is the tree after one change (the label names its commit; the first "
              "is the tree before them), measured by "
-             "`python3 bench/profiler.py --trace T --days D --seeds S --label L --out FILE` "
+             "`python3 -m bench.profiler --trace T --days D --seeds S --label L --out FILE` "
              "(50 ImageNet jobs, in-place cost model). Gap: `freetrain-exact` minus "
              "`malletrain`, points of UB_oracle. Rescales: malletrain / freetrain-exact. "
              "Level and slope error: the believed curve against the true one at each running "

@@ -18,9 +18,9 @@
 3. **Compare** harvested node-seconds (predicted: the simulator's trained samples over the
    per-node rate) and samples, and say where they differ.
 
-    python3 bench/sim_to_real.py [--json] [--markdown] [--duration-s 150] [--seed 0]
-    python3 bench/sim_to_real.py --from bench/results/sim_to_real --json   # replay only
-    python3 bench/sim_to_real.py --batch-system pbs [--duration-s 150]     # OpenPBS
+    python3 -m bench.sim_to_real [--json] [--markdown] [--duration-s 150] [--seed 0]
+    python3 -m bench.sim_to_real --from bench/results/sim_to_real --json   # replay only
+    python3 -m bench.sim_to_real --batch-system pbs [--duration-s 150]     # OpenPBS
 
 With ``--batch-system pbs`` step 1 runs a smaller workload of the same kind on the local OpenPBS
 complex (:mod:`bench.sim_to_real_pbs`), and step 2 replays the server's own accounting log
@@ -28,6 +28,10 @@ complex (:mod:`bench.sim_to_real_pbs`), and step 2 replays the server's own acco
 
 The last line of stdout is one JSON object: ``predicted_share``, ``measured_share`` and
 ``relative_error`` of the harvested node-seconds, and the same three under ``samples``.
+
+Over 400 lines on purpose: the real run, its replay in the simulator and the comparison share
+the demo's workload and the records compared; the cost reading is
+:mod:`bench.sim_to_real_costs`, the PBS run :mod:`bench.sim_to_real_pbs`.
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from bench.sections import host, replace_section  # noqa: E402
 from bench.sim_to_real_costs import BATCH, measure_costs, step_stats  # noqa: E402
@@ -227,7 +230,7 @@ def pbs_lines(cmp: dict[str, Any], wall_s: float | None) -> list[str]:
 
     return [
         "",
-        f"**On OpenPBS.** `python3 bench/sim_to_real.py --batch-system pbs --seed "
+        f"**On OpenPBS.** `python3 -m bench.sim_to_real --batch-system pbs --seed "
         f"{cmp.get('seed', 0)}` on {cmp.get('host') or 'the development machine'}"
         + (f" (real run and replay {wall_s:.0f} s)" if wall_s else
            " (rewritten from the saved run)") + ": the same kind of workload, smaller "
@@ -423,7 +426,7 @@ def main() -> int:
         saved_pbs = RESULTS_PBS / "comparison.json"
         pbs_cmp = cmp if on_pbs else (json.loads(saved_pbs.read_text())
                                       if saved_pbs.is_file() else None)
-        command = f"python3 bench/sim_to_real.py --seed {slurm_measured.get('seed', 0)}" + (
+        command = f"python3 -m bench.sim_to_real --seed {slurm_measured.get('seed', 0)}" + (
             "" if float(slurm_measured.get("span_s", 150)) < 155 else
             f" --duration-s {float(slurm_measured['span_s']):.0f}")
         others = [(f"seed {json.loads((d / 'measured.json').read_text()).get('seed')} "

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "pbs_real"))
 
 from bench.sections import host  # noqa: E402
 from bench.sim_to_real_costs import step_gaps, step_stats  # noqa: E402
@@ -82,7 +81,7 @@ def elastic_script(jobs_dir: Path, seed: int) -> str:
 def run_real_pbs(out: Path, duration_s: float, seed: int) -> dict[str, Any]:
     """Run the workload on a fresh complex; writes ``pbs_accounting`` and ``measured.json``
     into ``out`` and returns the measured figures."""
-    from pbs_real_helpers import complex_root, start_daemon
+    from devtools.localcluster.pbs_helpers import complex_root, start_daemon
 
     jobs_dir = out / "jobs"
     shutil.rmtree(jobs_dir, ignore_errors=True)

@@ -2,9 +2,9 @@
 
 Three modes:
 
-    python3 bench/simulate.py --policies malletrain,freetrain-exact   # share + wall per policy
-    python3 bench/simulate.py --timing --out timing.json
-    python3 bench/simulate.py --markdown BENCHMARKS.md --headline DIR[,DIR…] \\
+    python3 -m bench.simulate --policies malletrain,freetrain-exact   # share + wall per policy
+    python3 -m bench.simulate --timing --out timing.json
+    python3 -m bench.simulate --markdown BENCHMARKS.md --headline DIR[,DIR…] \\
         --arrivals DIR[,DIR…] --timing-file FILE[,FILE…] [--headline-inplace DIR[,DIR…]]
 
 ``--timing`` replays the whole Summit trace (14.08 days) with 50 ImageNet jobs under one
@@ -28,10 +28,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from simulator_section import machine, merged, read_results, section, write_markdown  # noqa: E402
-
+from bench.simulator_section import machine, merged, read_results, section, write_markdown  # noqa: E402
 from malletrain_core import allocator  # noqa: E402
 from malletrain_core.sim.compare import SimOptions, compare  # noqa: E402
 from malletrain_core.sim.measured import load_profiles  # noqa: E402

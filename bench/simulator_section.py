@@ -1,5 +1,9 @@
 """The Simulator section of BENCHMARKS.md, built from ``malletrain simulate`` results.json
-files and ``bench/simulate.py --timing`` records (see bench/simulate.py)."""
+files and ``bench/simulate.py --timing`` records (see bench/simulate.py).
+
+Over 400 lines on purpose: it is the tables of one BENCHMARKS section, one function each; split,
+one section's formatting would be spread over several files.
+"""
 
 from __future__ import annotations
 
@@ -517,7 +521,7 @@ def section(head: dict[str, Any], arrivals: list[dict[str, Any]],
             ]
     if timings:
         lines += ["### Speed", "", *timing_table(timings), "",
-                  "`python3 bench/simulate.py --timing` replays the whole trace under one policy "
+                  "`python3 -m bench.simulate --timing` replays the whole trace under one policy "
                   "in one process; allocator ms is the wall time of each `allocator.solve` "
                   "call. The machine is shared: wall seconds depend on the load printed beside "
                   "them, CPU seconds much less. At commit "

@@ -1,8 +1,8 @@
 """The Slurm backend's two paths to slurmctld side by side: the commands and pyslurm.
 
-    python bench/slurm_paths.py                             # 24.11 and 25.11; prints JSON
-    python bench/slurm_paths.py --markdown BENCHMARKS.md    # and rewrites its section there
-    python bench/slurm_paths.py --release 24.11 --polls 10 --cycles 2
+    python -m bench.slurm_paths                             # 24.11 and 25.11; prints JSON
+    python -m bench.slurm_paths --markdown BENCHMARKS.md    # and rewrites its section there
+    python -m bench.slurm_paths --release 24.11 --polls 10 --cycles 2
 
 For each release (a local cluster of ``--nodes`` virtual nodes, started once; both paths in the
 same run, against the same queue: one elastic array of ``--nodes`` held tasks and ``--queue``
@@ -32,16 +32,14 @@ import tempfile
 import time
 from collections import Counter
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from e2e import say  # noqa: E402
-from sections import host, replace_section  # noqa: E402
-
+from bench.e2e import say  # noqa: E402
+from bench.sections import host, replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.backends.slurm.backend import SlurmBackend  # noqa: E402
 from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource, choose  # noqa: E402
@@ -110,6 +108,10 @@ def state(cluster: LocalCluster, task: str) -> str:
     return cluster.run(["squeue", "-h", "-j", task, "-o", "%T|%r"]).stdout.strip()
 
 
+def in_state(cluster: LocalCluster, task: str, prefix: str) -> bool:
+    return state(cluster, task).startswith(prefix)
+
+
 def one_path(cluster: LocalCluster, name: str, source: PyslurmSource | None, polls: int,
              cycles: int) -> dict[str, Any]:
     backend = SlurmBackend(CommandRunner(env=cluster.env), source=source)
@@ -133,13 +135,11 @@ def one_path(cluster: LocalCluster, name: str, source: PyslurmSource | None, pol
         samples.setdefault("grow: update", []).append(measured(cluster, act.grow, task, node, 30))
         samples.setdefault("grow: release", []).append(
             measured(cluster, act.scontrol, "release", task))
-        cluster.wait_for(f"{task} running", lambda t=task: state(cluster, t).startswith(
-            "RUNNING"), 60)
+        cluster.wait_for(f"{task} running", partial(in_state, cluster, task, "RUNNING"), 60)
         samples.setdefault("hold", []).append(measured(cluster, act.scontrol, "hold", task))
         samples.setdefault("shrink: requeuehold Incomplete", []).append(
             measured(cluster, act.scontrol, "requeuehold Incomplete", task))
-        cluster.wait_for(f"{task} held again", lambda t=task: state(cluster, t).startswith(
-            "PENDING"), 60)
+        cluster.wait_for(f"{task} held again", partial(in_state, cluster, task, "PENDING"), 60)
     samples["cancel (scancel)"] = [measured(cluster, act.cancel, [job])]
     out["actions"] = {k: {"ms": statistics.median(ms for ms, _ in v),
                           "rpcs": sum(sum(c.values()) for _, c in v) / len(v),

@@ -1,8 +1,8 @@
 """What malletraind costs slurmctld: RPCs and controller time per minute, counted by ``sdiag``.
 
-    python bench/slurmctld_load.py                        # 16, 64 and 256 nodes; prints JSON
-    python bench/slurmctld_load.py --markdown BENCHMARKS.md   # and rewrites its section there
-    python bench/slurmctld_load.py --nodes 16 --phase-s 20    # one small run
+    python -m bench.slurmctld_load                        # 16, 64 and 256 nodes; prints JSON
+    python -m bench.slurmctld_load --markdown BENCHMARKS.md   # and rewrites its section there
+    python -m bench.slurmctld_load --nodes 16 --phase-s 20    # one small run
 
 For each node count: a local cluster (test timings), ``--queued`` held prod jobs that cannot
 start (the queue slurmctld must walk on every full read), and a real ``malletraind`` running
@@ -25,12 +25,16 @@ daemon costs slurmctld less than one ``squeue`` every 10 s, i.e. 6 per minute.
 
 The backend's two paths on the newer releases (the matrix's chroot, ``make setup-matrix``)::
 
-    python bench/slurmctld_load.py --slurm 24.11,25.11 --paths commands,pyslurm \
+    python -m bench.slurmctld_load --slurm 24.11,25.11 --paths commands,pyslurm \
         --markdown BENCHMARKS.md
 
 runs every node count once per release and path (the pyslurm path: ``slurm.pyslurm`` set to
 the release's helper in the chroot; the run fails if the daemon did not take it) and writes a
 second section, beside the 22.05 one.
+
+Over 400 lines on purpose: the measurement, its extrapolation to larger clusters and the section
+it writes share the keys of one JSON record; kept together, a key renamed on one side cannot
+silently drop out of the other.
 """
 
 from __future__ import annotations
@@ -50,12 +54,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from e2e import machine, say  # noqa: E402
-from sections import replace_section  # noqa: E402
-
+from bench.e2e import machine, say  # noqa: E402
+from bench.sections import replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 from malletrain_core.backends.slurm import parse as sp  # noqa: E402
@@ -444,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = run(args)
         flags = list(argv if argv is not None else sys.argv[1:])
-        result["command"] = "python bench/slurmctld_load.py " + shlex.join(flags)
+        result["command"] = "python -m bench.slurmctld_load " + shlex.join(flags)
         result["machine"] = machine()
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.markdown:

@@ -1,9 +1,9 @@
 """A one-hour soak of MalleTrain on a real local Slurm cluster: leaks, lost jobs, lost reports.
 
-    python bench/soak.py --json                       # one hour, 32 nodes; JSON on stdout
-    python bench/soak.py --markdown BENCHMARKS.md     # and rewrites the soak section there
-    python bench/soak.py --quick                      # about 5 minutes, for trials
-    python bench/soak.py --from-json bench/results/soak.json --markdown BENCHMARKS.md
+    python -m bench.soak --json                       # one hour, 32 nodes; JSON on stdout
+    python -m bench.soak --markdown BENCHMARKS.md     # and rewrites the soak section there
+    python -m bench.soak --quick                      # about 5 minutes, for trials
+    python -m bench.soak --from-json bench/results/soak.json --markdown BENCHMARKS.md
 
 One local cluster (test timings), one real ``malletraind`` and, for ``--duration-s``:
 
@@ -28,6 +28,10 @@ against those each daemon life received or dropped (sent while no daemon listene
 apart), jobs lost (an elastic job that ended or vanished though nobody finished or cancelled
 it, or that the daemon marks done) and jobs revived (a cancelled job with a task PENDING or
 RUNNING one poll interval after ``scancel`` returned).
+
+Over 400 lines on purpose: the soak's driver, its verdicts and its plot read the same per-job
+records (``Job``, ``Life``); the churn and job scripts come from :mod:`bench.load`, the training
+script is :mod:`bench.soak_torch`.
 """
 
 from __future__ import annotations
@@ -49,14 +53,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 import psutil  # noqa: E402
-from e2e import machine, say  # noqa: E402
-from load import Churn, elastic_tasks, end_elastic, job_script, sent_reports, squeue  # noqa: E402
-from sections import replace_section  # noqa: E402
 
+from bench.e2e import machine, say  # noqa: E402
+from bench.load import Churn, elastic_tasks, end_elastic, job_script, sent_reports, squeue  # noqa: E402
+from bench.sections import replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 
@@ -731,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = Soak(args).run()
         flags = list(argv if argv is not None else sys.argv[1:])
-        result["command"] = "python bench/soak.py " + shlex.join(flags)
+        result["command"] = "python -m bench.soak " + shlex.join(flags)
         result["machine"] = machine()
         result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     result["judgement"] = judge(result)

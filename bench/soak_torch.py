@@ -4,23 +4,35 @@ records how many progress reports it has sent, as examples/standin_worker.py doe
 soak compares every report sent with the reports the daemon received.
 
     python bench/soak_torch.py --sent-dir DIR -- [train_elastic.py flags]
+
+(bench/soak.py runs it by its path inside each job; it imports no other bench module.)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from malletrain_core.worker import training
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "examples"))
 
-import train_elastic  # noqa: E402
 
-from malletrain_core.worker import training  # noqa: E402
+def _example(name: str) -> Any:
+    """``examples/NAME.py`` (a script, not a package module) loaded by its path."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+train_elastic = _example("train_elastic")
 
 
 def counting(sent_dir: Path) -> None:

@@ -11,7 +11,7 @@ with each replay's CPU seconds beside its wall time (the cores may be shared), a
 replay's time goes (the restart model over ``--profile-days`` under cProfile). It prints one
 JSON object (last line); ``--markdown`` rewrites the section of BENCHMARKS.md.
 
-    python3 bench/whatif.py [--nodes 4000] [--days 30] [--jobs 50] [--workers N]
+    python3 -m bench.whatif [--nodes 4000] [--days 30] [--jobs 50] [--workers N]
                             [--profile-days 5] [--markdown]
 """
 
@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.hostlist import fold  # noqa: E402
@@ -178,7 +177,7 @@ def main() -> int:
         workers = report["timing_s"]["workers"]
         body = "\n".join([
             BEGIN,
-            f"`python3 bench/whatif.py --nodes {args.nodes} --days {args.days:g} --jobs "
+            f"`python3 -m bench.whatif --nodes {args.nodes} --days {args.days:g} --jobs "
             f"{args.jobs}` on {host()}: a synthetic `sacct -P` month "
             f"({jobs:,} jobs, {size_mb:.1f} MB; Poisson arrivals at {args.load:g} offered "
             "load, 1–1,024 nodes, log-normal run times with a 1-h median, each job on the "

@@ -25,6 +25,8 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
 from . import hostlist
+from .backends.pbs.options import PbsOptions
+from .backends.slurm.options import SlurmOptions
 from .defaults import DEFAULT_LOOKAHEAD_S as DEFAULT_LOOKAHEAD_S
 from .errors import ConfigError, MalleTrainError
 from .tomltables import dataclass_from_table
@@ -74,34 +76,6 @@ class ProfilerConfig:
 
 
 @dataclass(frozen=True)
-class SlurmConfig:
-    partition: str = "preemptable"
-    default_time_limit_s: float = 72 * 3600.0
-    command_timeout_s: float = 30.0
-    bin_dir: str = ""
-    pyslurm: str = "off"
-    unplanned_wait_s: float = 60.0
-    hole_margin_s: float = 60.0
-    grant_timeout_s: float = 90.0
-    """A released task not running after this long is held again and its node re-planned."""
-    task_failures_max: int = 5
-    task_failure_window_s: float = 600.0
-    """Taken off a planned hole: at least the backfill's bf_resolution (Slurm's default 60 s);
-    a cluster that plans in finer steps fills shorter holes with a smaller margin."""
-
-
-@dataclass(frozen=True)
-class PbsConfig:
-    queue: str = "mt_preemptable"
-    command_timeout_s: float = 30.0
-    grant_timeout_s: float = 30.0
-    bin_dir: str = ""
-    job_key_file: str = ""
-    """Where munge is absent: the site key from which each job's launcher secret is derived
-    (pbs_hooks/install.sh --job-key-file writes it; docs/pbs.md). Empty: launchers use munge."""
-
-
-@dataclass(frozen=True)
 class MungeConfig:
     socket: str = ""
     credential_ttl_s: int = 300
@@ -146,8 +120,8 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    pbs: PbsConfig = field(default_factory=PbsConfig)
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    pbs: PbsOptions = field(default_factory=PbsOptions)
     munge: MungeConfig = field(default_factory=MungeConfig)
     epochs: EpochsConfig = field(default_factory=EpochsConfig)
     trainer: tuple[TrainerConfig, ...] = ()
@@ -180,9 +154,6 @@ class Config:
                             ("daemon.finished_job_retention_s", d.finished_job_retention_s),
                             ("allocator.lookahead_s", self.allocator.lookahead_s),
                             ("profiler.window_s", self.profiler.window_s),
-                            ("slurm.command_timeout_s", self.slurm.command_timeout_s),
-                            ("slurm.default_time_limit_s", self.slurm.default_time_limit_s),
-                            ("pbs.command_timeout_s", self.pbs.command_timeout_s),
                             ("munge.credential_ttl_s", self.munge.credential_ttl_s)):
             if not value > 0 or not math.isfinite(value):
                 raise ConfigError(f"{name}: {value!r} must be a finite number > 0")
@@ -194,20 +165,8 @@ class Config:
                               in self.allocator.user_max_nodes.items())):
             if not value >= 0 or not math.isfinite(value):
                 raise ConfigError(f"{name}: {value!r} must be a finite number ≥ 0")
-        if not self.slurm.unplanned_wait_s >= 0 or not math.isfinite(self.slurm.unplanned_wait_s):
-            raise ConfigError(f"slurm.unplanned_wait_s: {self.slurm.unplanned_wait_s!r} must "
-                              "be a finite number ≥ 0 (0: grants never wait for other jobs)")
-        if not self.slurm.hole_margin_s >= 0 or not math.isfinite(self.slurm.hole_margin_s):
-            raise ConfigError(f"slurm.hole_margin_s: {self.slurm.hole_margin_s!r} must be a "
-                              "finite number ≥ 0 (bf_resolution + bf_interval of slurm.conf)")
-        for name, value in (("slurm.grant_timeout_s", self.slurm.grant_timeout_s),
-                            ("pbs.grant_timeout_s", self.pbs.grant_timeout_s),
-                            ("slurm.task_failure_window_s", self.slurm.task_failure_window_s)):
-            if not value > 0 or not math.isfinite(value):
-                raise ConfigError(f"{name}: {value!r} must be a finite number of seconds > 0")
-        if self.slurm.task_failures_max < 1:
-            raise ConfigError(f"slurm.task_failures_max: {self.slurm.task_failures_max!r} must "
-                              "be at least 1 (task failures before a job is stopped)")
+        self.slurm.validate()
+        self.pbs.validate()
         for name, port in (("daemon.api_port", d.api_port), ("daemon.metrics_port", d.metrics_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name}: {port!r} is not a port number (0 turns it off)")

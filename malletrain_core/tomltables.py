@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, get_type_hints
 
@@ -68,3 +69,11 @@ def dataclass_from_table(cls: type, table: Mapping[str, Any], where: str) -> Any
             raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(names)}")
         values[key] = _convert(value, hints[key], f"{where}.{key}")
     return cls(**values)
+
+
+def positive(*named: tuple[str, float], unit: str = "") -> None:
+    """ConfigError naming the first of ``named`` (key, value) that is not a finite number > 0."""
+    for name, value in named:
+        if not value > 0 or not math.isfinite(value):
+            what = f"a finite number of {unit} > 0" if unit else "a finite number > 0"
+            raise ConfigError(f"{name}: {value!r} must be {what}")

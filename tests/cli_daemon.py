@@ -23,12 +23,13 @@ from malletrain_core.events import (
     NodesReclaimed,
     ProgressReport,
 )
+from malletrain_core.interfaces import Backend
 from malletrain_core.model import Curve
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """Hands out queued events at the next poll; accepts every action."""
 
     name = "scripted"

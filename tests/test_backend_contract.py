@@ -15,8 +15,8 @@ from world_pbs import PbsSim
 from world_slurm import SlurmSim
 from world_toy import ToyWorld
 
-from malletrain_core.backends import BATCH_SYSTEMS
 from malletrain_core.backends.pbs import parse as pp
+from malletrain_core.backends.registry import BATCH_SYSTEMS
 from malletrain_core.backends.slurm import parse as sp
 
 CAPTURED = Path(__file__).parent / "golden" / "slurm" / "22.05"

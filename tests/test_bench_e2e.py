@@ -3,14 +3,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-e2e = pytest.importorskip("e2e")
+e2e = pytest.importorskip("bench.e2e")
 
 
 def result(**over: object) -> dict:
@@ -28,7 +23,7 @@ def result(**over: object) -> dict:
 
 
 def test_the_section_shows_the_worst_grant_and_every_task_lost() -> None:
-    text = e2e.section(result(), "python bench/e2e.py --json")
+    text = e2e.section(result(), "python -m bench.e2e --json")
     assert "| prod job ended → its node training again (phase 2, n = 29) | 0.94 s | max " \
            "3.93 s |" in text
     assert "| node idle → training, worst of every grow in the run | | 13.0 s |" in text

@@ -4,6 +4,7 @@ from running it on a machine with one (``--cpu-check`` runs every part on gloo h
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -14,20 +15,18 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from script_module import ROOT, load_script
-
-SCRIPT = ROOT / "bench" / "gpu.py"
+from script_module import ROOT
 
 
 @pytest.fixture(scope="module")
 def gpu() -> ModuleType:
-    return load_script("bench/gpu.py", "gpu_bench")
+    return importlib.import_module("bench.gpu")
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # no GPU, even on a host that has one
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "bench.gpu", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
 def test_without_cuda_it_prints_the_skip_json_and_exits_0(tmp_path: Path) -> None:
@@ -43,7 +42,7 @@ def test_without_cuda_it_prints_the_skip_json_and_exits_0(tmp_path: Path) -> Non
     assert out["bench"] == "gpu"
     assert isinstance(out["skipped"], str)
     assert out["skipped"].startswith("no CUDA: ") or "torch is not installed" in out["skipped"]
-    assert out["command"] == f"python bench/gpu.py --json --markdown {md}"
+    assert out["command"] == f"python -m bench.gpu --json --markdown {md}"
     assert out["date"].endswith("UTC") and out["machine"] and "failed" not in out
     assert not any(k.startswith(("stale", "reform", "communicator")) for k in out)
     assert md.read_text() == "# Benchmarks\n"  # a skipped run rewrites nothing
@@ -99,10 +98,10 @@ RUN: dict[str, Any] = {
 
 
 def test_the_section_reports_a_made_up_gpu_run(gpu: ModuleType) -> None:
-    text = gpu.section(RUN, "python bench/gpu.py --json")
+    text = gpu.section(RUN, "python -m bench.gpu --json")
     lines = text.splitlines()
     assert lines[0] == gpu.BEGIN and lines[-1] == gpu.END
-    assert "NVIDIA H100" in lines[1] and "`python bench/gpu.py --json`" in lines[1]
+    assert "NVIDIA H100" in lines[1] and "`python -m bench.gpu --json`" in lines[1]
     assert "CPU/gloo check" not in text
     assert "an async all-reduce of 1024 MiB" in text
     assert "| world 1, future done → `work.wait()` → read (now) | 0 of 40 | 38 of 40 | 0 |" in lines
@@ -149,7 +148,7 @@ def test_from_json_rewrites_only_its_section(gpu: ModuleType, tmp_path: Path) ->
     md.write_text(f"# Benchmarks\n\nbefore\n\n{gpu.BEGIN}\nold\n{gpu.END}\n\nafter\n")
     saved = tmp_path / "run.json"
     saved.write_text(json.dumps({**RUN, "failed": [], "examples": {},
-                                 "command": "python bench/gpu.py --json"}))
+                                 "command": "python -m bench.gpu --json"}))
     assert gpu.main(["--from-json", str(saved), "--markdown", str(md), "--json"]) == 0
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\nbefore\n\n" + gpu.BEGIN + "\nMeasured 2026-11-27")

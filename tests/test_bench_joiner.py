@@ -52,7 +52,7 @@ def test_the_section_pools_each_sides_joins(tmp_path):
         joins = [{**{p[0]: 0.1 for p in joiner.PARTS}, "total": t} for t in totals]
         return {"joins": joins, "median": joiner.medians(joins), "commit": commit,
                 "date": "2026-11-27 02:00 UTC", "load": "1.0", "nodes": 4, "prod_s": 4.0,
-                "command": "python bench/joiner.py --joins 2", "machine": "a host"}
+                "command": "python -m bench.joiner --joins 2", "machine": "a host"}
 
     files = []
     for name, totals in (("b1", [4.0, 5.0]), ("a1", [3.0, 3.5]), ("b2", [6.0, 4.5]),

@@ -3,13 +3,12 @@ section it writes from records (the figures themselves come from running it)."""
 
 from __future__ import annotations
 
+import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
-from script_module import ROOT, load_script
 
 from malletrain_core.engine import JobPhase
 from malletrain_core.model import Curve
@@ -18,8 +17,7 @@ from malletrain_core.sim.workloads import SimJob
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "bench"))  # its `sections` import
-    return load_script("bench/profiler.py", "profiler_bench")
+    return importlib.import_module("bench.profiler")
 
 
 def test_curve_errors_weigh_jobs_by_their_nodes(bench: ModuleType) -> None:

@@ -16,9 +16,10 @@ from malletrain_core.events import (
     WorkerStarted,
     WorkerStopped,
 )
+from malletrain_core.interfaces import Backend
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     name = "fake"
 
     def __init__(self):

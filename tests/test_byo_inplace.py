@@ -3,7 +3,7 @@
 A driver stands in for the launchers (as in tests/test_inplace.py): it starts
 examples/torchrun/after.py, unchanged, with ``malletrain-run --inplace``'s environment and
 writes each node's membership file. The step lines (``MALLETRAIN_LOG_EVERY=1``) are read with
-tests/slurm/byo_logs.py: equal parameters on every rank after every step, one start per epoch
+devtools/runlogs/byo_logs.py: equal parameters on every rank after every step, one start per epoch
 at the hand-over's step and cursor, and the surviving updates' sample positions without gap
 or overlap.
 """
@@ -26,7 +26,7 @@ from tests.test_inplace import wait_for
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "slurm"))
 
-from byo_logs import lost_per_epoch_change, problems, read  # noqa: E402
+from devtools.runlogs.byo_logs import lost_per_epoch_change, problems, read  # noqa: E402
 
 SCRIPT = [sys.executable, str(ROOT / "examples" / "torchrun" / "after.py"), "--epochs", "1000",
           "--batch-size", "8", "--lr", "0.01"]

@@ -237,8 +237,8 @@ def test_qos_preemption(site):
 
 
 def test_daemon_partition_must_match_the_lua(site):
-    from malletrain_core.config import SlurmConfig
-    by_name, _ = site.checks(slurm=SlurmConfig(partition="elastic"))
+    from malletrain_core.backends.slurm.options import SlurmOptions
+    by_name, _ = site.checks(slurm=SlurmOptions(partition="elastic"))
     assert by_name["daemon partition"].status == "WRONG"
 
 
@@ -296,10 +296,10 @@ def test_a_site_script_that_requires_the_module(site):
 def test_the_slurm_path_is_the_daemons_choice(site):
     """admin check prints how malletraind would talk to slurmctld, and says what to do when a
     pyslurm helper it is told to use does not answer."""
-    from malletrain_core.config import SlurmConfig
+    from malletrain_core.backends.slurm.options import SlurmOptions
     by_name, _ = site.checks()
     assert by_name["Slurm path"].detail == 'commands (slurm.pyslurm = "off")'
-    by_name, _ = site.checks(slurm=SlurmConfig(pyslurm="/nonexistent/python3"))
+    by_name, _ = site.checks(slurm=SlurmOptions(pyslurm="/nonexistent/python3"))
     path = by_name["Slurm path"]
     assert path.status == "WRONG" and "build a pyslurm" in path.fix
     assert path.detail.startswith("commands (no pyslurm in helper '/nonexistent/python3': ")

@@ -97,3 +97,23 @@ def test_bad_type_in_every_kind_of_field(tmp_path):
 def test_unknown_environment_key_is_rejected_by_name(tmp_path):
     with pytest.raises(ConfigError, match="unknown key 'metrics_prot'"):
         config.load(write(tmp_path, ""), env={"MALLETRAIN_DAEMON_METRICS_PROT": "1"})
+
+
+def test_each_batch_systems_settings_are_its_entrys_and_a_field_of_the_config():
+    """A batch system's section is declared once, on its registry entry (``section``,
+    ``options``), and read by ``Config`` under that name with that class; every section of
+    ``Config`` whose class lives in a backend's package belongs to one entry."""
+    from typing import get_type_hints
+
+    from malletrain_core.backends.registry import BATCH_SYSTEMS
+
+    hints = get_type_hints(config.Config)
+    declared = {e.section: e.options for e in BATCH_SYSTEMS.values() if e.section}
+    assert declared and all(hints[name] is cls for name, cls in declared.items())
+    owned = {name for name, cls in hints.items()
+             if getattr(cls, "__module__", "").startswith("malletrain_core.backends.")}
+    assert owned == set(declared)
+    for name, cls in declared.items():
+        assert cls is not None
+        cls().validate()  # the defaults are valid
+        assert f"[{name}]" in config.DOCUMENTED_DEFAULTS.read_text()

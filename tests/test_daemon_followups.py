@@ -13,6 +13,7 @@ from pathlib import Path
 from malletrain_core.daemon.core import Daemon
 from malletrain_core.daemon.store import Store
 from malletrain_core.events import Action, Event, Grow, NodesReclaimed, WorkerStopped
+from malletrain_core.interfaces import Backend as BackendProtocol
 
 
 class Engine:
@@ -28,7 +29,9 @@ class Engine:
         return [Grow("7", (f"n{self.n}",), None)]  # plans again after every failed grow
 
 
-class Backend:
+class Backend(BackendProtocol):
+    name = "fake"
+
     def poll(self, now: float) -> list[Event]:
         return [NodesReclaimed(now, ("n0",))]
 

@@ -30,7 +30,7 @@ def test_pbs_backend_from_config(tmp_path):
 
 
 def test_every_registered_batch_system_builds_from_the_defaults():
-    from malletrain_core.backends import BATCH_SYSTEMS
+    from malletrain_core.backends.registry import BATCH_SYSTEMS
     from malletrain_core.config import Config, DaemonConfig
 
     assert set(BATCH_SYSTEMS) >= {"slurm", "pbs"}

@@ -12,12 +12,14 @@ from pathlib import Path
 from malletrain_core.daemon.core import Daemon
 from malletrain_core.daemon.store import Store
 from malletrain_core.events import Action, Event, Grow, IdleNode, NodesIdle, ProgressReport
+from malletrain_core.interfaces import Backend as BackendProtocol
 
 
 class Engine:
     def __init__(self) -> None:
         self.seen: list[Event] = []
         self.reply: list[Action] = []
+        self.node_map: dict[str, str] = {}
 
     def handle_many(self, events: Sequence[Event]) -> list[Action]:
         self.seen.extend(events)
@@ -25,7 +27,9 @@ class Engine:
         return out
 
 
-class Backend:
+class Backend(BackendProtocol):
+    name = "fake"
+
     def __init__(self) -> None:
         self.polls = 0
         self.next: list[Event] = []

@@ -23,6 +23,7 @@ from malletrain_core.events import (
     Tick,
     WorkerStarted,
 )
+from malletrain_core.interfaces import Backend as BackendProtocol
 
 
 class Engine:
@@ -35,7 +36,9 @@ class Engine:
         return []
 
 
-class Backend:
+class Backend(BackendProtocol):
+    name = "fake"
+
     def __init__(self, polled: list[Event]) -> None:
         self.polled = polled
         self.executed: list[Action] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from malletrain_core.allocator import POLICIES
-from malletrain_core.backends import BATCH_SYSTEMS
+from malletrain_core.backends.registry import BATCH_SYSTEMS
 from malletrain_core.backends.toy import ToyBackend, ToyCluster
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,6 +28,7 @@ from malletrain_core.daemon.intake import (
 )
 from malletrain_core.daemon.store import Store
 from malletrain_core.events import Action, Event
+from malletrain_core.interfaces import Backend
 from malletrain_core.wire import hooks as protocol
 from malletrain_core.wire import reports
 
@@ -216,10 +217,11 @@ def test_a_report_is_timed_at_its_receipt_not_by_its_senders_clock() -> None:
         listener.close()
 
 
-class SlowBackend:
+class SlowBackend(Backend):
     """A batch system whose poll takes ``poll_s`` (a slow squeue)."""
 
     def __init__(self, poll_s: float) -> None:
+        self.name = "slow"
         self.poll_s = poll_s
         self.polls = 0
 
@@ -233,6 +235,8 @@ class SlowBackend:
 
 
 class Engine:
+    node_map: dict[str, str] = {}
+
     def handle_many(self, events: Sequence[Event]) -> list[Action]:
         return []
 

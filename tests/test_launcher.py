@@ -29,6 +29,7 @@ from malletrain_core.daemon.launchers import LauncherService
 from malletrain_core.errors import MalleTrainError
 from malletrain_core.munge import PrivateMunged
 from malletrain_core.wire import reports
+from malletrain_core.wire.checkin import LauncherState
 from malletrain_core.wire.orders import Order
 from malletrain_core.worker import launcher as mr
 from malletrain_core.worker import training
@@ -428,7 +429,7 @@ def test_refusals_end_an_idle_launcher_but_never_a_running_epoch(munged, tmp_pat
                      checkpoint_dir=str(tmp_path), control_dir=str(tmp_path), poll_s=0.001,
                      max_backoff_s=0.001)
     assert la.run() == 2 and Refusing.calls == 10
-    la.state = "running"  # as if an epoch were running: keep it, keep asking
+    la.state = LauncherState.RUNNING  # as if an epoch were running: keep it, keep asking
     la.workers = None
     Refusing.calls = 0
 

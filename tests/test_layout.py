@@ -1,6 +1,7 @@
 """The import rules of the package, checked on the source (no import is executed).
 
-* No import cycle among modules (imports at module level).
+* No import cycle among modules: imports at any depth count (inside functions and
+  ``TYPE_CHECKING`` blocks too), since an import put off into a function is a cycle still.
 * Arrows point down: the engine, allocator and shared vocabulary reach no backend, daemon,
   CLI or worker code; the worker side (``malletrain-run`` and the
   training API) reaches no daemon or backend code; the wire formats reach only the shared
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,13 @@ LAYERS = {
 }
 
 
+SETTINGS_LEAVES = re.compile(r"^malletrain_core\.backends\.\w+\.options$")
+"""A batch system's settings (its malletrain.toml section): read by the configuration, which
+every layer may read, so reachable from anywhere; a leaf, so that reaching it reaches no
+backend code (:func:`test_the_settings_of_a_batch_system_are_a_leaf`)."""
+LEAF_IMPORTS = {"malletrain_core.errors", "malletrain_core.tomltables", "malletrain_core.defaults"}
+
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -51,15 +60,13 @@ def from_target(node: ast.ImportFrom, base: list[str]) -> str:
     return ".".join(anchor + ([node.module] if node.module else []))
 
 
-def imports(path: Path, top_level_only: bool) -> set[str]:
+def imports(path: Path) -> set[str]:
+    """The package's modules ``path`` imports, at any depth (functions, ``TYPE_CHECKING``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     mod = module_name(path)
     base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
     found: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.If) and top_level_only:  # TYPE_CHECKING blocks do not count
-            continue
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith(ROOT)}
         elif isinstance(node, ast.ImportFrom):
@@ -75,9 +82,8 @@ def imports(path: Path, top_level_only: bool) -> set[str]:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def graph(top_level_only: bool) -> dict[str, set[str]]:
-    return {m: {t for t in imports(p, top_level_only) if t in MODULES and t != m}
-            for m, p in MODULES.items()}
+def graph() -> dict[str, set[str]]:
+    return {m: {t for t in imports(p) if t in MODULES and t != m} for m, p in MODULES.items()}
 
 
 def reach(g: dict[str, set[str]], start: str) -> set[str]:
@@ -92,7 +98,7 @@ def reach(g: dict[str, set[str]], start: str) -> set[str]:
 
 
 def test_no_import_cycles() -> None:
-    g = graph(top_level_only=True)
+    g = graph()
     cycles = sorted(m for m in g if m in reach(g, m) and not m.endswith("__init__"))
     # A package's __init__ importing its own modules is no cycle; anything else is.
     real = [m for m in cycles if any(m in reach(g, n) for n in g[m]
@@ -102,16 +108,36 @@ def test_no_import_cycles() -> None:
 
 @pytest.mark.parametrize("layer", sorted(LAYERS))
 def test_arrows_point_down(layer: str) -> None:
-    g = graph(top_level_only=False)
+    g = graph()
     banned = [f"{ROOT}.{b}" for b in LAYERS[layer]]
     bad = []
     for m in g:
         if m != layer and not m.startswith(layer + "."):
             continue
         for target in sorted(reach(g, m)):
+            if SETTINGS_LEAVES.match(target):
+                continue
             if any(target == b or target.startswith(b + ".") for b in banned):
                 bad.append(f"{m} -> {target}")
     assert bad == [], f"{layer} reaches code above it: {bad[:10]}"
+
+
+def test_the_settings_of_a_batch_system_are_a_leaf() -> None:
+    """``backends/<name>/options.py`` imports only the errors and the TOML helpers, and the
+    package files above it import nothing: the configuration reads a batch system's section
+    without importing (or, at run time, initialising) any backend."""
+    g = graph()
+    leaves = sorted(m for m in MODULES if SETTINGS_LEAVES.match(m))
+    assert leaves, "no batch system has settings"
+    bad = {m: sorted(g[m] - LEAF_IMPORTS) for m in leaves if g[m] - LEAF_IMPORTS}
+    assert bad == {}
+    for leaf in leaves:
+        for package in (leaf.rsplit(".", 2)[0], leaf.rsplit(".", 1)[0]):
+            tree = ast.parse(MODULES[package].read_text())
+            imported = [ast.unparse(n) for n in ast.walk(tree)
+                        if isinstance(n, (ast.Import, ast.ImportFrom))
+                        and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+            assert imported == [], f"{package} imports {imported}"
 
 
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
@@ -123,45 +149,47 @@ def test_the_rules_see_a_violation(tmp_path: Path) -> None:
 
 # -- the whole repository ----------------------------------------------------------------------
 REPO = PACKAGE.parent
-PACKAGES = ("malletrain_core", "devtools")  # imported by their dotted names from the checkout
+PACKAGES = ("malletrain_core", "devtools", "bench")  # imported by dotted names from the checkout
 SKIP = {".git", ".cluster", "build", "node_modules", "__pycache__"}
 
 
-def repo_files() -> list[Path]:
+def repo_files(root: Path = REPO) -> list[Path]:
     found = []
-    for folder, dirs, files in os.walk(REPO):   # pruned: build/ may hold a chroot's /proc
+    for folder, dirs, files in os.walk(root):   # pruned: build/ may hold a chroot's /proc
         dirs[:] = [d for d in dirs if d not in SKIP]
         found += [Path(folder) / f for f in files if f.endswith(".py")]
     return sorted(found)
 
 
-def repo_module(path: Path) -> str:
+def repo_module(path: Path, root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> str:
     """A file's name as Python imports it: dotted from the repository for the packages,
-    from its own folder otherwise (tests, bench and scripts put their folder on sys.path)."""
-    rel = path.relative_to(REPO)
+    from its own folder otherwise (tests and scripts put their folder on sys.path)."""
+    rel = path.relative_to(root)
     parts = list(rel.with_suffix("").parts)
-    if parts[0] not in PACKAGES:
+    if parts[0] not in packages:
         return f"{rel.parent}::{parts[-1]}"
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def repo_graph() -> dict[str, set[str]]:
-    """Module-level imports between the repository's own Python files."""
-    files = {repo_module(p): p for p in repo_files()}
+def repo_graph(root: Path = REPO, packages: tuple[str, ...] = PACKAGES
+               ) -> dict[str, set[str]]:
+    """Imports between the repository's own Python files, at any depth: an import inside a
+    function or a ``TYPE_CHECKING`` block is an edge like one at the top."""
+    files = {repo_module(p, root, packages): p for p in repo_files(root)}
     g: dict[str, set[str]] = {}
     for mod, path in files.items():
         try:
             tree = ast.parse(path.read_text(), filename=str(path))
         except SyntaxError:  # a template or a file for another Python: not imported here
             continue
-        here = f"{path.relative_to(REPO).parent}::"
+        here = f"{path.relative_to(root).parent}::"
         base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         found: set[str] = set()
 
         def known(name: str, here: str = here) -> str | None:
             return next((c for c in (name, here + name) if c in files), None)
 
-        for node in tree.body:
+        for node in ast.walk(tree):
             hits: list[str | None] = []
             if isinstance(node, ast.Import):
                 hits = [known(a.name) for a in node.names]
@@ -190,6 +218,47 @@ def test_no_import_cycle_anywhere_in_the_repository() -> None:
 def test_the_cycle_finder_sees_a_cycle() -> None:
     g = {"a.x": {"a.y"}, "a.y": {"a.x"}, "a": {"a.x"}}
     assert cycles(g) == ["a.x", "a.y"]
+
+
+@pytest.mark.parametrize("hidden", ["def f():\n    from . import b\n",
+                                    "from typing import TYPE_CHECKING\n"
+                                    "if TYPE_CHECKING:\n    from .b import B\n"])
+def test_a_cycle_hidden_in_a_function_or_a_type_check_is_found(tmp_path: Path,
+                                                                hidden: str) -> None:
+    """A tiny package whose ``a`` imports ``b`` at the top and ``b`` imports ``a`` out of
+    sight: the repository's cycle finder names both, and the same package without the hidden
+    import has none."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("import os\n\n" + hidden.replace("from . import b", "from . import a")
+                              .replace("from .b import B", "from .a import A"))
+    assert cycles(repo_graph(tmp_path, ("pkg",))) == ["pkg.a", "pkg.b"]
+    (pkg / "b.py").write_text("import os\n")
+    assert cycles(repo_graph(tmp_path, ("pkg",))) == []
+
+
+def test_bench_is_a_package_that_edits_no_path_and_imports_no_test() -> None:
+    """bench/ runs as ``python -m bench.NAME``: its modules import each other, the package and
+    devtools/ by name, never edit ``sys.path``, and take nothing from tests/ (helpers that both
+    need live in devtools/)."""
+    bench = REPO / "bench"
+    assert (bench / "__init__.py").exists()
+    tests = {p.stem for p in (REPO / "tests").rglob("*.py")}
+    bad = []
+    for path in sorted(bench.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and \
+                    isinstance(node.value, ast.Name) and node.value.id == "sys":
+                bad.append(f"{path.name}:{node.lineno} uses sys.path")
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level \
+                else []
+            bad += [f"{path.name}:{node.lineno} imports {n} from tests/" for n in names
+                    if n.split(".")[0] in tests or n.startswith("tests")]
+    assert bad == []
 
 
 def test_the_runtime_package_does_not_import_the_development_tools() -> None:
@@ -237,7 +306,7 @@ def test_no_batch_system_name_is_tested_outside_the_backends() -> None:
     """The daemon, CLI, worker, engine and simulator ask the registry entry
     (backends/system.py) instead of testing ``daemon.batch_system``; only the backends and the
     hooks (plugin/, pbs_hooks/, outside the package) know a batch system by name."""
-    from malletrain_core.backends import BATCH_SYSTEMS
+    from malletrain_core.backends.registry import BATCH_SYSTEMS
 
     bad = [hit for m, p in sorted(MODULES.items())
            if not any(m == a or m.startswith(a + ".") for a in NAMES_ALLOWED)
@@ -250,3 +319,14 @@ def test_the_name_finder_sees_a_test(tmp_path: Path) -> None:
     src.write_text('if cfg.batch_system == "pbs":\n    pass\nok = name in ("toy", "x")\n'
                    'label = "slurm"\n')
     assert len(batch_system_tests(src, {"pbs", "toy", "slurm"})) == 2
+
+
+# -- module size ---------------------------------------------------------------------------------
+def test_a_module_over_400_lines_says_why() -> None:
+    """The package and bench/: a module longer than 400 lines says in its docstring why it is
+    one module (the word "400" and the reason), or it is split."""
+    long = [p for folder in (PACKAGE, REPO / "bench") for p in sorted(folder.rglob("*.py"))
+            if len(p.read_text().splitlines()) > 400]
+    silent = [str(p.relative_to(REPO)) for p in long
+              if "400" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert silent == [], f"over 400 lines with no word why: {silent}"

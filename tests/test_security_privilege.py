@@ -201,6 +201,7 @@ def test_unix_socket_user_sees_only_own_jobs(workdir: Path, second_user: pwd.str
 
     class Holder:  # what the read-only ops read of a daemon
         lock = threading.RLock()
+        clock = staticmethod(time.time)
 
     Holder.engine = engine  # type: ignore[attr-defined]
     dispatcher = Dispatcher(admin_uids={0})

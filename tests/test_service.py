@@ -77,6 +77,7 @@ def test_a_router_of_engines_is_read_as_one(tmp_path):
         engine = router
         lock = threading.RLock()
         counters = None
+        clock = staticmethod(time.time)
 
     nodes = StatusService(Holder()).nodes(0, {})["nodes"]
     assert nodes == [{"node": "n01", "state": "free", "job": "", "hole_end": T0 + 60,

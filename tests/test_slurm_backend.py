@@ -112,7 +112,7 @@ def slurm() -> FakeSlurm:
 def backend(slurm: FakeSlurm) -> SlurmBackend:
     # Without the unplanned-job rule (its own tests are at the end): the recorded session
     # polls right after submitting a production job and shows the commands of every step.
-    return SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=0)
+    return SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=0)
 
 
 def check_golden(name: str, calls: list[list[str]]) -> None:
@@ -516,7 +516,7 @@ def test_no_grant_while_a_job_of_another_partition_waits_unplanned(slurm: FakeSl
     the first poll without such a job) and a released task not started yet is held again;
     once planned, its nodes are holes and grants go on;
     one that stays unplanned holds grants back for ``unplanned_wait_s`` only."""
-    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    backend = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=30)
     slurm.squeue = held_array(7, 4)
     slurm.sinfo = nodes(n01="idle", n02="idle")
     assert of(backend.poll(T), NodesIdle)[0].nodes == (IdleNode("n01"), IdleNode("n02"))
@@ -554,7 +554,7 @@ def test_no_grant_while_a_job_of_another_partition_waits_unplanned(slurm: FakeSl
 def test_a_submission_announced_after_the_poll_holds_that_cycles_grows(
         slurm: FakeSlurm) -> None:
     seen = [0]
-    backend = SlurmBackend(slurm, grow_timeout_s=120)
+    backend = SlurmBackend(slurm, grant_timeout_s=120)
     backend.submits_seen = lambda: seen[0]
     slurm.squeue = held_array(7, 2)
     slurm.sinfo = nodes(n01="idle", n02="idle")
@@ -574,7 +574,7 @@ def test_a_submission_holds_released_tasks_at_once(slurm: FakeSlurm) -> None:
     """job_submit.lua's datagram for another partition's job holds again, without waiting for
     a poll, the tasks released for grows that have not started; the next poll ends those grows
     (failed, their nodes offered again later); one that started before the hold is a worker."""
-    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    backend = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=30)
     slurm.squeue = held_array(7, 3)
     slurm.sinfo = nodes(n01="idle", n02="idle")
     backend.poll(T)
@@ -593,14 +593,14 @@ def test_a_submission_holds_released_tasks_at_once(slurm: FakeSlurm) -> None:
     ev = backend.poll(T + 2)
     assert WorkerStarted(T + 2, "7", "n01") in ev and WorkerStopped(T + 2, "7", "n02") in ev
     assert ["scontrol", "hold", "7_1"] not in slurm.commands()
-    unplanned_off = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=0)
+    unplanned_off = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=0)
     assert unplanned_off.other_submitted() == 0
 
 
 def test_a_submission_confined_to_its_nodes_holds_only_tasks_there(slurm: FakeSlurm) -> None:
     """A production job that can run only on the nodes it names (sbatch -w) takes none of the
     others: the tasks released onto those go on starting."""
-    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    backend = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=30)
     slurm.squeue = held_array(7, 3)
     slurm.sinfo = nodes(n01="idle", n02="idle", n03="idle")
     backend.poll(T)
@@ -617,7 +617,7 @@ def test_only_jobs_that_could_start_now_hold_grants_back(slurm: FakeSlurm) -> No
     behind others, beyond the backfill's depth: never planned): they must not stop grants. A
     job Slurm has not looked at yet (reason None) or that waits for nodes does, for at most
     ``unplanned_wait_s`` after its submission time, whenever the daemon first saw it."""
-    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    backend = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=30)
     slurm.squeue = held_array(7, 4)
     slurm.sinfo = nodes(n01="idle")
     cannot = "".join(f"{40 + i}|{40 + i}|N/A|(null)|prod|{reason}|{int(T) - 5}\n"
@@ -630,7 +630,7 @@ def test_only_jobs_that_could_start_now_hold_grants_back(slurm: FakeSlurm) -> No
     assert backend.execute([Grow("7", ("n01",), None)], T) == []
     assert slurm.commands()[-1] == ["scontrol", "release", "7_0"]
     for reason in ("None", "Resources"):
-        fresh = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+        fresh = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=30)
         slurm.squeue, slurm.sinfo = held_array(7, 4), nodes(n01="idle")
         slurm.plan = cannot + f"51|51|N/A|(null)|prod|{reason}|{int(T) - 25}\n"
         assert of(fresh.poll(T), NodesIdle) == [], reason  # 25 s after its submission
@@ -652,7 +652,7 @@ def test_a_grant_not_running_by_its_deadline_is_taken_back_and_planned_again(
         slurm: FakeSlurm, caplog: pytest.LogCaptureFixture) -> None:
     """The task is held again, the node is offered again in the same poll (the engine plans
     at once) and one line says why, with Slurm's pending reason."""
-    backend = SlurmBackend(slurm, grow_timeout_s=13, unplanned_wait_s=0)
+    backend = SlurmBackend(slurm, grant_timeout_s=13, unplanned_wait_s=0)
     slurm.squeue = held_array(7, 2)
     slurm.sinfo = nodes(n01="idle")
     backend.poll(T)
@@ -703,7 +703,7 @@ def test_a_job_whose_tasks_keep_failing_is_stopped_with_one_line(
     """Each failure is requeued held until the job's tasks have failed task_failures_max
     times within the window: the job then ends FAILED and is cancelled. A node fault does not
     count, nor does a failure older than the window."""
-    backend = SlurmBackend(slurm, grow_timeout_s=60, unplanned_wait_s=0, task_failures_max=3,
+    backend = SlurmBackend(slurm, grant_timeout_s=60, unplanned_wait_s=0, task_failures_max=3,
                            task_failure_window_s=100)
     slurm.squeue = held_array(7, 2)
     slurm.sinfo = nodes(n01="idle")
@@ -786,7 +786,7 @@ def test_the_time_from_a_grant_to_its_task_running_is_counted(slurm: FakeSlurm,
 def test_a_task_preempted_where_it_started_may_go_back_there_at_once(slurm: FakeSlurm) -> None:
     """The settle is for a node our own task just left; a node another job took in between
     is clean by the time it is free (bench/e2e.py's phase 2 waited 2 s more per round)."""
-    backend = SlurmBackend(slurm, grow_timeout_s=120, unplanned_wait_s=30)
+    backend = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=30)
     slurm.squeue = held_array(7, 1, tag="malletrain:min=1,max=1")
     slurm.sinfo = nodes(n01="idle")
     backend.poll(T)

@@ -79,7 +79,7 @@ class PyslurmPathSim(SlurmSim):
 
     def backend(self) -> SlurmBackend:
         self.source = SimSource(self)
-        return SlurmBackend(NoCommands(), partition=PARTITION, grow_timeout_s=120,
+        return SlurmBackend(NoCommands(), partition=PARTITION, grant_timeout_s=120,
                             source=self.source)
 
 

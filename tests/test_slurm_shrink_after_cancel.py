@@ -24,7 +24,7 @@ def running_job(slurm: FakeSlurm, backend: SlurmBackend) -> None:
 
 def test_a_cancelled_task_is_not_requeued_by_a_late_shrink() -> None:
     slurm = FakeSlurm()
-    backend = SlurmBackend(slurm, grow_timeout_s=120)
+    backend = SlurmBackend(slurm, grant_timeout_s=120)
     running_job(slurm, backend)
     # scancel 7: both tasks are being killed when the shrink of n01 is handed over.
     slurm.squeue = (task(20, 7, 0, "COMPLETING", "n01", reason="None")
@@ -45,7 +45,7 @@ def test_a_cancelled_task_is_not_requeued_by_a_late_shrink() -> None:
 
 def test_a_running_sibling_is_still_requeued() -> None:
     slurm = FakeSlurm()
-    backend = SlurmBackend(slurm, grow_timeout_s=120)
+    backend = SlurmBackend(slurm, grant_timeout_s=120)
     running_job(slurm, backend)
     # Only 7_0 ends on its own (its worker exited); 7_1 still runs.
     slurm.squeue = (task(20, 7, 0, "COMPLETING", "n01", reason="None")
@@ -78,7 +78,7 @@ class ReadBack(FakeSlurm):
 
 def recycle(after_cancel: bool) -> ReadBack:
     slurm = ReadBack()
-    backend = SlurmBackend(slurm, grow_timeout_s=120)
+    backend = SlurmBackend(slurm, grant_timeout_s=120)
     running_job(slurm, backend)
     # 7_0 hit its time limit; the poll sees it TIMEOUT and recycles it with requeuehold.
     slurm.squeue = (task(20, 7, 0, "TIMEOUT", "n01", reason="TimeLimit")

@@ -7,10 +7,13 @@ import pytest
 
 from malletrain_core.config import from_mapping
 from malletrain_core.daemon import main as daemon_main
+from malletrain_core.daemon.core import Daemon
 from malletrain_core.daemon.service import StatusService
+from malletrain_core.daemon.store import Store
 from malletrain_core.engine.router import Router
 from malletrain_core.errors import ConfigError
 from malletrain_core.events import IdleNode, JobRequest, JobSubmitted, NodesIdle
+from malletrain_core.interfaces import Backend
 
 TWO = {"trainer": [{"name": "a100", "nodes": "n[01-04]", "lookahead_s": 600.0},
                    {"name": "h100", "nodes": "n[05-08]", "solver": "milp"}]}
@@ -85,20 +88,24 @@ def test_a_trainer_without_nodes_takes_the_rest():
     assert engine.trainer_of_node("n09") == "rest" and engine.trainer_of_node("n01") == "small"
 
 
-class _Daemon:
-    def __init__(self, engine):
-        import threading
+class _Backend(Backend):
+    name = "none"
 
-        from malletrain_core.daemon.core import Counters
+    def poll(self, now):
+        return []
 
-        self.engine, self.counters, self.lock = engine, Counters(), threading.Lock()
-        self.clock = lambda: 1.0
+    def execute(self, actions, now):
+        return []
 
 
-def test_status_jobs_nodes_and_metrics_show_the_trainer():
+def _daemon(engine, tmp_path):
+    return Daemon(engine, _Backend(), Store(tmp_path / "state"), clock=lambda: 1.0)
+
+
+def test_status_jobs_nodes_and_metrics_show_the_trainer(tmp_path):
     engine = daemon_main.make_engine(from_mapping(TWO).validate())
     route(engine)
-    service = StatusService(_Daemon(engine))
+    service = StatusService(_daemon(engine, tmp_path))
     status = service.status(0, {})
     assert set(status["trainers"]) == {"a100", "h100"}
     assert status["trainers"]["a100"]["jobs"] == 2 and status["trainers"]["h100"]["jobs"] == 1
@@ -109,7 +116,7 @@ def test_status_jobs_nodes_and_metrics_show_the_trainer():
     pytest.importorskip("prometheus_client")
     from malletrain_core.daemon.metrics import DaemonCollector
 
-    families = {f.name: f for f in DaemonCollector(_Daemon(engine)).collect()}
+    families = {f.name: f for f in DaemonCollector(_daemon(engine, tmp_path / "again")).collect()}
     samples = {(s.labels["trainer"], s.labels["state"]): s.value
                for s in families["malletrain_trainer_nodes"].samples}
     assert samples[("h100", "held")] + samples[("h100", "free")] == 4

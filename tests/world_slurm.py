@@ -127,7 +127,7 @@ class SlurmSim(CommandRunner):
         return {t.node for t in self.tasks.values() if t.array_id == aid and t.state == "RUNNING"}
 
     def backend(self) -> SlurmBackend:
-        return SlurmBackend(self, partition=PARTITION, grow_timeout_s=120)
+        return SlurmBackend(self, partition=PARTITION, grant_timeout_s=120)
 
     def end(self, aid: str, state: str) -> None:
         """Every task of array ``aid`` that is not done ends as ``state``."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from malletrain_core.backends import BATCH_SYSTEMS
 from malletrain_core.backends.base import Backend
+from malletrain_core.backends.registry import BATCH_SYSTEMS
 from malletrain_core.backends.toy import FREE, RUNNING, TAKEN, ToyCluster
 from malletrain_core.config import Config, DaemonConfig
 

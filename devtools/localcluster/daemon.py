@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,24 @@ def free_port(host: str = "127.0.0.1") -> int:
                 continue
             return port
     raise MalleTrainError(f"no port free for both TCP and UDP on {host}")
+
+
+def wait_views_agree(differ: Callable[[], str], batch_system: str, timeout_s: float) -> None:
+    """Wait until the daemon's view of its nodes and jobs equals the batch system's on two reads
+    1.2 s apart; ``differ()`` says how they differ ("" when they agree). The live tests of
+    Slurm and PBS both use it."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        last = differ()
+        if not last:
+            time.sleep(1.2)
+            last = differ()
+            if not last:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the daemon's view never matched {batch_system}'s within "
+                         f"{timeout_s:g} s: {last}")
 
 
 def _toml(value: Any) -> str:

@@ -1,39 +1,12 @@
 """Backends: translate a batch system's state into engine events and execute its actions.
 
-:data:`BATCH_SYSTEMS` is the one registry of batch systems: ``daemon.batch_system`` names one
-of its keys, and ``malletraind`` builds its backend from the configuration with the function
-registered there; the daemon and the CLI ask its entry (:class:`~.system.BatchSystem`) for
-everything else about it. Adding a batch system is one package under ``backends/`` and one
-line here (docs/extending.md).
+One package per batch system (``slurm/``, ``pbs/``, ``toy/``) beside what they share: the
+:class:`~.base.Backend` protocol's bookkeeping for array tasks (:mod:`.base`), the lifecycle
+enums (:mod:`.states`), the admin checks' vocabulary (:mod:`.checks`) and the registry entry's
+shape (:mod:`.system`). The registry itself, :data:`~.registry.BATCH_SYSTEMS`, is
+:mod:`.registry`: ``daemon.batch_system`` names one of its keys.
+
+This file imports nothing, so that a batch system's settings (``slurm/options.py``,
+``pbs/options.py``: leaf modules) can be read by :mod:`malletrain_core.config` without
+importing any backend.
 """
-
-from __future__ import annotations
-
-from ..config import Config
-from ..errors import ConfigError
-from . import pbs, slurm, toy
-from .base import Backend, TaskBackend
-from .system import BatchSystem
-
-BATCH_SYSTEMS: dict[str, BatchSystem] = {
-    "slurm": slurm.SYSTEM,
-    "pbs": pbs.SYSTEM,
-    "toy": toy.SYSTEM,
-}
-
-__all__ = ["BATCH_SYSTEMS", "Backend", "BatchSystem", "TaskBackend", "build", "system"]
-
-
-def system(config: Config) -> BatchSystem:
-    """The entry of ``config.daemon.batch_system``; ConfigError naming the choices."""
-    name = config.daemon.batch_system
-    entry = BATCH_SYSTEMS.get(name)
-    if entry is None:
-        raise ConfigError(f"daemon.batch_system: {name!r} is not supported; use one of "
-                          f"{', '.join(repr(n) for n in BATCH_SYSTEMS)}")
-    return entry
-
-
-def build(config: Config) -> Backend:
-    """The backend of ``config.daemon.batch_system``; ConfigError naming the choices."""
-    return system(config).backend(config)

@@ -13,7 +13,6 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from ..events import (
     Action,
@@ -30,25 +29,11 @@ from ..events import (
     NodesReclaimed,
     Shrink,
 )
+from ..interfaces import WAKE_LEAD_S, Backend
 
 log = logging.getLogger(__name__)
 
-
-class Backend(Protocol):
-    """A batch system as the engine needs it.
-
-    ``poll`` reconciles with the batch system (the truth) and returns what changed since the
-    last poll as events; ``execute`` carries out the engine's actions and returns any events
-    they caused at once (for example a grow that failed).
-    """
-
-    name: str
-
-    def poll(self, now: float) -> list[Event]:
-        ...
-
-    def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
-        ...
+__all__ = ["WAKE_LEAD_S", "Backend", "Launch", "PollEvents", "TaskBackend"]
 
 
 @dataclass
@@ -93,7 +78,7 @@ The next whole second is enough; another free task of the job is taken meanwhile
 once that job has ended."""
 
 
-class TaskBackend:
+class TaskBackend(Backend):
     """What every array-task backend keeps: live jobs, workers, pending grows, tasks being
     stopped and the nodes offered to the engine (node → hole end, None when unknown)."""
 
@@ -147,8 +132,8 @@ class TaskBackend:
 
     def busy(self) -> bool:
         """Work in flight that only a poll confirms: grows not yet running, tasks being
-        stopped, arrays still to cancel (the daemon's quiet polling waits for none)."""
-        return bool(self._launching or self._stopping or getattr(self, "_to_cancel", None))
+        stopped (the daemon's quiet polling waits for none)."""
+        return bool(self._launching or self._stopping)
 
     # ------------------------------------------------------------------ for subclasses
     def _job_of(self, task: str) -> str:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from .. import backends
+from ..backends import registry as backends
 from ..backends.checks import Check
 from ..config import load
 from . import client

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import pwd
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from ..backends.base import Backend
@@ -66,7 +66,7 @@ class _Deferred:
     since: float
 
 
-class EpochBridge:
+class EpochBridge(Backend):
     """A :class:`~malletrain_core.backends.base.Backend` that keeps the epoch coordinator in
     step with the engine's actions and the batch system's events (see the module docstring).
 
@@ -106,7 +106,7 @@ class EpochBridge:
             else:
                 if isinstance(action, Finish):
                     self.deferred = [d for d in self.deferred
-                                     if getattr(d.action, "job_id", None) != action.job_id]
+                                     if d.action.job_id != action.job_id]
                 ready.append(action)
         events = self._hand_over(ready, now)
         return events + self._release(now)
@@ -137,13 +137,25 @@ class EpochBridge:
                                       lost=lost)
             elif isinstance(event, JobEnded):
                 co.remove_job(event.job_id)
-                self.deferred = [d for d in self.deferred
-                                 if getattr(d.action, "job_id", None) != event.job_id]
+                self.deferred = [d for d in self.deferred if d.action.job_id != event.job_id]
 
     def busy(self) -> bool:
         """Deferred actions, or the backend's own work in flight: the next cycle polls."""
-        inner = getattr(self.backend, "busy", None)
-        return bool(self.deferred) or bool(inner is not None and inner())
+        return bool(self.deferred) or self.backend.busy()
+
+    # -- the rest of the protocol: the wrapped backend's ----------------------------------
+    @property
+    def wake_lead_s(self) -> float:  # type: ignore[override]
+        return self.backend.wake_lead_s
+
+    def grant_starts(self) -> dict[str, float | int]:
+        return self.backend.grant_starts()
+
+    def watch_submits(self, count: Callable[[], int]) -> None:
+        self.backend.watch_submits(count)
+
+    def other_submitted(self, only_nodes: Collection[str] = ()) -> int:
+        return self.backend.other_submitted(only_nodes)
 
     # -- deferred actions --------------------------------------------------------------------
     def pending_nodes(self) -> set[str]:

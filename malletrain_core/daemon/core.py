@@ -23,11 +23,11 @@ import selectors
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..backends.base import Backend
+from ..engine.planner import Planner
 from ..errors import CommandError
 from ..events import (
     Action,
@@ -40,20 +40,12 @@ from ..events import (
     Tick,
     WorkerStarted,
 )
+from ..interfaces import Backend
 from . import snapshot as snapshots
 from .drain import Drain
 from .store import CorruptState, Store
 
 log = logging.getLogger(__name__)
-
-WAKE_LEAD_S = 0.01
-"""How soon a hook datagram after a quiet spell runs the cycle, unless the backend names its
-own ``wake_lead_s`` (see :meth:`Daemon.wake`)."""
-
-
-class EngineLike(Protocol):
-    def handle_many(self, events: Sequence[Event]) -> list[Action]: ...
-
 
 class Listener(Protocol):
     def fileno(self) -> int: ...
@@ -85,9 +77,9 @@ class Counters:
 class Daemon:
     """Drives one engine against one backend; see the module docstring."""
 
-    def __init__(self, engine: EngineLike, backend: Backend, store: Store, *,
+    def __init__(self, engine: Planner, backend: Backend, store: Store, *,
                  poll_interval_s: float = 5.0, wake_delay_s: float = 0.2,
-                 wake_lead_s: float = WAKE_LEAD_S,
+                 wake_lead_s: float | None = None,
                  tick_interval_s: float = 5.0, idle_poll_interval_s: float | None = None,
                  clock: Callable[[], float] = time.time,
                  on_actions: Callable[[list[Action], float], None] | None = None,
@@ -112,7 +104,7 @@ class Daemon:
         # after a quiet spell is acted on at once (a node that fell idle is granted in tens of
         # milliseconds, not after a fixed delay), a burst costs one cycle per wake_delay_s.
         self.wake_delay_s = wake_delay_s
-        self.wake_lead_s = wake_lead_s
+        self.wake_lead_s = backend.wake_lead_s if wake_lead_s is None else wake_lead_s
         self._last_cycle_end = float("-inf")
         self.tick_interval_s = tick_interval_s
         self._last_tick = float("-inf")
@@ -126,7 +118,7 @@ class Daemon:
         self.after_cycle: list[Callable[[], None]] = []
         self.counters = Counters()
         self.pending: list[Event] = []
-        self.selector = selectors.DefaultSelector()
+        self.selector: selectors.BaseSelector = selectors.DefaultSelector()
         self._next_cycle = 0.0
         self._stopping = False
         self._hook_at: float | None = None
@@ -196,10 +188,7 @@ class Daemon:
         nodes the engine then grants), never left training where the engine offers the node
         to others."""
         self._recovered = False
-        node_map = getattr(self.engine, "node_map", None)
-        if node_map is None:
-            return []
-        held = dict(node_map)
+        held = dict(self.engine.node_map)
         running = {(e.job_id, e.node) for e in events if isinstance(e, WorkerStarted)}
         if fresh and running:
             log.warning("%d workers run that this daemon, started without state, did not "
@@ -283,8 +272,7 @@ class Daemon:
         quiet = self.idle_poll_interval_s
         if quiet is None or quiet <= self.poll_interval_s or self._poke or self._changed:
             return True
-        busy = getattr(self.backend, "busy", None)
-        if busy is not None and busy():
+        if self.backend.busy():
             return True
         return time.monotonic() - self._last_poll >= quiet
 
@@ -324,10 +312,10 @@ class Daemon:
             events, forced = self.drain.filter(self.engine, events, now)
             if forced:
                 self._changed = True
-                for action in forced:
-                    self.counters.actions[type(action).__name__] += 1
-                    log.info("job %s: shrink %s (drained)", getattr(action, "job_id", ""),
-                             ",".join(getattr(action, "nodes", ())))
+                for shrink in forced:
+                    self.counters.actions[type(shrink).__name__] += 1
+                    log.info("job %s: shrink %s (drained)", shrink.job_id,
+                             ",".join(shrink.nodes))
                 try:  # what comes back (a shrink refused: WorkerStarted) is filtered again
                     self.pending.extend(self.backend.execute(forced, now))
                 except CommandError as exc:
@@ -348,7 +336,7 @@ class Daemon:
                 self.counters.actions[type(action).__name__] += 1
                 if isinstance(action, (Grow, Shrink, Finish)):
                     log.info("job %s: %s %s", action.job_id, type(action).__name__.lower(),
-                             ",".join(getattr(action, "nodes", ())) or "")
+                             ",".join(action.nodes) if not isinstance(action, Finish) else "")
             try:
                 events = self.backend.execute(actions, now)
                 if self._hook_at is not None:

@@ -25,8 +25,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..engine.planner import Planner
 from ..events import (
-    Action,
     Event,
     IdleNode,
     NodesIdle,
@@ -69,26 +69,24 @@ class Drain:
                 "withheld_nodes": len(self.withheld),
                 "pending": self._pending or ""}
 
-    def filter(self, engine: Any, events: Sequence[Event],
-               now: float) -> tuple[list[Event], list[Action]]:
+    def filter(self, engine: Planner, events: Sequence[Event],
+               now: float) -> tuple[list[Event], list[Shrink]]:
         """The events the engine may see this cycle, and the shrinks to carry out."""
         front: list[Event] = []
-        actions: list[Action] = []
+        actions: list[Shrink] = []
         if self._pending is not None:
             self.store.put(KEY, {"drained": self.drained, "since": self.since})
         if self._pending == "drain":
-            held = dict(getattr(engine, "node_map", {}))
-            free = set(getattr(engine, "idle_nodes", ()))
-            from .service import _hole_ends  # the API's module: imported when first needed
-
-            ends = _hole_ends(engine)
+            held = dict(engine.node_map)
+            free = set(engine.idle_nodes)
+            ends = engine.hole_ends
             for name in set(held) | free:
                 self.withheld[name] = IdleNode(name, ends.get(name))
             if self.withheld:
                 front.append(NodesReclaimed(now, tuple(sorted(set(held) | free))))
             by_job: dict[str, list[str]] = {}
-            for node, job in held.items():
-                by_job.setdefault(job, []).append(node)
+            for name, job in held.items():
+                by_job.setdefault(job, []).append(name)
             actions += [Shrink(job, tuple(sorted(nodes))) for job, nodes in sorted(by_job.items())]
         elif self._pending == "resume" and self.withheld:
             front.append(NodesIdle(now, tuple(node for _, node in

@@ -37,10 +37,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ValidationError
-from ..wire.orders import EpochError, Order
+from ..wire.checkin import LauncherState
+from ..wire.orders import EpochError, Order, OrderKind
 
 KEY_BYTES = 32
-LAUNCHER_STATES = ("idle", "running", "exited")
+LAUNCHER_STATES = tuple(state.value for state in LauncherState)
 HISTORY = 32
 @dataclass
 class Epoch:
@@ -63,7 +64,7 @@ class Launcher:
     node: str
     addr: str
     epoch: int | None
-    state: str
+    state: LauncherState
     rc: int | None
     seen: float
     ckpt_seen: int = 0
@@ -201,17 +202,19 @@ class EpochCoordinator:
 
     # ----- the launchers' side -----------------------------------------------------------
     def checkin(self, job: str, node: str, now: float, *, epoch: int | None = None,
-                state: str = "idle", rc: int | None = None, addr: str = "",
-                ckpt_seen: int = 0, inplace: bool = False, ready: bool = True) -> Order:
+                state: LauncherState | str = LauncherState.IDLE, rc: int | None = None,
+                addr: str = "", ckpt_seen: int = 0, inplace: bool = False,
+                ready: bool = True) -> Order:
         """Record a launcher's check-in and return its order."""
         if state not in LAUNCHER_STATES:
             raise ValidationError("checkin", "state", f"{state!r}; use one of "
                                   f"{', '.join(LAUNCHER_STATES)}")
+        state = LauncherState(state)
         st = self._get(job)
         known = st.launchers.get(node)
         addr = addr or (known.addr if known is not None else node)
         ready_since = None
-        if inplace and ready and state != "running":
+        if inplace and ready and state is not LauncherState.RUNNING:
             ready_since = known.ready_since if known is not None and known.ready \
                 and known.ready_since is not None else now
         st.launchers[node] = Launcher(node=node, addr=addr, epoch=epoch, state=state,
@@ -224,7 +227,8 @@ class EpochCoordinator:
             st.next_epoch = epoch + 1
         st.ckpt_request = max(st.ckpt_request, int(ckpt_seen))
         cur = st.epoch
-        if cur is not None and epoch == cur.number and node in cur.members and state == "exited":
+        if cur is not None and epoch == cur.number and node in cur.members \
+                and state is LauncherState.EXITED:
             if rc == 0:
                 st.finished = True
             elif st.failed_at is None:
@@ -269,7 +273,7 @@ class EpochCoordinator:
             return set()
         target = set(st.target)
         leaving = {n for n, la in st.launchers.items()
-                   if la.inplace and la.state == "running" and n not in target}
+                   if la.inplace and la.state is LauncherState.RUNNING and n not in target}
         return (set(st.epoch.members) - target) | leaving
 
     def finished(self, job: str) -> bool:
@@ -348,7 +352,8 @@ class EpochCoordinator:
         involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
         if not all(la.inplace for n, la in st.launchers.items() if n in involved):
             return False
-        return any(st.launchers[n].state == "running" and st.launchers[n].epoch == cur.number
+        return any(st.launchers[n].state is LauncherState.RUNNING
+                   and st.launchers[n].epoch == cur.number
                    for n in nodes if n in cur.members)
 
     def _restart(self, st: JobState, now: float) -> None:
@@ -409,12 +414,12 @@ class EpochCoordinator:
 
     def _order(self, st: JobState, la: Launcher) -> Order:
         if st.failed:
-            return Order("exit", rc=1, reason=f"more than {self.max_failures} epochs failed "
+            return Order(OrderKind.EXIT, rc=1, reason=f"more than {self.max_failures} epochs failed "
                          "in a row; see the job's output")
         if st.finished:
-            return Order("exit", rc=0, reason="training finished")
+            return Order(OrderKind.EXIT, rc=0, reason="training finished")
         cur = st.epoch
-        running = la.epoch if la.state == "running" else None
+        running = la.epoch if la.state is LauncherState.RUNNING else None
         if cur is not None and la.node in cur.members:
             if la.inplace and running is not None and (
                     cur.path == "inplace" or (running == cur.number and st.failed_at is not None)):
@@ -422,20 +427,20 @@ class EpochCoordinator:
                 # a peer failed): no stop first
                 running = cur.number
                 if st.failed_at is not None:
-                    return Order("run", epoch=cur.number, rank=cur.members.index(la.node),
+                    return Order(OrderKind.RUN, epoch=cur.number, rank=cur.members.index(la.node),
                                  world=len(cur.members), master=cur.master, port=cur.port,
                                  rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
             if running is not None and running != cur.number:
-                return Order("stop", epoch=running, reason=f"epoch {running} is over")
+                return Order(OrderKind.STOP, epoch=running, reason=f"epoch {running} is over")
             if running is not None and st.failed_at is not None:
-                return Order("stop", epoch=running, reason="a worker of this epoch failed")
+                return Order(OrderKind.STOP, epoch=running, reason="a worker of this epoch failed")
             if running == cur.number and st.ckpt_requested_at is not None \
                     and la.node == cur.members[0] and la.ckpt_seen < st.ckpt_request:
-                return Order("checkpoint", epoch=cur.number, request=st.ckpt_request,
+                return Order(OrderKind.CHECKPOINT, epoch=cur.number, request=st.ckpt_request,
                              reason="membership changes next")
-            if la.state == "exited" and la.epoch == cur.number:
-                return Order("wait", reason="waiting for the next epoch")
-            return Order("run", epoch=cur.number, rank=cur.members.index(la.node),
+            if la.state is LauncherState.EXITED and la.epoch == cur.number:
+                return Order(OrderKind.WAIT, reason="waiting for the next epoch")
+            return Order(OrderKind.RUN, epoch=cur.number, rank=cur.members.index(la.node),
                          world=len(cur.members), master=cur.master, port=cur.port,
                          rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
         if running is not None:
@@ -443,8 +448,8 @@ class EpochCoordinator:
                 f"not a member of epoch {cur.number if cur else 'none'}"
             if la.inplace:
                 la.ready = False  # its process leaves; the next one must get ready first
-            return Order("stop", epoch=running, reason=why)
-        return Order("wait", reason=st.problem or "no epoch for this node yet")
+            return Order(OrderKind.STOP, epoch=running, reason=why)
+        return Order(OrderKind.WAIT, reason=st.problem or "no epoch for this node yet")
 
     # ----- persistence -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -456,6 +461,8 @@ class EpochCoordinator:
             d["target"] = list(st.target)
             if st.epoch is not None:
                 d["epoch"]["members"] = list(st.epoch.members)
+            for la in d["launchers"].values():
+                la["state"] = LauncherState(la["state"]).value
             jobs[job] = d
         return {"version": 1, "port_range": list(self.port_range),
                 "checkpoint_timeout_s": self.checkpoint_timeout_s,
@@ -485,6 +492,7 @@ class EpochCoordinator:
             st = JobState(**{**d, "key": bytes.fromhex(d["key"]), "target": tuple(d["target"])})
             if epoch is not None:
                 st.epoch = Epoch(**{**epoch, "members": tuple(epoch["members"])})
-            st.launchers = {n: Launcher(**la) for n, la in launchers.items()}
+            st.launchers = {n: Launcher(**{**la, "state": LauncherState(la["state"])})
+                            for n, la in launchers.items()}
             co._jobs[job] = st
         return co

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -10,13 +9,13 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..wire.api import ApiError
+from ..wire.checkin import CheckIn, CheckInError, CheckInReply, LauncherState
 from ..wire.orders import VERSION as ORDERS_VERSION
-from ..wire.orders import EpochError
+from ..wire.orders import EpochError, OrderKind
 from ..wire.reports import Report
 from .api import Dispatcher
 from .epochs import EpochCoordinator, Order
 
-MAX_HOLD_S = 10.0    # a held check-in returns after this long at most (the client waits 30 s)
 HOLD_POLL_S = 0.05   # how often a held check-in looks for a new order at the latest
 
 
@@ -58,55 +57,46 @@ class LauncherService:
         coordinator has something new: the launcher's standing request is how orders are
         pushed to it without waiting for its next poll."""
         try:
-            job, node = str(args["job"]), str(args["node"])
-            epoch = None if args.get("epoch") is None else int(args["epoch"])
-            rc = None if args.get("rc") is None else int(args["rc"])
-            state, addr = str(args.get("state", "idle")), str(args.get("addr", ""))
-            ckpt_seen = int(args.get("ckpt_seen", 0))
-            proto = int(args.get("proto", 1))  # release 0.1's launchers sent none: 1
-            inplace = bool(args.get("inplace", False))
-            ready = bool(args.get("ready", True))
-            hold_s = float(args.get("hold_s", 0.0))
-            hold_s = min(max(hold_s, 0.0), MAX_HOLD_S) if math.isfinite(hold_s) else 0.0
-        except (KeyError, TypeError, ValueError, OverflowError):
-            raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
-                           "are integers") from None
-        if proto > ORDERS_VERSION:
+            req = CheckIn.from_args(args)
+        except CheckInError as exc:
+            raise ApiError(str(exc)) from None
+        job, node, epoch, state = req.job, req.node, req.epoch, req.state
+        if req.proto > ORDERS_VERSION:
             raise ApiError(f"this malletraind speaks launcher protocol {ORDERS_VERSION}, the "
-                           f"launcher {proto}: upgrade malletraind before malletrain-run")
+                           f"launcher {req.proto}: upgrade malletraind before malletrain-run")
         with self.lock:
             owner = self.coordinator.owner(job)
             if owner is None:
-                return {"order": Order("wait", reason=f"job {job} is not known to the daemon "
-                                       "yet").to_dict()}
+                return CheckInReply(Order(OrderKind.WAIT, reason=f"job {job} is not known to "
+                                          "the daemon yet")).to_dict()
             if uid != owner and uid not in self.admin_uids:
                 raise ApiError(f"job {job} belongs to uid {owner}, not to uid {uid}")
             key = self.coordinator.key(job).hex()
-        deadline = time.monotonic() + hold_s
+        deadline = time.monotonic() + req.hold_s
         while True:
             with self.lock:
                 before = self._news_mark(job)
                 order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch,
-                                                 state=state, rc=rc, addr=addr,
-                                                 ckpt_seen=ckpt_seen, inplace=inplace,
-                                                 ready=ready)
+                                                 state=state, rc=req.rc, addr=req.addr,
+                                                 ckpt_seen=req.ckpt_seen, inplace=req.inplace,
+                                                 ready=req.ready)
                 changed = self._news_mark(job) != before
             if changed:
                 with self._news:
                     self._news.notify_all()
-            carry_on = (order.kind == "run" and state == "running" and order.epoch == epoch) \
-                or (order.kind == "wait" and state != "running")
+            running = state is LauncherState.RUNNING
+            carry_on = (order.kind is OrderKind.RUN and running and order.epoch == epoch) \
+                or (order.kind is OrderKind.WAIT and not running)
             left = deadline - time.monotonic()
             if not carry_on or left <= 0:
                 break
             with self._news:
                 self._news.wait(min(HOLD_POLL_S, left))
-        reply: dict[str, Any] = {"order": order.to_dict()}
-        if order.kind == "run" and state != "running":
-            reply["key"] = self.wrap_key(key, owner) if self.wrap_for_job is None \
+        if order.kind is OrderKind.RUN and state is not LauncherState.RUNNING:
+            wrapped = self.wrap_key(key, owner) if self.wrap_for_job is None \
                 else self.wrap_for_job(key, job)
-            reply["report_addr"] = self.report_addr
-        return reply
+            return CheckInReply(order, wrapped, self.report_addr).to_dict()
+        return CheckInReply(order).to_dict()
 
     def _news_mark(self, job: str) -> tuple[Any, ...]:
         """What a held check-in's order depends on, for one job (call with the lock held)."""

@@ -12,26 +12,27 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from .. import __version__, backends, logs
+from .. import __version__, logs
+from ..backends import registry as backends
 from ..backends.base import Backend
 from ..config import Config, TrainerConfig, load
 from ..engine import Engine, EngineConfig
 from ..engine import build as engine_build
 from ..engine.router import Router
 from ..errors import MalleTrainError
-from ..events import Event
 from ..jobsecret import JobSecretVerifier, read_key_file
 from ..munge import Munge
 from ..wire import hooks as protocol
 from ..wire.orders import EpochError
 from .api import Dispatcher, TcpApiServer, UnixApiServer
 from .bridge import EpochBridge
-from .core import WAKE_LEAD_S, Daemon
+from .core import Daemon
 from .drain import Drain
 from .epochs import EpochCoordinator
-from .intake import HookListener, ReportListener, to_event
+from .handlers import DaemonHandlers
+from .intake import HookListener, ReportListener
 from .launchers import LauncherService
 from .service import attach
 from .store import Store, open_checked
@@ -39,6 +40,12 @@ from .store import Store, open_checked
 log = logging.getLogger("malletraind")
 
 EPOCHS_KEY = "epochs"
+
+
+class Closable(Protocol):
+    """What :meth:`RunningDaemon.close` releases."""
+
+    def close(self) -> None: ...
 
 
 def engine_config(config: Config, trainer: TrainerConfig | None = None) -> EngineConfig:
@@ -89,8 +96,11 @@ def make_coordinator(config: Config, store: Store) -> EpochCoordinator:
                             launcher_timeout_s=e.launcher_timeout_s, max_failures=e.max_failures)
 
 
-class Service:
-    """The running daemon and everything it serves; :meth:`close` releases it all."""
+class RunningDaemon:
+    """The running ``malletraind``: the daemon's cycle (:class:`~.core.Daemon`), its epoch
+    coordinator and bridge, the API dispatcher and everything to close; :meth:`close`
+    releases it all. (The read-only API ops are :class:`~.service.StatusService`; the input
+    handlers :class:`~.handlers.DaemonHandlers`.)"""
 
     def __init__(self, daemon: Daemon, coordinator: EpochCoordinator, bridge: EpochBridge,
                  dispatcher: Dispatcher) -> None:
@@ -98,7 +108,7 @@ class Service:
         self.coordinator = coordinator
         self.bridge = bridge
         self.dispatcher = dispatcher
-        self.closables: list[Any] = []
+        self.closables: list[Closable] = []
         self._saved = ""
         self._logged = {job: max((h["epoch"] for h in coordinator.state(job).history),
                                  default=-1) for job in coordinator.jobs()}
@@ -134,13 +144,13 @@ class Service:
                      json.dumps(dict(sorted(item.dropped.items())), separators=(",", ":")))
 
 
-def build(config: Config) -> Service:
+def build(config: Config) -> RunningDaemon:
     """The daemon, its listeners and API servers, state recovered from the store (a corrupt
     one is moved aside and the daemon starts from an empty one: :func:`.store.open_checked`)."""
     return open_checked(config.daemon.state_dir, lambda store: _build(config, store))
 
 
-def _build(config: Config, store: Store) -> Service:
+def _build(config: Config, store: Store) -> RunningDaemon:
     d = config.daemon
     coordinator = make_coordinator(config, store)
     engine = make_engine(config)
@@ -148,76 +158,44 @@ def _build(config: Config, store: Store) -> Service:
     bridge = EpochBridge(backend, coordinator)
     daemon = Daemon(engine, bridge, store, poll_interval_s=d.poll_interval_s,
                     idle_poll_interval_s=d.idle_poll_interval_s,
-                    wake_lead_s=getattr(backend, "wake_lead_s", WAKE_LEAD_S),
                     tick_interval_s=max(1.0, min(config.profiler.window_s / 4, 10.0)),
                     journal_max_events=d.journal_max_events)
     admins = admin_uids(d.admin_users)
-    service = Service(daemon, coordinator, bridge, Dispatcher(admin_uids=admins))
+    running = RunningDaemon(daemon, coordinator, bridge, Dispatcher(admin_uids=admins))
     try:
-        _wire(config, service, admins)
+        _wire(config, running, admins)
         daemon.recover()
     except BaseException:
-        service.close()
+        running.close()
         store.close()
         raise
-    return service
+    return running
 
 
-def _wire(config: Config, service: Service, admins: set[int]) -> None:
-    d, daemon, bridge = config.daemon, service.daemon, service.bridge
-    coordinator = service.coordinator
-    service.closables.append(daemon)
+def _wire(config: Config, running: RunningDaemon, admins: set[int]) -> None:
+    d, daemon, dispatcher = config.daemon, running.daemon, running.dispatcher
+    running.closables.append(daemon)
     hooks = HookListener(d.hook_socket, admins, decode=protocol.decode,
                          group=d.hook_group or None)
-    service.closables.append(hooks)
-
-    inner: Any = getattr(service.bridge, "backend", None)
-    if inner is not None and hasattr(inner, "submits_seen"):
-        inner.submits_seen = lambda: hooks.other_submits
-    other_submitted = getattr(inner, "other_submitted", None)
-
-    def on_hook() -> None:
-        # A hint: the woken poll reads the truth. Another job's submission does not wake
-        # (a site submits many): the backend holds back grows after it (submits_seen) and
-        # holds again, at once, the tasks it released that have not started yet.
-        messages = hooks.drain()
-        if any(not isinstance(m, protocol.JobSubmit) or m.elastic for m in messages):
-            daemon.hook_wake()
-        others = [m for m in messages if isinstance(m, protocol.JobSubmit) and not m.elastic]
-        if other_submitted is not None and others:
-            # A job confined to the nodes it names (-w) can only take those.
-            only = () if any(not m.only_nodes for m in others) else \
-                tuple(sorted({n for m in others for n in m.only_nodes}))
-            with daemon.lock:
-                other_submitted(only)
-
-    daemon.watch(hooks, on_hook)
-    daemon.after_cycle.append(service.save)
+    running.closables.append(hooks)
+    handlers = DaemonHandlers(daemon, running.coordinator, running.bridge, hooks)
+    running.bridge.watch_submits(handlers.other_submits)
+    daemon.watch(hooks, handlers.on_hook)
+    daemon.after_cycle.append(running.save)
     daemon.drain = Drain(daemon.store)
     if daemon.drain.drained:
         log.warning("MalleTrain is drained (malletrain admin drain): no node is given to any "
                     "job until malletrain admin resume")
-
-    def switch(on: bool) -> Any:
-        def handler(uid: int, args: dict[str, Any]) -> Any:
-            assert daemon.drain is not None
-            with daemon.lock:
-                changed = daemon.drain.set(on, daemon.clock())
-                state = daemon.drain.state()
-            daemon.notify()
-            return {**state, "changed": changed}
-        return handler
-
-    service.dispatcher.register("drain", switch(True), admin=True)
-    service.dispatcher.register("resume", switch(False), admin=True)
-    metrics = attach(daemon, service.dispatcher, d.metrics_port)
+    dispatcher.register("drain", handlers.drain, admin=True)
+    dispatcher.register("resume", handlers.resume, admin=True)
+    servers: list[UnixApiServer | TcpApiServer] = []
+    metrics = attach(daemon, dispatcher, d.metrics_port)
     if metrics is not None:
-        service.closables.append(metrics)
+        running.closables.append(metrics)
     if d.api_socket:
         Path(d.api_socket).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        unix = UnixApiServer(d.api_socket, service.dispatcher,
-                             group=d.api_group or None)
-        service.closables.append(unix)
+        servers.append(UnixApiServer(d.api_socket, dispatcher, group=d.api_group or None))
+        running.closables.append(servers[-1])
     if not d.api_port:
         log.warning("daemon.api_port is 0: launchers cannot reach the daemon; elastic jobs "
                     "will wait for orders")
@@ -226,52 +204,24 @@ def _wire(config: Config, service: Service, admins: set[int]) -> None:
         job_secret = None
         key_file = backends.system(config).job_key_file(config)
         if key_file:
-
-            def owner_of(job: str) -> int | None:
-                with daemon.lock:
-                    return coordinator.owner(job)
-
-            job_secret = JobSecretVerifier(read_key_file(key_file), owner_of,
+            job_secret = JobSecretVerifier(read_key_file(key_file), handlers.owner_of,
                                            ttl_s=config.munge.credential_ttl_s)
-
-        def key_for(job: str) -> bytes | None:
-            with daemon.lock:
-                return coordinator.key(job) if coordinator.owner(job) is not None else None
-
-        reports_in = ReportListener(d.api_host, d.api_port, key_for)
-        service.closables.append(reports_in)
+        reports_in = ReportListener(d.api_host, d.api_port, handlers.key_for)
+        running.closables.append(reports_in)
         host = d.advertise_host or socket.gethostname()
         launchers = LauncherService(
-            coordinator, lambda key, uid: munge.encode(key, restrict_uid=uid),
+            running.coordinator, lambda key, uid: munge.encode(key, restrict_uid=uid),
             f"{host}:{reports_in.address[1]}", time.time, lock=daemon.lock,
             admin_uids=frozenset(admins),
             wrap_for_job=job_secret.wrap if job_secret is not None else None)
-
-        def checkin(uid: int, args: dict[str, Any]) -> Any:
-            reply = launchers.checkin(uid, args)
-            with daemon.lock:
-                if bridge.deferred and bridge.releasable():
-                    daemon.notify()  # a shrink may go now: do not wait for the next poll
-            return reply
-
-        service.dispatcher.register("checkin", checkin)
-
-        def on_reports() -> list[Event]:
-            with daemon.lock:
-                verified = reports_in.drain()
-                acked = launchers.acknowledge(verified)
-                out: list[Event] = [to_event(report) for report in verified]
-                if acked and bridge.deferred and bridge.releasable():
-                    daemon.wake()
-            return out
-
-        daemon.watch(reports_in, on_reports)
-        tcp = TcpApiServer((d.api_host, d.api_port), service.dispatcher, munge,
-                           job_secret=job_secret)
-        service.closables.append(tcp)
-    for server in service.closables:
-        if hasattr(server, "start"):
-            server.start()
+        handlers.serve_launchers(launchers, reports_in)
+        dispatcher.register("checkin", handlers.checkin)
+        daemon.watch(reports_in, handlers.on_reports)
+        servers.append(TcpApiServer((d.api_host, d.api_port), dispatcher, munge,
+                                    job_secret=job_secret))
+        running.closables.append(servers[-1])
+    for server in servers:  # closed with the rest if anything above failed
+        server.start()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -297,13 +247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load(args.config, overrides={"daemon": flags} if flags else None)
         logs.configure(config.daemon.log_level)
-        service = build(config)
+        running = build(config)
     except MalleTrainError as err:
         if args.debug:
             raise
         print(f"malletraind: error: {err}", file=sys.stderr)
         return err.exit_code
-    daemon = service.daemon
+    daemon = running.daemon
     # The intake threads must get the interpreter within a few ms while a cycle computes:
     # the kernel queues only net.unix.max_dgram_qlen hook datagrams meanwhile.
     sys.setswitchinterval(0.001)
@@ -322,8 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"malletraind: error: {err}", file=sys.stderr)
         return err.exit_code
     finally:
-        service.save()
-        service.close()
+        running.save()
+        running.close()
         daemon.store.close()
     log.info("malletraind stopped")
     return 0

@@ -20,9 +20,10 @@ Exposed (all prefixed ``malletrain_``):
 from __future__ import annotations
 
 import logging
+import selectors
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client.core import (
@@ -35,18 +36,30 @@ from prometheus_client.core import (
 from prometheus_client.exposition import start_http_server
 
 from ..engine.config import JobPhase
+from ..engine.planner import Planner
 from ..engine.router import trainers
 from ..errors import ConfigError
+from ..interfaces import Backend
+from .core import Counters
+from .drain import Drain
+from .store import Store
 
 log = logging.getLogger(__name__)
 
 
 class DaemonLike(Protocol):
-    """What the collector reads: a :class:`~malletrain_core.daemon.core.Daemon`."""
+    """What the collector and the read-only API ops (:mod:`.service`) read of a
+    :class:`~malletrain_core.daemon.core.Daemon`; the ops hold ``lock`` while they read."""
 
-    engine: Any
-    counters: Any
+    engine: Planner
+    backend: Backend
+    counters: Counters
     lock: Any
+    clock: Callable[[], float]
+    drain: Drain | None
+    store: Store
+    compactions: int
+    selector: selectors.BaseSelector
 
 
 class DaemonCollector:
@@ -72,7 +85,7 @@ class DaemonCollector:
             actions = dict(counters.actions)
             failures, last_ms = counters.command_failures, counters.last_cycle_ms
             last_poll = counters.last_poll_time
-            inner = trainers(engine) or {getattr(engine, "name", "default"): engine}
+            inner: Mapping[str, Planner] = trainers(engine) or {engine.name: engine}
             per_trainer = [(str(name), len(one.idle_nodes), len(one.node_map),
                             Counter(v.phase.value for v in one.jobs.values()))
                            for name, one in inner.items()]

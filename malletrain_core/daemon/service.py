@@ -15,60 +15,29 @@ Wiring, from ``malletraind`` (:func:`attach`)::
 from __future__ import annotations
 
 import pwd
-import time
 from collections.abc import Collection
 from typing import Any
 
 from .. import __version__
 from ..engine.config import JobPhase, JobView
+from ..engine.planner import Planner
 from ..engine.router import trainers
 from ..hostlist import fold
 from ..wire.api import ApiError
 from .api import Dispatcher
+from .intake import HookListener, ReportListener
 from .metrics import DaemonLike, MetricsServer, serve
 
 PHASES = tuple(phase.value for phase in JobPhase)
 
 
-def _engines(engine: Any) -> list[Any]:
-    """The engines behind ``daemon.engine`` (one, or a router's several)."""
-    inner = trainers(engine)
-    return list(inner.values()) if inner is not None else [engine]
-
-
-def trainer_of_job(engine: Any, job_id: str) -> str:
-    """The trainer that holds ``job_id`` ("" with a single engine)."""
-    find = getattr(engine, "trainer_of_job", None)
-    return str(find(job_id)) if find is not None else ""
-
-
-def trainer_of_node(engine: Any, node: str) -> str:
-    """The trainer a node belongs to ("" with a single engine)."""
-    find = getattr(engine, "trainer_of_node", None)
-    return str(find(node)) if find is not None else ""
-
-
-def _hole_ends(engine: Any) -> dict[str, float | None]:
-    ends: dict[str, float | None] = {}
-    for one in _engines(engine):
-        ends.update(getattr(one, "hole_ends", {}))
-    return ends
-
-
-def _drain(daemon: Any) -> dict[str, Any]:
+def _drain(daemon: DaemonLike) -> dict[str, Any]:
     """The administrator's drain switch (``malletrain admin drain``)."""
-    drain = getattr(daemon, "drain", None)
+    drain = daemon.drain
     return drain.state() if drain is not None else {"drained": False, "since": None}
 
 
-def _grant_starts(backend: Any) -> dict[str, float | int]:
-    """The batch-system backend's grant → task running figures (empty for the simulator)."""
-    inner = getattr(backend, "backend", backend)
-    starts = getattr(inner, "grant_starts", None)
-    return starts() if callable(starts) else {"count": 0}
-
-
-def _trainers(engine: Any) -> dict[str, dict[str, int]]:
+def _trainers(engine: Planner) -> dict[str, dict[str, int]]:
     """Node and job counts per trainer (empty with a single engine)."""
     inner = trainers(engine)
     if inner is None:
@@ -132,8 +101,7 @@ class StatusService:
             return f"uid {uid}"  # no account name: matches no job's owner
 
     def _now(self) -> float:
-        clock = getattr(self.daemon, "clock", time.time)
-        return float(clock())
+        return float(self.daemon.clock())
 
     def status(self, uid: int, args: dict[str, Any]) -> dict[str, Any]:
         """Versions, node and job counts, the daemon's and the engine's counters."""
@@ -143,10 +111,10 @@ class StatusService:
             for view in engine.jobs.values():
                 phases[view.phase.value] += 1
             c = self.daemon.counters
-            backend = getattr(self.daemon, "backend", None)
+            backend = self.daemon.backend
             return {
                 "version": __version__,
-                "backend": str(getattr(backend, "name", "") or type(backend).__name__),
+                "backend": backend.name,
                 "now": self._now(),
                 "started": self.started,
                 "nodes": {"free": len(engine.idle_nodes), "held": len(engine.node_map)},
@@ -157,7 +125,7 @@ class StatusService:
                            "last_cycle_ms": c.last_cycle_ms,
                            "last_poll_time": c.last_poll_time,
                            "hook_to_action_ms": c.hook_latency(),
-                           "grant_to_start_s": _grant_starts(backend)},
+                           "grant_to_start_s": backend.grant_starts()},
                 "engine": engine.stats.to_dict(),
                 "trainers": _trainers(engine),
                 "intake": _intake(self.daemon),
@@ -176,7 +144,7 @@ class StatusService:
         viewer = self._viewer(uid)
         with self.daemon.lock:
             engine = self.daemon.engine
-            records = [job_record(view, trainer_of_job(engine, view.id))
+            records = [job_record(view, engine.trainer_of_job(view.id))
                        for view in engine.jobs.values()
                        if (state is None or view.phase.value == state)
                        and (user is None or view.owner == user)
@@ -197,12 +165,13 @@ class StatusService:
                 shown = {n: (j if j not in hidden else "") for n, j in owner.items()}
             else:
                 shown = owner
-            ends = _hole_ends(engine)
+            ends = engine.hole_ends
             names = set(engine.idle_nodes) | set(owner)
-            records = [{"node": name, "state": "held" if name in owner else "free",
-                        "job": shown.get(name, ""), "hole_end": ends.get(name),
-                        "trainer": trainer_of_node(engine, name)}
-                       for name in names]
+            records: list[dict[str, Any]] = [
+                {"node": name, "state": "held" if name in owner else "free",
+                 "job": shown.get(name, ""), "hole_end": ends.get(name),
+                 "trainer": engine.trainer_of_node(name)}
+                for name in names]
             now = self._now()
         records.sort(key=lambda r: _natural(r["node"]))
         return {"now": now, "nodes": records}
@@ -238,27 +207,19 @@ class StatusService:
         return record
 
 
-def _journal(daemon: Any) -> dict[str, int]:
+def _journal(daemon: DaemonLike) -> dict[str, int]:
     """Events the state journal holds now, and the compactions since the daemon started."""
-    store = getattr(daemon, "store", None)
-    rows = getattr(store, "rows", None)
-    if not isinstance(rows, int):
-        return {}
-    return {"rows": rows, "compactions": int(getattr(daemon, "compactions", 0))}
+    return {"rows": daemon.store.rows, "compactions": daemon.compactions}
 
 
-def _intake(daemon: Any) -> dict[str, dict[str, Any]]:
+def _intake(daemon: DaemonLike) -> dict[str, dict[str, Any]]:
     """Received and dropped counts of the listeners the daemon watches (hooks, reports)."""
-    from .intake import HookListener, ReportListener
-
-    names = {HookListener: "hooks", ReportListener: "reports"}
-    selector = getattr(daemon, "selector", None)
-    mapping = selector.get_map() if selector is not None else None  # None once closed
+    mapping = daemon.selector.get_map()  # None once closed
     out: dict[str, dict[str, Any]] = {}
     for key in list(mapping.values()) if mapping is not None else []:
-        name = names.get(type(key.fileobj))
-        if name is not None:
-            listener = key.fileobj
+        listener = key.fileobj
+        if isinstance(listener, (HookListener, ReportListener)):
+            name = "hooks" if isinstance(listener, HookListener) else "reports"
             out[name] = {"received": listener.received,
                          "dropped": dict(sorted(listener.dropped.items()))}
     return out

@@ -195,7 +195,7 @@ def _externals(engine: Any) -> dict[str, Any]:
 def _body(engine: Any) -> dict[str, Any]:
     state = {k: v for k, v in vars(engine).items() if k not in _NOT_STATE}
     encoder = _Encoder({id(v): k for k, v in _externals(engine).items()})
-    lifetime = getattr(engine.config, "lifetime", None)
+    lifetime = engine.config.lifetime
     return {"engine": _class_name(engine), "state": encoder.enc(state),
             "lifetime": None if lifetime is None else lifetime.to_dict()}
 
@@ -268,7 +268,7 @@ def _restore_one(engine: Any, body: Any) -> None:
         raise SnapshotError("malformed engine snapshot: its state is not a mapping")
     for key, value in state.items():
         setattr(engine, key, value)
-    lifetime = getattr(engine.config, "lifetime", None)
+    lifetime = engine.config.lifetime
     learned = body.get("lifetime")
     if lifetime is not None and learned and learned.get("survival") is not None and \
             lifetime.survival is not None:
@@ -312,6 +312,6 @@ def canonical(engine: Any) -> Any:
                            sorted(engine._unowned)],
                 "engines": {name: canonical(one) for name, one in inner.items()}}
     state = {k: v for k, v in vars(engine).items() if k not in _NOT_STATE}
-    lifetime = getattr(engine.config, "lifetime", None)
+    lifetime = engine.config.lifetime
     return walk({"state": state, "lifetime": None if lifetime is None else lifetime.to_dict()},
                 ())

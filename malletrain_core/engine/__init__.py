@@ -4,7 +4,8 @@
 from .config import EngineConfig, EngineStats, JobPhase, JobView, Policy
 from .engine import Engine
 from .monitor import Monitor
+from .planner import Planner
 from .router import Router
 
-__all__ = ["Engine", "EngineConfig", "EngineStats", "JobPhase", "JobView", "Monitor", "Policy",
-           "Router"]
+__all__ = ["Engine", "EngineConfig", "EngineStats", "JobPhase", "JobView", "Monitor", "Planner",
+           "Policy", "Router"]

@@ -82,6 +82,14 @@ class Engine:
         """Offered node → end of its idle hole (``None`` when unknown); a live read-only view."""
         return MappingProxyType(self._pool.hole_end)
 
+    def trainer_of_job(self, job_id: str) -> str:
+        """A single engine has no trainers to tell apart: ``""``."""
+        return ""
+
+    def trainer_of_node(self, node: str) -> str:
+        """A single engine has no trainers to tell apart: ``""``."""
+        return ""
+
     @property
     def stats(self) -> EngineStats:
         """A copy of the engine's counters."""

@@ -23,6 +23,11 @@ their prior (:meth:`Advisor.share`). What a job's profile measured stays its pri
 by one factor while its later estimates agree (:func:`.curves.corrected_curve`). A user who
 opts out of profiling and brings no curve gets one measurement at the largest scale
 available, and linear scaling is assumed from there.
+
+Over 400 lines on purpose: the plan (which scales, in which order), the lender choice and the
+Advisor that runs profiles all read and write the same ProfileRun records and the curve store;
+split, one profile's life would be spread over three modules. The curve arithmetic is
+:mod:`.curves`.
 """
 
 from __future__ import annotations

@@ -29,10 +29,14 @@ from ..events import (
 )
 from .config import EngineStats, JobView
 from .engine import Engine
+from .planner import Planner
 
 
 class Router:
-    """Routes events to engines and merges their actions (engine order, as given)."""
+    """Routes events to engines and merges their actions (engine order, as given); a
+    :class:`~malletrain_core.engine.planner.Planner` like one engine."""
+
+    name = "router"
 
     def __init__(self, engines: Mapping[str, Engine], node_owner: Callable[[str], str | None],
                  job_owner: Callable[[JobRequest], str]) -> None:
@@ -138,6 +142,13 @@ class Router:
         return frozenset().union(*(e.idle_nodes for e in self.engines.values()))
 
     @property
+    def hole_ends(self) -> Mapping[str, float | None]:
+        merged: dict[str, float | None] = {}
+        for engine in self.engines.values():
+            merged.update(engine.hole_ends)
+        return merged
+
+    @property
     def stats(self) -> EngineStats:
         """The engines' counters summed."""
         total = EngineStats()
@@ -147,8 +158,7 @@ class Router:
         return total
 
 
-def trainers(engine: object) -> dict[str, Engine] | None:
+def trainers(engine: Planner) -> dict[str, Engine] | None:
     """A router's engines by trainer name, or None for a single engine (what the daemon's
     status, metrics and snapshots need to tell the two apart)."""
-    inner = getattr(engine, "engines", None)
-    return dict(inner) if isinstance(inner, Mapping) else None
+    return dict(engine.engines) if isinstance(engine, Router) else None

@@ -16,40 +16,19 @@ run whose end is unknown (still RUNNING when the log was taken) holds its nodes 
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputFileError
+from . import pbsacct, sacct
+from .acctlog import MAX_NOTED, AccountingLog, JobRun, Skips, Warn, _stderr
 from .traces import Trace, from_transitions
 
-MAX_NOTED = 50
-"""Malformed records reported one line each; past this many, only counted (a log broken on
-every line must not bury the result)."""
-
-Warn = Callable[[str], None]
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
-
-
-@dataclass(frozen=True)
-class JobRun:
-    """One job (or array task) holding ``nodes`` from ``start`` to ``end`` (None: still
-    running when the log was taken)."""
-
-    job: str
-    start: float
-    end: float | None
-    nodes: tuple[str, ...]
-    partition: str = ""
-    reservation: str = ""
-    state: str = ""
-
+__all__ = ["MAX_NOTED", "AccountingFilter", "AccountingLog", "JobRun", "Skips", "Warn",
+           "load_accounting_trace", "looks_like_accounting", "read_accounting", "runs_to_trace"]
 
 def _names(values: Iterable[str]) -> frozenset[str]:
     return frozenset(v.strip() for v in values if v and v.strip())
@@ -91,44 +70,6 @@ class AccountingFilter:
             if names:
                 parts.append(f"{label} {','.join(sorted(names))}")
         return "; ".join(parts) or "every partition and reservation"
-
-
-@dataclass
-class Skips:
-    """Malformed or partial records: each reported as one line through ``warn`` (the first
-    :data:`MAX_NOTED`), all counted."""
-
-    path: str
-    warn: Warn | None = _stderr
-    count: int = 0
-    lines: list[str] = field(default_factory=list)
-
-    def note(self, where: str, why: str) -> None:
-        self.count += 1
-        if self.count <= MAX_NOTED:
-            line = f"{self.path}:{where}: skipped: {' '.join(why.split())[:160]}"
-            self.lines.append(line)
-            if self.warn is not None:
-                self.warn(line)
-
-    def close(self) -> None:
-        """The count line when more were skipped than reported."""
-        if self.count > MAX_NOTED and self.warn is not None:
-            self.warn(f"{self.path}: {self.count} malformed records skipped in all "
-                      f"(the first {MAX_NOTED} named above)")
-
-
-@dataclass(frozen=True)
-class AccountingLog:
-    """What a reader got from one file: the runs, how many records it read and skipped."""
-
-    path: str
-    kind: str
-    runs: list[JobRun]
-    records: int
-    skipped: int
-    not_run: int
-    """Records of jobs that never ran (no start, or no node): not errors, hold nothing."""
 
 
 def runs_to_trace(name: str, runs: Sequence[JobRun], nodes: Iterable[str] = (),
@@ -187,8 +128,6 @@ def read_accounting(path: str | Path, warn: Warn | None = _stderr) -> Accounting
     """Read a Slurm ``sacct`` dump (``--json`` or ``-P`` with a header) or a PBS accounting
     log, whichever ``path`` holds; a file with no usable record is refused with one line
     naming what was expected."""
-    from . import pbsacct, sacct
-
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -219,8 +158,6 @@ EXPECTED = ("`sacct --json` output, `sacct -P -X -D -a -o JobID,Partition,Reserv
 def looks_like_accounting(path: Path) -> bool:
     """Whether ``path`` starts like one of the logs :func:`read_accounting` reads (so that
     ``--trace FILE`` picks the reader without a flag)."""
-    from . import pbsacct, sacct
-
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)

@@ -39,6 +39,7 @@ from ..events import (
     WorkerStarted,
     WorkerStopped,
 )
+from ..interfaces import Backend
 from .perfmodel import JobModel, PerfParams
 from .traces import Trace
 from .workloads import SimJob
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 _SUBMIT, _REPORT, _COMPLETE, _SAMPLE = range(4)
 
 
-class SimBackend:
+class SimBackend(Backend):
     """A trace-driven cluster running :class:`JobModel` jobs; ``samples`` timeline points
     (evenly spaced over the trace) record used nodes and net progress for the plots."""
 

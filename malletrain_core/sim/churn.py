@@ -30,12 +30,13 @@ from ..events import (
     WorkerStarted,
     WorkerStopped,
 )
+from ..interfaces import Backend
 from ..model import Curve
 
 MODELS = ("resnet50", "bert", "vit", "")
 
 
-class ChurnBackend:
+class ChurnBackend(Backend):
     """``nodes`` nodes, ``jobs_alive`` elastic jobs kept in the system on average."""
 
     name = "churn"

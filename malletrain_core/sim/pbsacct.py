@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from ..errors import InputFileError
-from .accounting import AccountingLog, JobRun, Skips, Warn, _stderr
+from .acctlog import AccountingLog, JobRun, Skips, Warn, _stderr
 
 _LINE = re.compile(rb"^\d\d/\d\d/\d{4} \d\d:\d\d:\d\d;[A-Za-z];")
 _ATTR = re.compile(r'([A-Za-z_][\w.]*)=("[^"]*"|\S*)')

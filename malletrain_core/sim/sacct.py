@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import InputFileError, ValidationError
 from ..hostlist import MAX_NODES, expand
-from .accounting import AccountingLog, JobRun, Skips, Warn, _stderr
+from .acctlog import AccountingLog, JobRun, Skips, Warn, _stderr
 
 REQUIRED = ("JOBID", "NODELIST", "START", "END")
 OPTIONAL = ("PARTITION", "RESERVATION", "STATE")

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 from ..errors import MalleTrainError
@@ -18,7 +19,24 @@ from ..errors import MalleTrainError
 VERSION = 1
 """The launcher protocol: what a check-in announces (``proto``) and which orders it knows.
 A check-in without ``proto`` is from a launcher of release 0.1, which spoke 1."""
-ORDER_KINDS = ("run", "wait", "stop", "checkpoint", "exit")
+
+
+class OrderKind(str, Enum):
+    """The kinds of order (the values are the wire's; see the module docstring)."""
+
+    RUN = "run"
+    """Be in the order's epoch with its rank, world size, master, port and id."""
+    WAIT = "wait"
+    """No epoch for this node now: stay idle and ask again."""
+    STOP = "stop"
+    """Leave the epoch you run."""
+    CHECKPOINT = "checkpoint"
+    """Ask rank 0 to checkpoint at its next step (``request``: the request's number)."""
+    EXIT = "exit"
+    """Training finished: exit with ``rc``."""
+
+
+ORDER_KINDS = tuple(kind.value for kind in OrderKind)
 
 
 class EpochError(MalleTrainError):
@@ -29,7 +47,7 @@ class EpochError(MalleTrainError):
 class Order:
     """What one launcher must do now; see the module docstring for the kinds."""
 
-    kind: str
+    kind: OrderKind
     epoch: int | None = None
     rank: int | None = None
     world: int | None = None
@@ -41,8 +59,13 @@ class Order:
     reason: str = ""
     abandon: bool | None = None   # run in place: a peer of the previous epoch is gone
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OrderKind(self.kind))
+
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+        out = {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+        out["kind"] = self.kind.value
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Order:
@@ -63,8 +86,8 @@ class Order:
             raise EpochError(f"malformed order {data!r}") from None
         if data.get("abandon") is not None:
             args["abandon"] = bool(data["abandon"])
-        order = cls(kind=data["kind"], **args)  # type: ignore[arg-type]
-        if order.kind == "run" and None in (order.epoch, order.rank, order.world, order.master,
+        order = cls(kind=OrderKind(data["kind"]), **args)  # type: ignore[arg-type]
+        if order.kind is OrderKind.RUN and None in (order.epoch, order.rank, order.world, order.master,
                                             order.port, order.rdzv_id):
             raise EpochError(f"incomplete run order {data!r}")
         return order

@@ -29,6 +29,11 @@ restart path under the same launcher, with one line saying why: the process wait
 membership, sets what torchrun would (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, ...), and
 exits with ``training.RESTART_EXIT_CODE`` at every change; ``malletrain-run --inplace`` starts
 it again at once, and it resumes from the last disk checkpoint like a restarted worker.
+
+Over 400 lines on purpose: :class:`LoopElastic` and the two ways in that the script's
+:class:`~.elastic.Run` calls (:func:`attach`, :func:`restart_in_place`) share the private group,
+the cursor and the checkpoint decision; the machinery they drive is :mod:`.inplace`, the
+frameworks' hosts :mod:`.hf_inplace` and :mod:`.lightning_inplace`.
 """
 
 from __future__ import annotations
@@ -40,12 +45,31 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import inplace, training
+from .digest import params_digest
 
-if TYPE_CHECKING:
-    from .elastic import Run
+
+class Run(Protocol):
+    """What the in-process path reads and calls of the script's
+    :class:`~malletrain_core.worker.elastic.Run` (which drives this module, so it is named
+    here by what it offers rather than imported)."""
+
+    session: Any
+    sampler: Any
+    app: Any
+    resumed: Path | None
+    run_id: str
+    log_every: int
+    pacer: Any
+
+    def checkpoint(self) -> Any: ...
+
+    def resume(self) -> int: ...
+
+    def _log(self, text: str) -> None: ...
+
 
 TESTED_TORCH = ((2, 13),)
 """The torch releases (major, minor) whose private process-group bookkeeping the in-process
@@ -387,8 +411,6 @@ class LoopHost:
 
 
 def _params(model: Any) -> str:
-    from .elastic import params_digest
-
     return params_digest(model)
 
 

@@ -19,7 +19,6 @@ same step. Outside MalleTrain the same script runs as before (checkpoints in ``c
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import sys
@@ -33,11 +32,13 @@ import torch
 import torch.distributed as dist
 
 from . import byo_inplace, checkpoint, training
+from .digest import params_digest
 from .runid import run_id
 from .sampler import ElasticBatchSampler, ElasticSampler
 from .startup import defer_dynamo
 
-__all__ = ["ElasticBatchSampler", "ElasticSampler", "Run", "init_process_group", "run_id"]
+__all__ = ["ElasticBatchSampler", "ElasticSampler", "Run", "init_process_group", "params_digest",
+           "run_id"]
 
 ENV_EVERY_S = "MALLETRAIN_CHECKPOINT_EVERY_S"
 ENV_LOG_EVERY = "MALLETRAIN_LOG_EVERY"
@@ -109,14 +110,6 @@ def agree(flag: bool) -> bool:
         dist.broadcast(box, src=0)
         return bool(box.item())
     return flag
-
-
-def params_digest(model: torch.nn.Module) -> str:
-    """A short digest of every parameter's bytes: equal models give equal digests."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:12]
 
 
 def every_s(value: float | None) -> float:

@@ -51,8 +51,9 @@ from .. import config, jobsecret
 from ..errors import MalleTrainError
 from ..munge import Munge
 from ..wire.api import ApiError, ApiUnavailable, parse_address
+from ..wire.checkin import CheckIn, CheckInReply, LauncherState
 from ..wire.orders import VERSION as ORDERS_VERSION
-from ..wire.orders import EpochError, Order
+from ..wire.orders import EpochError, Order, OrderKind
 from . import control, runid, training
 from .client import TcpClient
 from .identity import Identity, identity_from_env, job_variable
@@ -313,7 +314,7 @@ class Launcher:
         self.base_env[training.ENV_LAUNCHER_PID] = str(os.getpid())
         self.sleep = sleep
         self.workers: Workers | None = None
-        self.state = "idle"
+        self.state = LauncherState.IDLE
         self.epoch: int | None = None
         self.rc: int | None = None
         self.ckpt_seen = 0
@@ -327,7 +328,7 @@ class Launcher:
 
     # ----- one round -----------------------------------------------------------------------
     def _observe(self) -> None:
-        if self.workers is not None and self.state == "running":
+        if self.workers is not None and self.state == LauncherState.RUNNING:
             rc = self.workers.poll()
             if rc == training.RESTART_EXIT_CODE and self.inplace:
                 # a process taking the restart path in place: it joins the membership file's
@@ -336,61 +337,58 @@ class Launcher:
                 self.workers = self.workers.again()
             elif rc is not None:
                 log.info("epoch %s: workers exited with %s", self.epoch, rc)
-                self.state, self.rc, self.workers = "exited", rc, None
+                self.state, self.rc, self.workers = LauncherState.EXITED, rc, None
 
-    def checkin(self) -> dict[str, Any]:
+    def checkin(self) -> CheckInReply:
         if not self.node_addr and hasattr(self.client, "connect"):
             self.client.connect()
             self.node_addr = self.client.local_address() or ""
         ready = self.ready()
         self._held = self.hold_s if ready else 0.0
-        extra = {"inplace": True, "ready": ready, "hold_s": self._held} if self.inplace else {}
-        reply = self.client.call("checkin", job=self.ident.job, node=self.ident.node,
-                                 task=self.ident.task, epoch=self.epoch, state=self.state,
-                                 rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen,
-                                 proto=ORDERS_VERSION, **extra)
-        if not isinstance(reply, dict):
-            raise ApiError("malformed check-in reply")
-        return reply
+        request = CheckIn(job=self.ident.job, node=self.ident.node, task=self.ident.task,
+                          epoch=self.epoch, state=self.state, rc=self.rc, addr=self.node_addr,
+                          ckpt_seen=self.ckpt_seen, proto=ORDERS_VERSION, inplace=self.inplace,
+                          ready=ready, hold_s=self._held)
+        return CheckInReply.from_dict(self.client.call("checkin", **request.to_args()))
 
-    def act(self, reply: dict[str, Any]) -> int | None:
+    def act(self, reply: CheckInReply) -> int | None:
         """Carry out one order; returns an exit code when the launcher must exit."""
-        order = Order.from_dict(reply.get("order"))
-        if order.kind == "run" and self.inplace and self.workers is not None \
+        order = reply.order
+        if order.kind is OrderKind.RUN and self.inplace and self.workers is not None \
                 and self.workers.poll() is None:
-            if self.state != "running":  # started ahead: give it the report channel first
+            if self.state != LauncherState.RUNNING:  # started ahead: give it the report channel first
                 self._report_channel(reply)
             if self.epoch != order.epoch:  # the live process re-forms in place
                 self._relay(order)
-        elif order.kind == "run" and not (self.state == "running" and self.epoch == order.epoch):
+        elif order.kind is OrderKind.RUN and not (self.state == LauncherState.RUNNING and self.epoch == order.epoch):
             if self.workers is not None:
                 self._stop(f"epoch {order.epoch} replaces epoch {self.epoch}")
             self._start(order, reply)
-        elif order.kind == "checkpoint" and order.request is not None \
+        elif order.kind is OrderKind.CHECKPOINT and order.request is not None \
                 and order.request > self.ckpt_seen:
             self._request_checkpoint(order.request)
-        elif order.kind == "stop" and self.workers is not None:
+        elif order.kind is OrderKind.STOP and self.workers is not None:
             self._stop(order.reason)
-        elif order.kind == "stop":
-            self.state, self.epoch, self.rc = "idle", None, None
-        elif order.kind == "exit":
+        elif order.kind is OrderKind.STOP:
+            self.state, self.epoch, self.rc = LauncherState.IDLE, None, None
+        elif order.kind is OrderKind.EXIT:
             if self.workers is not None:
                 self._stop(order.reason)
             log.info("exit: %s", order.reason)
             return int(order.rc or 0)
         return None
 
-    def _report_key(self, reply: dict[str, Any]) -> tuple[str, str]:
+    def _report_key(self, reply: CheckInReply) -> tuple[str, str]:
         """The job's report key (unwrapped) and the daemon's report address from a reply."""
-        wrapped, report_addr = reply.get("key"), reply.get("report_addr", "")
-        if not isinstance(wrapped, str):
+        wrapped, report_addr = reply.key, reply.report_addr or ""
+        if wrapped is None:
             raise ApiError("run order without a key; asking again")
         key_hex = self.munge.decode(wrapped).payload.strip()
         if len(key_hex) != 64 or any(c not in "0123456789abcdef" for c in key_hex):
             raise ApiError("the daemon sent a malformed report key")
         return key_hex, str(report_addr)
 
-    def _start(self, order: Order, reply: dict[str, Any]) -> None:
+    def _start(self, order: Order, reply: CheckInReply) -> None:
         key_hex, report_addr = self._report_key(reply)
         env = worker_env(self.base_env, self.ident.job, order, key_hex, report_addr,
                          self.checkpoint_dir, self.control_dir)
@@ -407,7 +405,7 @@ class Launcher:
         log.info("epoch %s: rank %s of %s, master %s:%s", order.epoch, order.rank, order.world,
                  order.master, order.port)
         self.workers = Workers(argv, env, int(order.epoch or 0), local_envs=local)
-        self.state, self.epoch, self.rc = "running", order.epoch, None
+        self.state, self.epoch, self.rc = LauncherState.RUNNING, order.epoch, None
 
     def prestart(self) -> None:
         """In place: start the node's training processes ahead of their epoch. The check-ins
@@ -436,14 +434,14 @@ class Launcher:
     def ready(self) -> bool:
         """In place: whether the node can be placed (all its processes are ready, or it gave
         up waiting after ``ready_timeout_s`` and lets the daemon decide)."""
-        if not self.inplace or self.state == "running":
+        if not self.inplace or self.state == LauncherState.RUNNING:
             return True
         if control.is_ready(self.control_dir, self.nproc_per_node):
             return True
         return self.workers is None or self.workers.poll() is not None \
             or time.monotonic() - self._prestarted > self.ready_timeout_s
 
-    def _report_channel(self, reply: dict[str, Any]) -> None:
+    def _report_channel(self, reply: CheckInReply) -> None:
         key_hex, report_addr = self._report_key(reply)
         path = Path(self.control_dir) / training.REPORT_CHANNEL_NAME
         tmp = path.with_name(f".{path.name}.tmp")
@@ -461,7 +459,7 @@ class Launcher:
         log.info("epoch %s: rank %s of %s in place, master %s:%s%s%s", order.epoch, order.rank,
                  order.world, order.master, order.port, " (abandon)" if order.abandon else "",
                  f", {self.nproc_per_node} processes" if self.nproc_per_node > 1 else "")
-        self.state, self.epoch, self.rc = "running", order.epoch, None
+        self.state, self.epoch, self.rc = LauncherState.RUNNING, order.epoch, None
 
     def _stop(self, reason: str) -> None:
         assert self.workers is not None
@@ -476,7 +474,7 @@ class Launcher:
                 time.sleep(0.05)
         self.workers.stop()
         self.workers = None
-        self.state, self.epoch, self.rc = "idle", None, None
+        self.state, self.epoch, self.rc = LauncherState.IDLE, None, None
 
     def _request_checkpoint(self, request: int) -> None:
         flag = Path(self.control_dir) / training.REQUEST_NAME
@@ -491,10 +489,10 @@ class Launcher:
         """Sleep, but wake early when the workers exit, or when a process started ahead of its
         epoch becomes ready (both are news for the daemon)."""
         deadline = time.monotonic() + seconds
-        waiting_ready = self.inplace and self.state != "running" and self.workers is not None \
+        waiting_ready = self.inplace and self.state != LauncherState.RUNNING and self.workers is not None \
             and not control.is_ready(self.control_dir, self.nproc_per_node)
         while time.monotonic() < deadline:
-            if self.state == "running" and self.workers is not None \
+            if self.state == LauncherState.RUNNING and self.workers is not None \
                     and self.workers.poll() is not None:
                 return
             if waiting_ready and control.is_ready(self.control_dir, self.nproc_per_node):
@@ -506,7 +504,7 @@ class Launcher:
         backoff = self.poll_s
         away_since: float | None = None
         while True:
-            if self.inplace and self.workers is None and self.state == "idle":
+            if self.inplace and self.workers is None and self.state == LauncherState.IDLE:
                 self.prestart()  # a node that left (or is new) gets its next process ready
             self._observe()
             try:
@@ -516,7 +514,7 @@ class Launcher:
                 if away_since is None:
                     away_since = time.monotonic()
                     log.warning("%s; epoch %s keeps running, retrying", exc, self.epoch)
-                if self.state == "exited" and self.rc == 0 \
+                if self.state == LauncherState.EXITED and self.rc == 0 \
                         and time.monotonic() - away_since > 60:
                     return 0
                 self._nap(backoff * random.uniform(0.8, 1.2))
@@ -525,7 +523,7 @@ class Launcher:
             except (ApiError, EpochError, MalleTrainError) as exc:
                 self.refusals += 1
                 log.warning("%s", exc)
-                if self.refusals >= 10 and self.state != "running":
+                if self.refusals >= 10 and self.state != LauncherState.RUNNING:
                     log.error("giving up after %d refusals in a row", self.refusals)
                     self.shutdown()
                     return 2

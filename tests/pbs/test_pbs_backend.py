@@ -68,8 +68,8 @@ def runner() -> RecordingRunner:
 def test_pbs_backend_is_a_backend(runner):
     backend: Backend = PbsBackend(runner)
     assert backend.name == "pbs"
-    with pytest.raises(ValidationError, match="grow_timeout_s: 0 must be a positive"):
-        PbsBackend(runner, grow_timeout_s=0)
+    with pytest.raises(ValidationError, match="grant_timeout_s: 0 must be a positive"):
+        PbsBackend(runner, grant_timeout_s=0)
     with pytest.raises(ValidationError, match="queue: empty"):
         PbsBackend(runner, queue=" ")
 

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pbs_real_helpers import complex_root, worker_processes
 
 from devtools.localcluster.pbs import BUILD_SCRIPT, PbsComplex
+from devtools.localcluster.pbs_helpers import complex_root, worker_processes
 
 HERE = Path(__file__).resolve().parent
 TEST_USER = "mtuser1"

@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pbs_real_helpers import submit, wait_state
-
 from devtools.localcluster.pbs import PbsComplex
+from devtools.localcluster.pbs_helpers import submit, wait_state
 from malletrain_core.sim.accounting import (
     AccountingFilter,
     load_accounting_trace,

@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pbs_real_helpers import job, state, subjob, submit, wait_state
-
 from devtools.localcluster.pbs import PbsComplex
-from malletrain_core.backends.pbs import PbsBackend
+from devtools.localcluster.pbs_helpers import job, state, subjob, submit, wait_state
+from malletrain_core.backends.pbs.backend import PbsBackend
 from malletrain_core.events import (
     Event,
     Finish,
@@ -43,7 +42,7 @@ def on(backend: PbsBackend, node: str) -> str:
 
 
 def test_backend_drives_an_elastic_job(pbs: PbsComplex, test_user: str) -> None:
-    backend = PbsBackend(pbs.runner(), grow_timeout_s=60)
+    backend = PbsBackend(pbs.runner(), grant_timeout_s=60)
     first = backend.poll(time.time())
     idle = [n.name for e in first if isinstance(e, NodesIdle) for n in e.nodes]
     assert idle == pbs.node_names
@@ -100,7 +99,7 @@ def test_a_vnode_pbs_gives_another_job_is_never_shared_with_a_worker(
     pbs.qmgr("create queue mt_test_forced queue_type = execution, enabled = true, "
              "started = false")
     try:
-        backend = PbsBackend(pbs.runner(), grow_timeout_s=60)
+        backend = PbsBackend(pbs.runner(), grant_timeout_s=60)
         backend.poll(time.time())
         array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-2", "-l", "select=1:ncpus=2")
         poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
@@ -139,7 +138,7 @@ def test_a_shrink_then_a_grow_onto_the_same_vnodes_within_a_second_loses_nothing
     """``qrerun`` two workers and grow back onto their vnodes at once (bench/e2e.py's planned
     shrink followed by a grow): every subjob of the array stays queued or running, and both
     vnodes run a worker again within the grant timeout."""
-    backend = PbsBackend(pbs.runner(), grow_timeout_s=30)
+    backend = PbsBackend(pbs.runner(), grant_timeout_s=30)
     backend.poll(time.time())
     array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-3", "-l", "select=1:ncpus=2")
     poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pbs_real_helpers import complex_root, job, state, subjob, submit, wait_state
 
 from devtools.localcluster.pbs import SUBNET, PbsComplex
+from devtools.localcluster.pbs_helpers import complex_root, job, state, subjob, submit, wait_state
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import HOOK_FREQ_S
-from pbs_real_helpers import now, start_daemon, state, subjob, submit, wait_state
 
 from devtools.localcluster.pbs import PbsComplex
+from devtools.localcluster.pbs_helpers import now, start_daemon, state, subjob, submit, wait_state
 
 
 @pytest.fixture

@@ -7,9 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pbs_real_helpers import subjob, submit, wait_state
-
 from devtools.localcluster.pbs import REPO, PbsComplex
+from devtools.localcluster.pbs_helpers import subjob, submit, wait_state
 
 
 def test_identity_inside_pbs_subjobs(pbs: PbsComplex, test_user: str) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pbs_real_helpers import Daemon, start_daemon, submit
 
 from devtools.localcluster.pbs import REPO, PbsComplex
+from devtools.localcluster.pbs_helpers import Daemon, start_daemon, submit
 from malletrain_core.jobsecret import ENV_SECRET, derive, read_key_file
 
 OTHER_USER = "mtuser2"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from conftest import HOOK_FREQ_S
-from pbs_real_helpers import fill, job, server_log, subjob, submit, wait_state
 
 from devtools.localcluster.pbs import PbsComplex
+from devtools.localcluster.pbs_helpers import fill, job, server_log, subjob, submit, wait_state
 from malletrain_core.wire.hooks import HookSocket
 
 HOOKS = {"mt_queuejob": ("queuejob", 10), "mt_periodic": ("periodic", 20),

@@ -25,7 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pbs_real_helpers import (
+
+from devtools.localcluster.pbs import REPO, PbsComplex
+from devtools.localcluster.pbs_helpers import (
     Daemon,
     job_number,
     pbs_view,
@@ -38,8 +40,6 @@ from pbs_real_helpers import (
     wait_state,
     worker_processes,
 )
-
-from devtools.localcluster.pbs import REPO, PbsComplex
 from devtools.localcluster.procs import ClusterError
 from malletrain_core.backends.pbs import parse as pp
 from malletrain_core.worker.client import UnixClient

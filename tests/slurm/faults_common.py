@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inplace_logs import daemon_epochs
 from training_logs import JobLog, invariant_problems
 
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
+from devtools.runlogs.inplace_logs import daemon_epochs
 
 BATCH = 16
 TRAIN = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", str(BATCH),

@@ -18,7 +18,7 @@ import pytest
 from training_logs import read_job
 
 from devtools.localcluster import LocalCluster
-from devtools.localcluster.daemon import LocalDaemon
+from devtools.localcluster.daemon import LocalDaemon, wait_views_agree
 from malletrain_core.wire.hooks import HookSocket, JobEnd, Received
 
 
@@ -185,18 +185,7 @@ def views_differ(cluster: LocalCluster, daemon: LocalDaemon) -> str:
 
 def wait_agree(cluster: LocalCluster, daemon: LocalDaemon, timeout_s: float = 60.0) -> None:
     """Wait until the daemon's view equals Slurm's on two reads a poll apart."""
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        last = views_differ(cluster, daemon)
-        if not last:
-            time.sleep(1.2)
-            last = views_differ(cluster, daemon)
-            if not last:
-                return
-        time.sleep(0.5)
-    raise AssertionError(f"the daemon's view never matched Slurm's within {timeout_s:g} s: "
-                         f"{last}")
+    wait_views_agree(lambda: views_differ(cluster, daemon), "Slurm", timeout_s)
 
 
 @dataclass(frozen=True)

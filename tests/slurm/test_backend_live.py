@@ -51,7 +51,7 @@ def task_on(backend: SlurmBackend, node: str) -> str:
 def test_backend_drives_an_elastic_job(cluster: LocalCluster, backend_path: Any) -> None:
     cluster.wait_for("every node idle (a previous test's jobs gone)", lambda: set(cluster.run(
         ["sinfo", "-h", "-N", "-p", "preemptable", "-o", "%T"]).stdout.split()) == {"idle"}, 30)
-    backend = backend_path(grow_timeout_s=60)
+    backend = backend_path(grant_timeout_s=60)
     first = backend.poll(time.time())
     idle = [n.name for e in first if isinstance(e, NodesIdle) for n in e.nodes]
     assert idle == cluster.node_names, (
@@ -97,7 +97,7 @@ def test_backend_drives_an_elastic_job(cluster: LocalCluster, backend_path: Any)
 
 
 def test_backend_gives_a_failed_grow_back(cluster: LocalCluster, backend_path: Any) -> None:
-    backend = backend_path(grow_timeout_s=60)
+    backend = backend_path(grant_timeout_s=60)
     job = elastic(cluster, "1-2")
     poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
     ev = backend.execute([Grow(job, ("nosuchnode",), 600.0),
@@ -112,7 +112,7 @@ def test_backend_gives_a_failed_grow_back(cluster: LocalCluster, backend_path: A
 
 def test_backend_reads_hole_ends_from_the_backfill_plan(cluster: LocalCluster,
                                                         backend_path: Any) -> None:
-    backend = backend_path(grow_timeout_s=60)
+    backend = backend_path(grant_timeout_s=60)
     backend.poll(time.time())
     t0 = time.time()
     first = cluster.sbatch("-p", "prod", "-w", "n01", "-t", "5", "-o", "/dev/null",
@@ -147,7 +147,7 @@ def test_a_hole_of_about_a_minute_takes_a_task(cluster: LocalCluster) -> None:
     and leaves the plan as it was. With the default margin the same hole takes none."""
     margin = cluster.timings.hole_margin_s
     assert cluster.timings.bf_resolution_s == 1 and margin == 3
-    backend = SlurmBackend(CommandRunner(env=cluster.env), grow_timeout_s=30,
+    backend = SlurmBackend(CommandRunner(env=cluster.env), grant_timeout_s=30,
                            hole_margin_s=margin)
     backend.poll(time.time())
     first = cluster.sbatch("-p", "prod", "-w", "n01", "-t", "2", "-o", "/dev/null",

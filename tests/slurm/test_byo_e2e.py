@@ -12,36 +12,27 @@ down and the run id never changed.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from byo_logs import ByoLog, Step, lineage, lost_per_epoch_change, problems, read
 from slurm_helpers import running
 from test_training_e2e import daemon  # noqa: F401  (the daemon fixture)
 
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
+from devtools.runlogs.byo_logs import (
+    ENV,
+    SCRIPTS,
+    ByoLog,
+    Step,
+    lineage,
+    lost_per_epoch_change,
+    problems,
+    read,
+)
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
-
-ENV = ["env", "MALLETRAIN_LOG_EVERY=1", "MALLETRAIN_MIN_STEP_S=0.15",
-       "MALLETRAIN_CHECKPOINT_EVERY_S=6", "OMP_NUM_THREADS=1"]
-# lr 0.01, not the examples' 0.05: with momentum 0.9 and 8-sample batches, 0.05 makes the
-# logged loss bounce, and the loss check below then fails on short runs (a CPU simulation of
-# these world sizes over 40 seeds: 50-80 % passed at 0.05, all passed at 0.01).
-SCRIPTS = {
-    "torchrun": [sys.executable, "examples/torchrun/after.py", "--epochs", "100000",
-                 "--batch-size", "8", "--lr", "0.01"],
-    "lightning": [sys.executable, "examples/lightning/after.py", "--epochs", "100000",
-                  "--batch-size", "8", "--lr", "0.01", "--num-nodes", "1", "--root-dir", "{out}"],
-    # The Trainer's own sampler: positions in its step lines follow from the step and the
-    # constant global batch (48 = 8 per device × 1, 2 or 3 processes × accumulation).
-    "hf": [sys.executable, "examples/hf/after.py", "--output-dir", "{out}/hf", "--epochs",
-           "1000", "--batch-size", "8"],
-}
-
 
 def wait_world(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
                after_epoch: int = -1, world: int | None = None) -> tuple[int, int]:

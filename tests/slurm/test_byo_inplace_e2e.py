@@ -16,13 +16,13 @@ import re
 from pathlib import Path
 
 import pytest
-from byo_logs import lost_per_epoch_change, read
 from test_byo_e2e import SCRIPTS as RESTART_SCRIPTS
 from test_byo_e2e import check_training, grow_preempt_grow_back
 from test_training_e2e import daemon  # noqa: F401  (the daemon fixture)
 
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
+from devtools.runlogs.byo_logs import lost_per_epoch_change, read
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

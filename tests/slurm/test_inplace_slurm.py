@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 from faults_common import daemons_fixture
-from inplace_logs import change, daemon_epochs, problems, read
 from slurm_helpers import running, wait_consistent
 from training_logs import invariant_problems, read_job
 
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
+from devtools.runlogs.inplace_logs import change, daemon_epochs, problems, read
 
 pytestmark = [pytest.mark.torch]
 

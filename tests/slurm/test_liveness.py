@@ -44,7 +44,7 @@ LINGER = "#!/bin/bash\ntrap 'sleep 1; exit 0' TERM\nsleep 600 &\nwait\n"
 
 def backend_for(cluster: LocalCluster, **kw: float) -> SlurmBackend:
     return SlurmBackend(CommandRunner(env=cluster.env),
-                        grow_timeout_s=cluster.timings.grant_timeout_s, **kw)  # type: ignore[arg-type]
+                        grant_timeout_s=cluster.timings.grant_timeout_s, **kw)  # type: ignore[arg-type]
 
 
 def admitted(backend: SlurmBackend, job: str) -> None:

@@ -65,7 +65,7 @@ def test_a_prod_job_submitted_as_a_grow_is_released_gets_the_node_at_once(
         throttled: LocalCluster) -> None:
     cluster = throttled
     assert "sched_min_interval=1000000" in cluster.run(["scontrol", "show", "config"]).stdout
-    backend = SlurmBackend(CommandRunner(env=cluster.env), grow_timeout_s=60)
+    backend = SlurmBackend(CommandRunner(env=cluster.env), grant_timeout_s=60)
     job = elastic(cluster, "1-4", "--comment=profile=no")
     seen = []
     deadline = time.monotonic() + 30

@@ -13,8 +13,8 @@ from conftest import Recording
 from slurm_helpers import elastic, grow, wait_task
 
 from devtools.localcluster import LocalCluster
-from malletrain_core.backends.slurm import SlurmBackend
 from malletrain_core.backends.slurm import parse as sp
+from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource
 from malletrain_core.runner import CommandRunner
 

@@ -30,7 +30,7 @@ id of a job is the array's id (``123[].server``).
   subjob's walltime; preemption reclaims the node instead.
 
 A grow that cannot be carried out (no queued subjob left, qrun refused, not running within
-``grow_timeout_s``, started and requeued by PBS) comes back as WorkerStopped for that job and
+``grant_timeout_s``, started and requeued by PBS) comes back as WorkerStopped for that job and
 node; a subjob is not started again on the vnode it left under ``REUSE_SETTLE_S`` ago. No event is sent for a
 job after its Finish. A vnode is offered only when it is free (no state bit), runs no job, has
 no reservation pending and is not tied to another queue. Hole ends are not read from PBS's
@@ -63,13 +63,11 @@ from ...runner import CommandRunner
 from ..base import REUSE_SETTLE_S, Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
 from . import parse as pp
+from .options import PbsOptions
 
 log = logging.getLogger(__name__)
 
-DEFAULT_QUEUE = "mt_preemptable"
-DEFAULT_GROW_TIMEOUT_S = 30.0
-"""A subjob qrun has not started after this long is a failed grow (``pbs.grant_timeout_s``):
-``qrun -H`` bypasses the scheduler, so a subjob runs within seconds or not at all."""
+DEFAULT_QUEUE = PbsOptions.queue
 MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
 MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
 TRAINER_VAR = "MALLETRAIN_TRAINER"
@@ -110,17 +108,17 @@ class PbsBackend(TaskBackend):
     Since then each batch of grows also reads the vnodes again first (:meth:`_fresh_nodes`)."""
 
     def __init__(self, runner: CommandRunner, queue: str = DEFAULT_QUEUE,
-                 grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
+                 grant_timeout_s: float = PbsOptions.grant_timeout_s,
                  group_resource: str | None = None) -> None:
         if not queue.strip():
             raise ValidationError("PbsBackend", "queue", "empty; name the preemptable queue")
-        if not grow_timeout_s > 0:
-            raise ValidationError("PbsBackend", "grow_timeout_s",
-                                  f"{grow_timeout_s!r} must be a positive number of seconds")
+        if not grant_timeout_s > 0:
+            raise ValidationError("PbsBackend", "grant_timeout_s",
+                                  f"{grant_timeout_s!r} must be a positive number of seconds")
         super().__init__()
         self.runner = runner
         self.queue = queue
-        self.grow_timeout_s = float(grow_timeout_s)
+        self.grant_timeout_s = float(grant_timeout_s)
         self.group_resource = group_resource
         """A resources_available key naming a vnode's topology group (e.g. ``switch``)."""
         self._subjobs: dict[str, pp.PbsJob] = {}          # subjob id -> last seen
@@ -221,7 +219,7 @@ class PbsBackend(TaskBackend):
             if sid in unwanted or sid in self._yielding:
                 continue
             if sid not in self._workers:
-                self._started(self._launching.pop(sid, None), self.grow_timeout_s, now)
+                self._started(self._launching.pop(sid, None), self.grant_timeout_s, now)
                 self._workers[sid] = (str(sub.array_id), sub.node)
                 out.started.append(WorkerStarted(now, str(sub.array_id), sub.node))
         for sid in list(self._workers):
@@ -271,7 +269,7 @@ class PbsBackend(TaskBackend):
                 elif seen is not None and seen.state is not TaskState.DONE:
                     log.warning("grant of %s to job %s: subjob %s not running after %g s "
                                 "(state %s): node offered again", launch.node, launch.job_id,
-                                sid, self.grow_timeout_s, seen.code)
+                                sid, self.grant_timeout_s, seen.code)
         for sid in [s for s in self._runs_at_launch if s not in self._launching]:
             del self._runs_at_launch[sid]
 
@@ -353,7 +351,7 @@ class PbsBackend(TaskBackend):
                                   if la.job_id == action.job_id and la.node == node), None)
                 if launching is not None:  # qrun sent, not running yet: requeue it once it is
                     del self._launching[launching]
-                    self._unwanted[launching] = now + self.grow_timeout_s
+                    self._unwanted[launching] = now + self.grant_timeout_s
                     events.append(WorkerStopped(now, action.job_id, node))
                 else:
                     log.warning("shrink of job %s on %s: no worker there", action.job_id, node)
@@ -434,7 +432,7 @@ class PbsBackend(TaskBackend):
                 self._withdraw(node, taken_nodes)
                 continue
             if self._run(["qrun", "-a", "-H", f"({node})", sid]):
-                self._launching[sid] = Launch(action.job_id, node, now + self.grow_timeout_s)
+                self._launching[sid] = Launch(action.job_id, node, now + self.grant_timeout_s)
                 self._runs_at_launch[sid] = self._subjobs[sid].run_count
             else:
                 failed.append(WorkerStopped(now, action.job_id, node))

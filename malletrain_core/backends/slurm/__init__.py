@@ -1,31 +1,7 @@
-"""Slurm: an elastic job is a held array of one-node tasks (see :mod:`.backend`)."""
+"""Slurm: an elastic job is a held array of one-node tasks (see :mod:`.backend`).
 
-from __future__ import annotations
-
-from ...config import Config
-from ...runner import with_bin_dir
-from ..system import BatchSystem
-from .backend import SlurmBackend
-from .checks import admin_checks
-from .pyslurm_reader import source_for
-
-__all__ = ["SYSTEM", "SlurmBackend", "from_config"]
-
-
-def from_config(config: Config) -> SlurmBackend:
-    """The backend ``malletraind`` runs with ``daemon.batch_system = "slurm"``: the poll reads
-    through pyslurm where ``slurm.pyslurm`` asks for it and a matching one exists."""
-    s = config.slurm
-    runner = with_bin_dir(s.bin_dir, s.command_timeout_s)
-    return SlurmBackend(runner, partition=s.partition,
-                        default_time_limit_s=s.default_time_limit_s,
-                        unplanned_wait_s=s.unplanned_wait_s,
-                        hole_margin_s=s.hole_margin_s,
-                        grow_timeout_s=s.grant_timeout_s,
-                        task_failures_max=s.task_failures_max,
-                        task_failure_window_s=s.task_failure_window_s,
-                        source=source_for(s.pyslurm, runner))
-
-
-SYSTEM = BatchSystem(from_config, admin_checks=admin_checks,
-                     default_time_limit_s=lambda config: config.slurm.default_time_limit_s)
+The package: the backend (:mod:`.backend`), its command parsing (:mod:`.parse`), its admin
+checks (:mod:`.checks`), its settings (:mod:`.options`, a leaf that the configuration reads)
+and its registry entry (:mod:`.system`). This file imports nothing, so that reading the
+settings imports no backend.
+"""

@@ -27,7 +27,7 @@ reason: our own shrink, its time limit, exit, scancel of the task), JobEnded, No
 (nodes new to the pool, or whose hole end changed), WorkerStarted.
 
 A grow that cannot be carried out (no held task left, a hole shorter than a minute, a
-refused scontrol call, a task that has not started within ``grow_timeout_s``) comes back as
+refused scontrol call, a task that has not started within ``grant_timeout_s``) comes back as
 WorkerStopped for that job and node: the engine then sees the node idle and the job without
 it. A Finish needs no confirmation: no event is sent for a job after its Finish.
 
@@ -65,24 +65,19 @@ from ...runner import CommandRunner
 from ..base import REUSE_SETTLE_S, Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
 from . import parse as sp
+from .options import SlurmOptions
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIME_LIMIT_S = 72 * 3600.0
-DEFAULT_GROW_TIMEOUT_S = 90.0
-"""A released task that is not running after this long is held again and its node given back
-to the allocator, which plans again at once (``slurm.grant_timeout_s``): a grant must start at
-Slurm's next scheduling pass, or at the next backfill cycle for a planned hole, and may wait for
-a preempted predecessor's KillWait. :func:`grant_timeout_for` gives the figure a cluster's
-settings call for (73 s at Slurm's defaults; 13 s on the local test cluster)."""
+DEFAULT_TIME_LIMIT_S = SlurmOptions.default_time_limit_s
 
-TASK_FAILURES_MAX = 5
+TASK_FAILURES_MAX = SlurmOptions.task_failures_max
 """A job whose tasks fail this many times within :data:`TASK_FAILURE_WINDOW_S` is stopped
 (``slurm.task_failures_max``); each failure before that is requeued held, so the job keeps its
 whole node range. A failure of the node (NODE_FAIL, BOOT_FAIL) is not the job's and never
 counts."""
 
-TASK_FAILURE_WINDOW_S = 600.0
+TASK_FAILURE_WINDOW_S = SlurmOptions.task_failure_window_s
 """The window over which :data:`TASK_FAILURES_MAX` counts a job's task failures."""
 
 _NODE_FAULTS = frozenset({"NODE_FAIL", "NF", "BOOT_FAIL", "BF"})
@@ -123,7 +118,7 @@ def _runnable(group: Sequence[sp.TaskRow]) -> bool:
                or (_failed(r) and not cancelled) for r in group)
 
 
-UNPLANNED_WAIT_S = 60.0
+UNPLANNED_WAIT_S = SlurmOptions.unplanned_wait_s
 """How long a waiting job of another partition that Slurm has not planned yet (no start time
 and no SchedNodes in ``squeue --start``) holds back new grants, counted from its submission
 (see :meth:`SlurmBackend._waiting_unplanned`); 0 turns the rule off."""
@@ -136,7 +131,7 @@ columns). A hold, a dependency, a begin time, a limit, a reservation or ``Priori
 come first: beyond the backfill's depth it is never planned) cannot start now, and a site has
 many such jobs: they must not hold grants back."""
 
-HOLE_MARGIN_S = 60.0
+HOLE_MARGIN_S = SlurmOptions.hole_margin_s
 """Taken off a hole's remaining time (``slurm.hole_margin_s``): Slurm's backfill plans in
 bf_resolution steps (60 s by default) and starts the task at one of its cycles, so a limit that
 ends just before the planned start would keep the task pending on the planned node."""
@@ -164,9 +159,9 @@ class SlurmBackend(TaskBackend):
 
     name = "slurm"
 
-    def __init__(self, runner: CommandRunner, partition: str = "preemptable",
+    def __init__(self, runner: CommandRunner, partition: str = SlurmOptions.partition,
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                 grow_timeout_s: float = DEFAULT_GROW_TIMEOUT_S,
+                 grant_timeout_s: float = SlurmOptions.grant_timeout_s,
                  hole_margin_s: float = HOLE_MARGIN_S, source: Any = None,
                  unplanned_wait_s: float = UNPLANNED_WAIT_S,
                  task_failures_max: int = TASK_FAILURES_MAX,
@@ -174,9 +169,9 @@ class SlurmBackend(TaskBackend):
         if default_time_limit_s < 60:
             raise ValidationError("SlurmBackend", "default_time_limit_s",
                                   f"{default_time_limit_s:g} s is under Slurm's one-minute unit")
-        if not grow_timeout_s > 0:
-            raise ValidationError("SlurmBackend", "grow_timeout_s",
-                                  f"{grow_timeout_s!r} must be a positive number of seconds")
+        if not grant_timeout_s > 0:
+            raise ValidationError("SlurmBackend", "grant_timeout_s",
+                                  f"{grant_timeout_s!r} must be a positive number of seconds")
         if task_failures_max < 1:
             raise ValidationError("SlurmBackend", "task_failures_max",
                                   f"{task_failures_max!r} must be at least 1")
@@ -189,7 +184,7 @@ class SlurmBackend(TaskBackend):
         self._acts = source if getattr(source, "acts", False) else None
         self.partition = partition
         self.default_time_limit_s = float(default_time_limit_s)
-        self.grow_timeout_s = float(grow_timeout_s)
+        self.grant_timeout_s = float(grant_timeout_s)
         self.hole_margin_s = float(hole_margin_s)
         self._rows: dict[str, sp.TaskRow] = {}           # task key (A_i) -> last seen row
         self._dropped: list[tuple[str, str]] = []         # workers lost, not stopped by us
@@ -217,8 +212,12 @@ class SlurmBackend(TaskBackend):
         return task.split("_", 1)[0]
 
     def busy(self) -> bool:
-        """Also while grants are held back: the poll that lifts the hold must come soon."""
-        return super().busy() or self._hold_grants
+        """Also while grants are held back (the poll that lifts the hold must come soon) and
+        while finished arrays wait for their ``scancel``."""
+        return super().busy() or self._hold_grants or bool(self._to_cancel)
+
+    def watch_submits(self, count: Callable[[], int]) -> None:
+        self.submits_seen = count
 
     # ------------------------------------------------------------------ commands
     def _query(self) -> tuple[dict[str, sp.NodeRow], list[sp.TaskRow], list[sp.PlanRow]]:
@@ -330,7 +329,7 @@ class SlurmBackend(TaskBackend):
                     out.to_requeuehold.append(key)
                 continue
             if key not in self._workers:
-                self._started(self._launching.pop(key, None), self.grow_timeout_s, now)
+                self._started(self._launching.pop(key, None), self.grant_timeout_s, now)
                 self._workers[key] = (row.array_id, row.node)
                 out.started.append(WorkerStarted(now, row.array_id, row.node))
             if row.state is TaskState.RUNNING and not row.held and key not in self._stopping:
@@ -385,7 +384,7 @@ class SlurmBackend(TaskBackend):
                             log.warning("grant of %s to job %s (task %s) not running after "
                                         "%g s (Slurm: %s): task held again, node offered "
                                         "again", launch.node, launch.job_id, key,
-                                        self.grow_timeout_s, row.reason or row.state_code)
+                                        self.grant_timeout_s, row.reason or row.state_code)
                         else:
                             log.info("task %s not started on %s yet: held again while a job "
                                      "of another partition waits unplanned", key, launch.node)
@@ -781,7 +780,7 @@ class SlurmBackend(TaskBackend):
                             self._offered.pop(n, None)
                         events.append(NodesReclaimed(now, tuple(gone)))
                     continue
-                self._launching[key] = Launch(action.job_id, node, now + self.grow_timeout_s)
+                self._launching[key] = Launch(action.job_id, node, now + self.grant_timeout_s)
                 released.append(key)
         try:
             failed = self._scontrol_batch("release", released)

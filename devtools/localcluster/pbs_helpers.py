@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devtools.localcluster.daemon import free_port
+from devtools.localcluster.daemon import free_port, wait_views_agree
 from devtools.localcluster.pbs import REPO, SERVER_ADDR, PbsComplex
 from malletrain_core.wire.api import ApiUnavailable
 from malletrain_core.worker.client import UnixClient
@@ -209,18 +209,7 @@ def views_differ(cx: PbsComplex, daemon: Daemon) -> str:
 
 def wait_agree(cx: PbsComplex, daemon: Daemon, timeout_s: float = 30.0) -> None:
     """Wait until the daemon's view equals PBS's on two reads 1.2 s apart."""
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        last = views_differ(cx, daemon)
-        if not last:
-            time.sleep(1.2)
-            last = views_differ(cx, daemon)
-            if not last:
-                return
-        time.sleep(0.5)
-    raise AssertionError(f"the daemon's view never matched PBS's within {timeout_s:g} s: "
-                         f"{last}")
+    wait_views_agree(lambda: views_differ(cx, daemon), "PBS", timeout_s)
 
 
 def worker_processes(pbs: PbsComplex) -> list[str]:

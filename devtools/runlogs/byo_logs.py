@@ -12,6 +12,7 @@ after that checkpoint's step were lost with it — and :func:`problems` checks t
 from __future__ import annotations
 
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,23 @@ START = re.compile(PREFIX + r"start step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+
 STEP = re.compile(PREFIX + r"step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) batch=(\d+)-(\d+) "
                   r"samples=\d+ loss=(\S+) params=(\w+) run=(\S+) t=([\d.]+)")
 CKPT = re.compile(PREFIX + r"checkpoint step=(\d+) epoch=(\d+) world=(\d+) cursor=(-?\d+)")
+
+# How tests/slurm/test_byo_e2e.py and bench/byo.py run each integration's example script.
+ENV = ["env", "MALLETRAIN_LOG_EVERY=1", "MALLETRAIN_MIN_STEP_S=0.15",
+       "MALLETRAIN_CHECKPOINT_EVERY_S=6", "OMP_NUM_THREADS=1"]
+# lr 0.01, not the examples' 0.05: with momentum 0.9 and 8-sample batches, 0.05 makes the
+# logged loss bounce, and the loss check of the byo test then fails on short runs (a CPU simulation of
+# these world sizes over 40 seeds: 50-80 % passed at 0.05, all passed at 0.01).
+SCRIPTS = {
+    "torchrun": [sys.executable, "examples/torchrun/after.py", "--epochs", "100000",
+                 "--batch-size", "8", "--lr", "0.01"],
+    "lightning": [sys.executable, "examples/lightning/after.py", "--epochs", "100000",
+                  "--batch-size", "8", "--lr", "0.01", "--num-nodes", "1", "--root-dir", "{out}"],
+    # The Trainer's own sampler: positions in its step lines follow from the step and the
+    # constant global batch (48 = 8 per device × 1, 2 or 3 processes × accumulation).
+    "hf": [sys.executable, "examples/hf/after.py", "--output-dir", "{out}/hf", "--epochs",
+           "1000", "--batch-size", "8"],
+}
 
 
 @dataclass(frozen=True)

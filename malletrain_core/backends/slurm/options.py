@@ -1,0 +1,57 @@
+"""The ``[slurm]`` section of malletrain.toml: the Slurm backend's settings, their defaults and
+their checks, in one place.
+
+A leaf module (it imports only the TOML helpers and the errors): :mod:`malletrain_core.config`
+reads the section into a :class:`SlurmOptions` without importing the backend, and the Slurm
+registry entry (:mod:`.system`) names it. The backend's own defaults come from here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...errors import ConfigError
+from ...tomltables import positive
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The ``[slurm]`` section (malletrain.toml documents each key). Each default is the one
+    default of its setting: the backend's module constants (``DEFAULT_TIME_LIMIT_S``,
+    ``HOLE_MARGIN_S``, ...) and its constructor's defaults are read from here."""
+
+    partition: str = "preemptable"
+    default_time_limit_s: float = 72 * 3600.0
+    command_timeout_s: float = 30.0
+    bin_dir: str = ""
+    pyslurm: str = "off"
+    unplanned_wait_s: float = 60.0
+    hole_margin_s: float = 60.0
+    """Taken off a planned hole: at least the backfill's bf_resolution (Slurm's default 60 s);
+    a cluster that plans in finer steps fills shorter holes with a smaller margin."""
+    grant_timeout_s: float = 90.0
+    """A released task that is not running after this long is held again and its node given
+    back to the allocator, which plans again at once: a grant must start at Slurm's next
+    scheduling pass, or at the next backfill cycle for a planned hole, and may wait for a
+    preempted predecessor's KillWait. ``backends.slurm.backend.grant_timeout_for`` gives the
+    figure a cluster's settings call for (73 s at Slurm's defaults; 13 s on the local test
+    cluster). The one default: the backend's own comes from here."""
+    task_failures_max: int = 5
+    task_failure_window_s: float = 600.0
+
+    def validate(self) -> None:
+        """The ``[slurm]`` section's own checks (one line naming the key)."""
+        positive(("slurm.command_timeout_s", self.command_timeout_s),
+                  ("slurm.default_time_limit_s", self.default_time_limit_s))
+        if not self.unplanned_wait_s >= 0 or not math.isfinite(self.unplanned_wait_s):
+            raise ConfigError(f"slurm.unplanned_wait_s: {self.unplanned_wait_s!r} must "
+                              "be a finite number ≥ 0 (0: grants never wait for other jobs)")
+        if not self.hole_margin_s >= 0 or not math.isfinite(self.hole_margin_s):
+            raise ConfigError(f"slurm.hole_margin_s: {self.hole_margin_s!r} must be a "
+                              "finite number ≥ 0 (bf_resolution + bf_interval of slurm.conf)")
+        positive(("slurm.grant_timeout_s", self.grant_timeout_s),
+                  ("slurm.task_failure_window_s", self.task_failure_window_s), unit="seconds")
+        if self.task_failures_max < 1:
+            raise ConfigError(f"slurm.task_failures_max: {self.task_failures_max!r} must "
+                              "be at least 1 (task failures before a job is stopped)")
