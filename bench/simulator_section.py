@@ -247,24 +247,27 @@ def _gap_verdict(runs: list[dict[str, Any]]) -> list[str]:
 
 
 INPLACE_GPU_NOTE = """**`--rescale-cost inplace-gpu`** (27 November 2026, `malletrain_core/sim/costs.py`): the in-place
-path as one H100 priced it in the GPU issue (torch 2.11.0+cu130, NCCL 2.28.9, world 1; not yet
-measured by `bench/gpu.py` here, no GPU was lent): a grow pauses the members 1.56 s (re-form
-0.51 s + eager first all-reduce 0.05 s + the joiner's first step 1.0 s) after an 11.5 s joiner
-start; a shrink 0.56 s; a preemption 1.01 s (the abandon re-form 0.96 s + 0.05 s). 14 days,
-5 seeds, the same setup (`... --rescale-cost inplace-gpu --workers 2`), both rows made before
-the profiler changes of section Profiler (not rerun since):
+path on GPU nodes as it is now, re-forming beside the old group and starting joiners without
+`torch._dynamo`, priced from the pieces one H100 measured (`../shared/research/gpu.md`; the whole
+path not yet run on a GPU): a grow pauses the members 0.49 s (a group formed beside the old one
+with its first all-reduce 0.053 s + the joiner's first step 0.44 s) after a 3.9-s joiner start;
+a shrink and a preemption 0.053 s. 14 days, 5 seeds, the same setup as the section's other rows
+(`malletrain simulate --trace summit --workload imagenet --jobs 50 --policies
+malletrain,freetrain-exact,oracle --seeds 5 --seed 0 --rescale-cost inplace-gpu --workers 1`,
+2,562 s on this 2-core machine beside other work):
 
 | policy | rescale cost | share of UB_oracle | per-seed shares (%) | rescales | rescale loss | preemptions | preemption loss | rest of the gap |
 |---|---|---|---|---|---|---|---|---|
-| malletrain | inplace-gpu | 96.3 ± 0.1 % | 96.30 / 96.04 / 96.33 / 96.34 / 96.45 | 43,540 | 1.23 % | 38,386 | 0.66 % | 1.82 % |
-| freetrain-exact | inplace-gpu | 97.5 ± 0.1 % | 97.47 / 97.34 / 97.47 / 97.49 / 97.55 | 32,733 | 1.06 % | 37,614 | 0.69 % | 0.79 % |
+| malletrain | inplace-gpu | 98.5 ± 0.1 % | 98.51 / 98.23 / 98.50 / 98.60 / 98.46 | 39,399 | 0.43 % | 38,421 | 0.63 % | 0.48 % |
+| freetrain-exact | inplace-gpu | 98.6 ± 0.0 % | 98.57 / 98.59 / 98.60 / 98.62 / 98.67 | 37,645 | 0.42 % | 37,892 | 0.64 % | 0.33 % |
 
-Its `malletrain` row was made at an intermediate tree whose profiler restored every profiling
-step a reclaim had cut short; that cost 0.2 point on a 2-day replay (seed 0, inplace: 96.6
-against 96.8 %), so e8b6c14 restores only one-scale runs (probes, extensions); on that tree the
-2-day replay gave 95.7 % under `inplace-gpu` (freetrain-exact 96.7 %). Under these GPU figures
-the in-place path still beat the restart path, and the joiner start and the grow pause were
-most of `malletrain`'s difference to the CPU figures (rescale loss 1.23 against 0.81 %)."""
+Under the figures of the first GPU pass (the old group destroyed on the critical path, a joiner
+importing `torch._dynamo`: a grow 1.56 s after an 11.5-s joiner start, a shrink 0.56 s, a
+preemption 1.01 s), made before the profiler changes of section Profiler, the same setup gave
+`malletrain` 96.3 ± 0.1 % (96.30 / 96.04 / 96.33 / 96.34 / 96.45; rescale loss 1.23 %,
+preemption loss 0.66 %) and `freetrain-exact` 97.5 ± 0.1 % (rescale loss 1.06 %). The new GPU
+figures take 2.2 points of UB_oracle more for `malletrain`, most of it the rescale loss (1.23 →
+0.43 %), and put it 0.15 point behind FreeTrain given every job's true curve."""
 """Hand-measured rows kept in the section (not rebuilt from results files)."""
 
 
