@@ -246,7 +246,7 @@ class _Retiring:
         self.kind, self.epoch, self.backend = kind, epoch, backend
         self.started = time.monotonic()
         self.seconds: float | None = None
-        self.error: BaseException | None = None
+        self.error: str | None = None
         self.done = threading.Event()
         self._parts, self._works = parts, works   # [old net, group, store]
         self.thread = threading.Thread(target=self._run, name=f"malletrain-{kind}",
@@ -255,12 +255,14 @@ class _Retiring:
 
     def _run(self) -> None:
         try:
-            group = self._parts[1]
-            if group is not None:
-                (_abort_group if self.kind == "abort" else _shutdown_group)(group)
-                del group
+            let_go = _abort_group if self.kind == "abort" else _shutdown_group
+            if self._parts[1] is not None:
+                let_go(self._parts[1])
         except BaseException as exc:  # noqa: BLE001 - reported by Elastic._settle_retiring
-            self.error = exc
+            # kept as text: the exception's traceback would hold the group (its frames) and
+            # this object (a cycle that only a full garbage collection frees), and with the
+            # group its sockets and its gloo thread
+            self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._parts.clear()   # frees the old DDP, the group and its store
             self._works.clear()   # then the works its threads ran
@@ -269,8 +271,7 @@ class _Retiring:
 
     def summary(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "kind": self.kind,
-                "seconds": round(self.seconds or 0.0, 4),
-                "error": None if self.error is None else type(self.error).__name__}
+                "seconds": round(self.seconds or 0.0, 4), "error": self.error}
 
 
 def _shutdown_group(group: Any) -> None:
@@ -627,7 +628,7 @@ class Elastic:
         self.retired.append(r.summary())
         if r.error is not None:
             print(f"malletrain: letting go of epoch {r.epoch}'s {r.backend} group ({r.kind}) "
-                  f"failed: {type(r.error).__name__}: {r.error}", file=sys.stderr, flush=True)
+                  f"failed: {r.error}", file=sys.stderr, flush=True)
         self.holds_abandoned = bool(self._graveyard) or self._pending.reason is not None
         return True
 
