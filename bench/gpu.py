@@ -24,19 +24,31 @@ that part says why it was skipped):
    ``device_id`` (the communicator made at once) or without (made by the first collective):
    the init and the first and second all-reduce, each in a fresh process, alternating.
 3. **re-form and abort** (``reform``) — in one process: destroy the group, init a new one
-   (eager), its first all-reduce: the pause of a re-form; then an ``abandon``: the group let go
-   the way ``inplace.abandon_action`` says for the backend (NCCL: ``_abort_default_group``,
-   gloo: ``_forget_default_group``) and a new group formed.
+   (eager), its first all-reduce: the pause of a re-form as it was; then **beside**, as
+   ``Elastic`` re-forms now: the old group forgotten and shut down in a thread
+   (``inplace._shutdown_group``) while the new one is formed and all-reduced on (the pause, the
+   shut-down's own time, and how many all-reduces ran on the new group meanwhile); then an
+   ``abandon``: the group let go the way ``inplace.abandon_action`` says for the backend (NCCL:
+   ``_abort_default_group``, gloo: ``_forget_default_group``) and a new group formed, and on
+   NCCL the same with the abort in a thread (``inplace._abort_group``).
 4. **Elastic's own re-form** (``elastic``) — one ``inplace.Elastic`` process at world 1 driven
    through membership files as the launcher does: start → ready, planned re-forms and
    ``abandon`` re-forms; the pause is the gap between the last step timestamp in the old epoch
-   and the first in the new one (as in docs/inplace.md), with Elastic's own ``reform_s``.
-5. **joiner start-up** (``joiner``) — a fresh process timing ``import torch``, the first CUDA
-   context, building the NAS example's model, the first optimizer, the first and second step.
-6. **the examples** (``examples``) — examples/train_elastic.py and examples/nas_cell.py alone
+   and the first in the new one (as in docs/inplace.md), with Elastic's own ``reform_s`` and
+   what letting go of each old group took in its thread (``Elastic.retired``).
+5. **joiner start-up** (``joiner``) — fresh processes timing ``import torch``, the first CUDA
+   context, building the NAS example's model, the first optimizer, the first and second step:
+   as torch starts them (``torch._dynamo`` imported by the first optimizer, timed apart) and as
+   a MalleTrain training process does (``worker.startup.defer_dynamo``: never imported),
+   alternated.
+6. **leak check** (``leak``) — ``--leak-reforms`` (200) planned re-forms of one ``Elastic``
+   process: resident memory, threads and GPU memory (allocated and reserved) from the 10th
+   re-form to the last; any growth fails the part.
+7. **the examples** (``examples``) — examples/train_elastic.py and examples/nas_cell.py alone
    (world 1) on ``--device cuda`` and ``--device cpu``: the median step time after warm-up;
    examples/torchrun/after.py (and the Lightning and Hugging Face ones where installed) run on
-   ``--device cuda`` as a check that they work there.
+   ``--device cuda`` as a check that they work there, started as a user would (no
+   ``LOCAL_RANK`` without ``RANK``).
 
 A part that fails is named in ``failed`` with its error's last line and the others go on (exit
 1); ``--budget-s`` (default 540 s, for a 10-minute slot on a lent GPU machine) skips the parts
