@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long test-faults-inplace check lint demo bench bench-quick soak soak-quick clean
+.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long test-faults-inplace check lint demo bench bench-quick soak soak-quick clean rpm
 
 setup:
 	@bash scripts/setup-machine.sh
@@ -55,6 +55,11 @@ test-matrix: setup setup-matrix
 	    || failed="$$failed $$r"; \
 	  echo "== Slurm $$r: $$(( $$(date +%s) - start )) s"; done; \
 	  if [ -n "$$failed" ]; then echo "test-matrix failed on:$$failed"; exit 1; fi
+
+## The RPM a site installs (malletrain.spec, `rpmbuild -ta` on the release tarball), built for
+## $(PYTHON): dist/rpm/RPMS/noarch/malletrain-VERSION-1.noarch.rpm, in seconds.
+rpm:
+	@bash scripts/make-rpm.sh --python "$$(command -v $(PYTHON))"
 
 ## Quick development loop: everything that needs neither Slurm nor torch, plus lint.
 check: setup lint
