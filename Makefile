@@ -37,8 +37,9 @@ test-long: setup-full
 test-faults-inplace: setup-full
 	MALLETRAIN_FAULTS_PATH=inplace MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q -rs tests/slurm/test_faults.py tests/slurm/test_faults_site.py
 
-# Slurm 24.11 (Debian trixie in a chroot) and 25.11 (built from ../shared/vendor/slurm in it),
-# and a pyslurm for each, under build/slurm-matrix; a second run only checks the mounts.
+# Slurm 24.11 (Debian trixie in a chroot), 25.11 and 26.05 (built from ../shared/vendor/slurm in
+# it), and a pyslurm for 24.11 and 25.11 (none exists for 26.05: there the 25.11 one must be
+# refused), under build/slurm-matrix; a second run only checks the mounts.
 setup-matrix:
 	@bash scripts/setup-slurm-matrix.sh all
 	@bash scripts/setup-slurm-matrix.sh pyslurm
@@ -47,7 +48,7 @@ setup-matrix:
 ## on PLANNED nodes, holds surviving preemption, users locked out, admin check, the daemon, the
 ## e2e torch test and the fault scenarios, and the backend's pyslurm path (reads and actions; a
 ## missing pyslurm fails here instead of skipping). `make test` keeps the whole suite on 22.05.
-MATRIX_RELEASES ?= 24.11 25.11
+MATRIX_RELEASES ?= 24.11 25.11 26.05
 MATRIX_TESTS ?= tests/slurm --ignore=tests/slurm/test_accounting.py
 test-matrix: setup setup-matrix
 	@failed=""; for r in $(MATRIX_RELEASES); do echo "== Slurm $$r"; start=$$(date +%s); \

@@ -1,9 +1,9 @@
 """Which Slurm release the local cluster runs: the host's, or a newer one in a chroot.
 
-``MALLETRAIN_SLURM=22.05|24.11|25.11`` (default 22.05, the host's Debian packages) selects it.
-24.11 is Debian trixie's packages in a chroot, 25.11 is built from the vendored source into
-``/opt/slurm-25.11`` inside that chroot; ``scripts/setup-slurm-matrix.sh`` makes both under
-``build/slurm-matrix/``.
+``MALLETRAIN_SLURM=22.05|24.11|25.11|26.05`` (default 22.05, the host's Debian packages) selects
+it. 24.11 is Debian trixie's packages in a chroot, 25.11 and 26.05 are built from the vendored
+sources into ``/opt/slurm-25.11`` and ``/opt/slurm-26.05`` inside that chroot;
+``scripts/setup-slurm-matrix.sh`` makes them under ``build/slurm-matrix/``.
 
 How a chroot release runs beside the host's tools:
 
@@ -49,6 +49,8 @@ class Release:
     lib_dirs: tuple[str, ...] = ()
     """Inside the chroot: libslurm's folder and the plugin folder, first wins."""
     plugin_dir: str = ""
+    pyslurm: str | None = None
+    """The pyslurm release made for this Slurm release (None: none exists)."""
 
     @property
     def chrooted(self) -> bool:
@@ -122,10 +124,7 @@ class Release:
         """The ``slurm.pyslurm`` setting that runs this release's pyslurm (the chroot's Python
         with the pyslurm ``scripts/setup-slurm-matrix.sh pyslurm`` built), or None: a pyslurm
         built in the chroot does not load in a host process (its glibc is newer)."""
-        if not self.chrooted or not (CHROOT / "opt" / f"pyslurm-{self.name}" /
-                                     ".mt-built").exists():
-            return None
-        return f"chroot {CHROOT} /opt/pyslurm-{self.name}/bin/python"
+        return pyslurm_helper(self.name) if self.chrooted else None
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` with this release's commands first on PATH."""
@@ -136,13 +135,31 @@ class Release:
 
 
 _WLM = f"/usr/lib/{_MULTIARCH}/slurm-wlm"
+
+
+def _built(name: str, pyslurm: str | None = None) -> Release:
+    """A release built from the vendored source into /opt/slurm-NAME of the chroot."""
+    prefix = f"/opt/slurm-{name}"
+    return Release(name, prefix=prefix, lib_dirs=(f"{prefix}/lib/slurm", f"{prefix}/lib"),
+                   plugin_dir=f"{prefix}/lib/slurm", pyslurm=pyslurm)
+
+
 RELEASES = {
     "22.05": Release("22.05"),
-    "24.11": Release("24.11", prefix="/usr", lib_dirs=(_WLM,), plugin_dir=_WLM),
-    "25.11": Release("25.11", prefix="/opt/slurm-25.11",
-                     lib_dirs=("/opt/slurm-25.11/lib/slurm", "/opt/slurm-25.11/lib"),
-                     plugin_dir="/opt/slurm-25.11/lib/slurm"),
+    "24.11": Release("24.11", prefix="/usr", lib_dirs=(_WLM,), plugin_dir=_WLM,
+                     pyslurm="24.11.0"),
+    "25.11": _built("25.11", pyslurm="25.11.2"),
+    "26.05": _built("26.05"),  # no pyslurm for 26.05 exists (PyPI's newest: 25.11.2)
 }
+
+
+def pyslurm_helper(series: str) -> str | None:
+    """The ``slurm.pyslurm`` setting of the pyslurm built for Slurm ``series`` in the chroot
+    (``/opt/pyslurm-SERIES``), or None where it was not built. Any release's cluster may be
+    given it: on another release pyslurm is refused (its MAJOR.MINOR must be the cluster's)."""
+    if not (CHROOT / "opt" / f"pyslurm-{series}" / ".mt-built").exists():
+        return None
+    return f"chroot {CHROOT} /opt/pyslurm-{series}/bin/python"
 
 
 def release(name: str | None = None) -> Release:

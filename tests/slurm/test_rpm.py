@@ -12,11 +12,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from devtools.localcluster import LocalCluster
 

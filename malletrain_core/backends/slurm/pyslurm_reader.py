@@ -467,7 +467,8 @@ def choose(setting: str, env: dict[str, str] | None = None) -> tuple[PyslurmSour
         src.hello()
     except Exception as exc:  # CommandError: pyslurm does not import, or slurmctld is down
         src.close()
-        return None, f"commands (no pyslurm in {where}: {exc})"
+        # one line, whatever the import or the helper printed (a traceback, a linker error)
+        return None, f"commands (no pyslurm in {where}: {' '.join(str(exc).split())})"
     if series(src.version) != series(src.slurm):
         src.close()
         return None, (f"commands (pyslurm {src.version} in {where} does not match Slurm "

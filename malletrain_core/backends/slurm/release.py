@@ -1,7 +1,7 @@
 """Which Slurm release the backend talks to, and what differs between releases: in one place.
 
 The backend reads formatted ``squeue``/``sinfo`` text, which is the same on every release
-MalleTrain was tested with (22.05, 24.11, 25.11; see ``make test-matrix``). What differs:
+MalleTrain was tested with (22.05, 24.11, 25.11, 26.05; see ``make test-matrix``). What differs:
 
 * ``scontrol show job -o``: 24.11 prints ``ReqTRES=``/``AllocTRES=`` instead of ``TRES=``,
   and ``NumNodes=1-1`` on held jobs; 25.11 adds ``SubmitLine=`` (the command line, with
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from ...errors import CommandError
 from ...runner import CommandRunner
 
-TESTED = ("22.05", "24.11", "25.11")
+TESTED = ("22.05", "24.11", "25.11", "26.05")
 """Releases the real-Slurm contract tests pass on (``make test`` and ``make test-matrix``)."""
 OLDEST = (22, 5)
-NEWEST = (25, 11)
+NEWEST = (26, 5)
 
 
 @dataclass(frozen=True, order=True)
