@@ -329,6 +329,20 @@ def count_storm(records: list[ControllerRecord], prods: dict[str, str]) -> Storm
     return StormCount(preempted, idle, unseen, min(every), max(every), sorted(regrow_s))
 
 
+def command_shims(cluster: LocalCluster, folder: Path) -> tuple[Path, Path]:
+    """A folder of shims for the Slurm commands (a daemon's ``slurm.bin_dir``) that log each
+    call to a file, then run the release's command: (the folder, the log)."""
+    from devtools.localcluster.releases import CLIENTS
+    spawned, bin_dir = folder / "spawned.txt", folder / "bin"
+    bin_dir.mkdir()
+    for name in CLIENTS:
+        real = cluster.release.bin_dir / name if cluster.release.bin_dir else Path(name)
+        (bin_dir / name).write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{spawned}'\n"
+                                    f"exec '{real}' \"$@\"\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir, spawned
+
+
 def running(cluster: LocalCluster, job: str) -> int:
     out = cluster.run(["squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%i"]).stdout
     return len(out.split())

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-from slurm_helpers import elastic, running
+from slurm_helpers import command_shims, elastic, running
 
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
-from devtools.localcluster.releases import CLIENTS, pyslurm_helper
+from devtools.localcluster.releases import pyslurm_helper
 from malletrain_core.backends.slurm.pyslurm_reader import choose
 from malletrain_core.cli import main
 
@@ -75,13 +75,7 @@ def test_the_daemon_runs_on_the_commands(cluster: LocalCluster, other: tuple[str
     job onto every node through the commands (shims on its Slurm command folder log each
     call), with no traceback in its log."""
     series, helper = other
-    spawned, bin_dir = tmp_path / "spawned.txt", tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in CLIENTS:
-        real = cluster.release.bin_dir / name if cluster.release.bin_dir else Path(name)
-        (bin_dir / name).write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{spawned}'\n"
-                                    f"exec '{real}' \"$@\"\n")
-        (bin_dir / name).chmod(0o755)
+    bin_dir, spawned = command_shims(cluster, tmp_path)
     daemon = LocalDaemon(cluster, root=tmp_path / "malletraind",
                          settings={"slurm": {"bin_dir": str(bin_dir), "pyslurm": helper}})
     daemon.start()
