@@ -20,7 +20,7 @@ from world_slurm import PARTITION, SlurmSim
 
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.backend import SlurmBackend
-from malletrain_core.backends.slurm.pyslurm_reader import choose, series, split_job_list
+from malletrain_core.backends.slurm.pyslurm_reader import choose, probe, series, split_job_list
 from malletrain_core.errors import CommandError
 from malletrain_core.events import Grow
 from malletrain_core.runner import CommandRunner
@@ -146,3 +146,42 @@ def test_a_matching_pyslurm_is_taken_and_says_what_goes_through_it() -> None:
 
 def test_release_series_are_compared_as_numbers() -> None:
     assert (series("24.11.5"), series("23.2.1"), series("26.05.1")) == ("24.11", "23.02", "26.05")
+
+
+def test_a_pyslurm_that_ends_its_process_is_refused_in_one_line() -> None:
+    """A libslurm of another release ends the process that loads it (fatal() on the cluster's
+    plugins): the probe child's last words become one line, the cause and the end."""
+    crash = ("import sys; sys.stderr.write('python: plugin_load_from_file: Incompatible Slurm "
+             "plugin /x/auth_munge.so version (26.05.3)\\npython: error: more\\n"
+             "python: fatal: failed to initialize auth plugin\\n'); sys.exit(1)")
+    info = probe([sys.executable, "-c", crash])
+    assert list(info) == ["error"] and "\n" not in info["error"]
+    assert info["error"].endswith(
+        "ended its process on loading (code 1): python: plugin_load_from_file: Incompatible "
+        "Slurm plugin /x/auth_munge.so version (26.05.3); python: fatal: failed to initialize "
+        "auth plugin")
+    assert probe([sys.executable, "-c", "print('{\"pyslurm\": \"25.11.2\", \"slurm\": "
+                  "\"26.05.3\"}')"]) == {"pyslurm": "25.11.2", "slurm": "26.05.3"}
+
+
+def test_auto_tries_pyslurm_in_a_child_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` never loads a pyslurm in the daemon's process before a child of the same
+    Python did: a child that failed or found another release means the commands, and this
+    process never imports pyslurm."""
+    from malletrain_core.backends.slurm import pyslurm_reader
+
+    def never(self: object) -> None:
+        raise AssertionError("pyslurm loaded in the daemon's process")
+
+    monkeypatch.setattr(pyslurm_reader.PyslurmSource, "_in_process", never)
+    monkeypatch.setattr(pyslurm_reader, "probe", lambda env=None: {
+        "error": "pyslurm 25.11.2 ended its process on loading (code 1): fatal"})
+    assert choose("auto") == (None, "commands (no pyslurm in this Python: pyslurm 25.11.2 "
+                                    "ended its process on loading (code 1): fatal)")
+    monkeypatch.setattr(pyslurm_reader, "probe", lambda env=None: {
+        "pyslurm": "25.11.2", "slurm": "26.05.3"})
+    assert choose("auto") == (None, "commands (pyslurm 25.11.2 in this Python does not match "
+                                    "Slurm 26.05.3: MAJOR.MINOR must be equal)")
+    monkeypatch.undo()
+    src, line = choose("auto")  # the real child: no pyslurm in this Python here
+    assert src is None and line.startswith("commands (no pyslurm in this Python: ")

@@ -39,9 +39,11 @@ def other(cluster: LocalCluster) -> tuple[str, str]:
 
 def refusal(series: str, cluster: LocalCluster) -> re.Pattern[str]:
     """The one line of a refused pyslurm: its version and the cluster's must both be named."""
-    return re.compile(rf"commands \((pyslurm {re.escape(series)}\.\d+ in helper '[^']+' does "
-                      rf"not match Slurm {re.escape(cluster.release.name)}\.\d+: MAJOR\.MINOR "
-                      rf"must be equal|no pyslurm in helper '[^']+': .*{re.escape(series)}.*)\)")
+    mine, theirs = re.escape(series), re.escape(cluster.release.name)
+    return re.compile(
+        rf"commands \((pyslurm {mine}\.\d+ in helper '[^']+' does not match Slurm {theirs}"
+        rf"\.\d+: MAJOR\.MINOR must be equal|no pyslurm in helper '[^']+': .*pyslurm {mine}\.\d+ "
+        rf"ended its process on loading \(code \d+\): .*version \({theirs}\.\d+\).*)\)")
 
 
 def test_the_choice_refuses_it_in_one_line(cluster: LocalCluster,

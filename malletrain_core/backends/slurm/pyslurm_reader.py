@@ -296,6 +296,40 @@ def hello(pyslurm: Any) -> dict[str, str]:
             "slurm": str(pyslurm.slurmctld.Config.load().version)}
 
 
+def probe(argv: Sequence[str] | None = None, env: dict[str, str] | None = None,
+          timeout_s: float = 60.0) -> dict[str, str]:
+    """:func:`hello` in a child process (``argv``: by default this Python running this file with
+    ``--probe``), so that this process loads pyslurm only once it is known to work here: a
+    pyslurm built for another Slurm release loads that release's libslurm, which ends its
+    process (libslurm's ``fatal()``) when the cluster's plugins are of another version, e.g.
+    25.11's pyslurm on 26.05: "Incompatible Slurm plugin .../auth_munge.so version (26.05.3)".
+    Returns hello's answer, or ``{"error": one line}`` with what the child printed."""
+    import subprocess
+
+    argv = list(argv) if argv is not None else [sys.executable, "-I", os.path.abspath(__file__),
+                                                "--probe"]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env,
+                             stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"the pyslurm probe failed: {type(exc).__name__}: {exc}"}
+    out = res.stdout.strip().splitlines()
+    if out:  # its answer, or the error it caught (no pyslurm, slurmctld down)
+        try:
+            return dict(json.loads(out[-1]))
+        except ValueError:
+            pass
+    try:
+        from importlib.metadata import version
+        which = f"pyslurm {version('pyslurm')}"
+    except Exception:  # importlib.metadata.PackageNotFoundError, a broken installation
+        which = "pyslurm"
+    lines = [" ".join(x.split()) for x in res.stderr.splitlines() if x.strip()]
+    said = "; ".join(lines[:1] + lines[-1:] if len(lines) > 2 else lines)  # the cause, the end
+    return {"error": f"{which} ended its process on loading (code {res.returncode}): "
+                     f"{said[:400] or 'nothing said'}"}
+
+
 def series(version: str) -> str:
     """``24.11.5`` → ``24.11``; pyslurm's ``23.2.1`` → ``23.02`` (as Slurm writes it)."""
     major, minor = (version.split(".") + ["0"])[:2]
@@ -462,6 +496,15 @@ def choose(setting: str, env: dict[str, str] | None = None) -> tuple[PyslurmSour
     if setting in ("", "off"):
         return None, "commands (slurm.pyslurm = \"off\")"
     where = "this Python" if setting == "auto" else f"helper {setting!r}"
+    if setting == "auto":
+        # First in a child process of this Python: a pyslurm of another release may end the
+        # process that loads it (see probe); the daemon must never be that process.
+        info = probe(env=env)
+        if "error" in info:
+            return None, f"commands (no pyslurm in {where}: {' '.join(info['error'].split())})"
+        if series(info["pyslurm"]) != series(info["slurm"]):
+            return None, (f"commands (pyslurm {info['pyslurm']} in {where} does not match Slurm "
+                          f"{info['slurm']}: MAJOR.MINOR must be equal)")
     src = PyslurmSource(None if setting == "auto" else shlex.split(setting), env=env)
     try:
         src.hello()
@@ -489,13 +532,23 @@ def source_for(setting: str, runner: Any = None) -> PyslurmSource | None:
 
 
 def main() -> int:
-    """Helper mode: one JSON request per stdin line, one JSON answer per stdout line."""
+    """Helper mode: one JSON request per stdin line, one JSON answer per stdout line. The
+    first line is :func:`hello`'s answer, asked by a :func:`probe` first (``--probe``: only
+    that line, then exit)."""
+    if sys.argv[1:] != ["--probe"]:
+        info: dict[str, Any] = probe()
+        if "error" in info or series(info["pyslurm"]) != series(info["slurm"]):
+            print(json.dumps(info), flush=True)  # the daemon refuses it with this
+            return 1
     try:
         import pyslurm
-        info: dict[str, Any] = hello(pyslurm)
+        info = hello(pyslurm)
     except Exception as exc:  # ImportError, a version mismatch, slurmctld down
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 1
+    if sys.argv[1:] == ["--probe"]:
+        print(json.dumps(info), flush=True)
+        return 0
     actions, info["no_actions"] = make_actions(pyslurm)
     print(json.dumps(info), flush=True)
     for line in sys.stdin:
