@@ -51,6 +51,8 @@ class Release:
     plugin_dir: str = ""
     pyslurm: str | None = None
     """The pyslurm release made for this Slurm release (None: none exists)."""
+    conf: tuple[str, ...] = ()
+    """slurm.conf lines this release's local cluster adds (after the template's)."""
 
     @property
     def chrooted(self) -> bool:
@@ -75,7 +77,7 @@ class Release:
         """slurm.conf lines this release needs beyond the template."""
         if not self.chrooted:
             return ""
-        return f"PluginDir={CHROOT}{self.plugin_dir}"
+        return "\n".join([f"PluginDir={CHROOT}{self.plugin_dir}", *self.conf])
 
     def extra_files(self) -> dict[str, str]:
         """Files beside slurm.conf: slurmd >= 24 aborts without a mounted cgroup fs unless
@@ -137,11 +139,17 @@ class Release:
 _WLM = f"/usr/lib/{_MULTIARCH}/slurm-wlm"
 
 
-def _built(name: str, pyslurm: str | None = None) -> Release:
+def _built(name: str, pyslurm: str | None = None, conf: tuple[str, ...] = ()) -> Release:
     """A release built from the vendored source into /opt/slurm-NAME of the chroot."""
     prefix = f"/opt/slurm-{name}"
     return Release(name, prefix=prefix, lib_dirs=(f"{prefix}/lib/slurm", f"{prefix}/lib"),
-                   plugin_dir=f"{prefix}/lib/slurm", pyslurm=pyslurm)
+                   plugin_dir=f"{prefix}/lib/slurm", pyslurm=pyslurm, conf=conf)
+
+
+# 26.05 logs a job started by backfill ("sched/backfill: _start_job: Started JobId=...",
+# info up to 25.11) only under DebugFlags=HetJob at the verbose level; the tests count
+# starts, preemptions and ends from slurmctld's log (tests/slurm/slurm_helpers.py).
+_LOG_BACKFILL_STARTS = ("SlurmctldDebug=verbose", "DebugFlags=HetJob")
 
 
 RELEASES = {
@@ -149,7 +157,7 @@ RELEASES = {
     "24.11": Release("24.11", prefix="/usr", lib_dirs=(_WLM,), plugin_dir=_WLM,
                      pyslurm="24.11.0"),
     "25.11": _built("25.11", pyslurm="25.11.2"),
-    "26.05": _built("26.05"),  # no pyslurm for 26.05 exists (PyPI's newest: 25.11.2)
+    "26.05": _built("26.05", conf=_LOG_BACKFILL_STARTS),  # no pyslurm exists for 26.05
 }
 
 

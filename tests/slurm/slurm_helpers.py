@@ -216,7 +216,8 @@ _CTLD_KINDS = (
     ("preempted", re.compile(r"^preempted JobId=(\S+?)(?:\(\d+\))? has been requeued to "
                              r"reclaim resources for JobId=(\S+)")),
     ("completed", re.compile(r"^_job_complete: JobId=(\S+?)(?:\(\d+\))? done()")),
-    ("started", re.compile(r"^sched(?:/backfill)?: (?:_start_job: Started|Allocate) "
+    # 26.05 logs backfill's starts as a HetJob debug flag's line ("_start_job: HETJOB: ...")
+    ("started", re.compile(r"^sched(?:/backfill)?: (?:_start_job: (?:HETJOB: )?Started|Allocate) "
                            r"JobId=(\S+?)(?:\(\d+\))? (?:in \S+ on |NodeList=)(\S+)")),
 )
 

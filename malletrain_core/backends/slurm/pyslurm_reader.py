@@ -296,27 +296,52 @@ def hello(pyslurm: Any) -> dict[str, str]:
             "slurm": str(pyslurm.slurmctld.Config.load().version)}
 
 
-def probe(argv: Sequence[str] | None = None, env: dict[str, str] | None = None,
-          timeout_s: float = 60.0) -> dict[str, str]:
-    """:func:`hello` in a child process (``argv``: by default this Python running this file with
-    ``--probe``), so that this process loads pyslurm only once it is known to work here: a
-    pyslurm built for another Slurm release loads that release's libslurm, which ends its
-    process (libslurm's ``fatal()``) when the cluster's plugins are of another version, e.g.
-    25.11's pyslurm on 26.05: "Incompatible Slurm plugin .../auth_munge.so version (26.05.3)".
-    Returns hello's answer, or ``{"error": one line}`` with what the child printed."""
-    import subprocess
+def probe(attempt: Any = None, timeout_s: float = 60.0) -> dict[str, str]:
+    """:func:`hello` in a forked child of this (single-threaded helper) process, so that the
+    helper loads pyslurm only once it is known to work here: a pyslurm built for another Slurm
+    release loads that release's libslurm, which ends its process (libslurm's ``fatal()``)
+    when the cluster's plugins are of another version, e.g. 25.11's pyslurm on 26.05:
+    "Incompatible Slurm plugin .../auth_munge.so version (26.05.3)". ``attempt`` (tests): what
+    the child runs instead of importing pyslurm and asking. Returns hello's answer, or
+    ``{"error": one line}`` with the child's error or its last words on stderr."""
+    import signal
+    import tempfile
 
-    argv = list(argv) if argv is not None else [sys.executable, "-I", os.path.abspath(__file__),
-                                                "--probe"]
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env,
-                             stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": f"the pyslurm probe failed: {type(exc).__name__}: {exc}"}
-    out = res.stdout.strip().splitlines()
-    if out:  # its answer, or the error it caught (no pyslurm, slurmctld down)
+    def ask() -> dict[str, str]:
+        import pyslurm
+        return hello(pyslurm)
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: its answer on ``out``, libslurm's words on ``err``
+            code = 1
+            try:
+                os.dup2(err.fileno(), 2)
+                try:
+                    answer = (attempt or ask)()
+                    code = 0
+                except Exception as exc:  # ImportError, pyslurm's RPCError
+                    answer = {"error": f"{type(exc).__name__}: {exc}"}
+                os.write(out.fileno(), json.dumps(answer).encode())
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return {"error": f"pyslurm gave no answer within {timeout_s:g} s"}
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        said_out = out.read().decode(errors="replace").strip()
+        said_err = err.read().decode(errors="replace")
+    if said_out:
         try:
-            return dict(json.loads(out[-1]))
+            return dict(json.loads(said_out))
         except ValueError:
             pass
     try:
@@ -324,9 +349,10 @@ def probe(argv: Sequence[str] | None = None, env: dict[str, str] | None = None,
         which = f"pyslurm {version('pyslurm')}"
     except Exception:  # importlib.metadata.PackageNotFoundError, a broken installation
         which = "pyslurm"
-    lines = [" ".join(x.split()) for x in res.stderr.splitlines() if x.strip()]
+    lines = [" ".join(x.split()) for x in said_err.splitlines() if x.strip()]
     said = "; ".join(lines[:1] + lines[-1:] if len(lines) > 2 else lines)  # the cause, the end
-    return {"error": f"{which} ended its process on loading (code {res.returncode}): "
+    code = os.waitstatus_to_exitcode(status)
+    return {"error": f"{which} ended its process on loading (code {code}): "
                      f"{said[:400] or 'nothing said'}"}
 
 
@@ -499,12 +525,17 @@ def choose(setting: str, env: dict[str, str] | None = None) -> tuple[PyslurmSour
     if setting == "auto":
         # First in a child process of this Python: a pyslurm of another release may end the
         # process that loads it (see probe); the daemon must never be that process.
-        info = probe(env=env)
-        if "error" in info:
-            return None, f"commands (no pyslurm in {where}: {' '.join(info['error'].split())})"
-        if series(info["pyslurm"]) != series(info["slurm"]):
-            return None, (f"commands (pyslurm {info['pyslurm']} in {where} does not match Slurm "
-                          f"{info['slurm']}: MAJOR.MINOR must be equal)")
+        # (the helper's own start tries it in a forked child first: see probe)
+        trial = PyslurmSource([sys.executable], env=env)
+        try:
+            trial.hello()
+        except Exception as exc:  # CommandError: as below
+            return None, f"commands (no pyslurm in {where}: {' '.join(str(exc).split())})"
+        finally:
+            trial.close()
+        if series(trial.version) != series(trial.slurm):
+            return None, (f"commands (pyslurm {trial.version} in {where} does not match Slurm "
+                          f"{trial.slurm}: MAJOR.MINOR must be equal)")
     src = PyslurmSource(None if setting == "auto" else shlex.split(setting), env=env)
     try:
         src.hello()
@@ -533,22 +564,17 @@ def source_for(setting: str, runner: Any = None) -> PyslurmSource | None:
 
 def main() -> int:
     """Helper mode: one JSON request per stdin line, one JSON answer per stdout line. The
-    first line is :func:`hello`'s answer, asked by a :func:`probe` first (``--probe``: only
-    that line, then exit)."""
-    if sys.argv[1:] != ["--probe"]:
-        info: dict[str, Any] = probe()
-        if "error" in info or series(info["pyslurm"]) != series(info["slurm"]):
-            print(json.dumps(info), flush=True)  # the daemon refuses it with this
-            return 1
+    first line is :func:`hello`'s answer, asked by a :func:`probe` first."""
+    info: dict[str, Any] = probe()
+    if "error" in info or series(info["pyslurm"]) != series(info["slurm"]):
+        print(json.dumps(info), flush=True)  # the daemon refuses it with this
+        return 1
     try:
         import pyslurm
         info = hello(pyslurm)
     except Exception as exc:  # ImportError, a version mismatch, slurmctld down
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 1
-    if sys.argv[1:] == ["--probe"]:
-        print(json.dumps(info), flush=True)
-        return 0
     actions, info["no_actions"] = make_actions(pyslurm)
     print(json.dumps(info), flush=True)
     for line in sys.stdin:
