@@ -523,9 +523,9 @@ def choose(setting: str, env: dict[str, str] | None = None) -> tuple[PyslurmSour
         return None, "commands (slurm.pyslurm = \"off\")"
     where = "this Python" if setting == "auto" else f"helper {setting!r}"
     if setting == "auto":
-        # First in a child process of this Python: a pyslurm of another release may end the
-        # process that loads it (see probe); the daemon must never be that process.
-        # (the helper's own start tries it in a forked child first: see probe)
+        # First in a helper process of this Python (which asks in a forked child first): a
+        # pyslurm of another release may end the process that loads it (see probe), and the
+        # daemon must never be that process.
         trial = PyslurmSource([sys.executable], env=env)
         try:
             trial.hello()
