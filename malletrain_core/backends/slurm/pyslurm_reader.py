@@ -512,7 +512,8 @@ def choose(setting: str, env: dict[str, str] | None = None) -> tuple[PyslurmSour
     why). ``malletraind`` logs the line; ``malletrain admin check`` prints it.
 
     ``off``: the commands. ``auto``: pyslurm in this Python when it imports and its
-    MAJOR.MINOR is the controller's (asked through pyslurm: no process is started). Anything
+    MAJOR.MINOR is the controller's (asked through pyslurm by a helper process of this Python
+    first, once: see :func:`probe`; no Slurm command is started). Anything
     else is the command of a helper Python (split like a shell line, no shell), held to the
     same rule.
     """
