@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST ?= $(PYTHON) -m pytest
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long test-faults-inplace check lint demo bench bench-quick soak soak-quick clean
+.PHONY: setup setup-full setup-pbs setup-matrix test test-pbs test-matrix test-long test-faults-inplace check lint demo bench bench-quick soak soak-quick clean rpm
 
 setup:
 	@bash scripts/setup-machine.sh
@@ -39,8 +39,9 @@ test-long: setup-full
 test-faults-inplace: setup-full
 	MALLETRAIN_FAULTS_PATH=inplace MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q -rs tests/slurm/test_faults.py tests/slurm/test_faults_site.py
 
-# Slurm 24.11 (Debian trixie in a chroot) and 25.11 (built from ../shared/vendor/slurm in it),
-# and a pyslurm for each, under build/slurm-matrix; a second run only checks the mounts.
+# Slurm 24.11 (Debian trixie in a chroot), 25.11 and 26.05 (built from ../shared/vendor/slurm in
+# it), and a pyslurm for 24.11 and 25.11 (none exists for 26.05: there the 25.11 one must be
+# refused), under build/slurm-matrix; a second run only checks the mounts.
 setup-matrix:
 	@bash scripts/setup-slurm-matrix.sh all
 	@bash scripts/setup-slurm-matrix.sh pyslurm
@@ -49,7 +50,7 @@ setup-matrix:
 ## on PLANNED nodes, holds surviving preemption, users locked out, admin check, the daemon, the
 ## e2e torch test and the fault scenarios, and the backend's pyslurm path (reads and actions; a
 ## missing pyslurm fails here instead of skipping). `make test` keeps the whole suite on 22.05.
-MATRIX_RELEASES ?= 24.11 25.11
+MATRIX_RELEASES ?= 24.11 25.11 26.05
 MATRIX_TESTS ?= tests/slurm --ignore=tests/slurm/test_accounting.py
 test-matrix: setup setup-matrix
 	@failed=""; for r in $(MATRIX_RELEASES); do echo "== Slurm $$r"; start=$$(date +%s); \
@@ -57,6 +58,11 @@ test-matrix: setup setup-matrix
 	    || failed="$$failed $$r"; \
 	  echo "== Slurm $$r: $$(( $$(date +%s) - start )) s"; done; \
 	  if [ -n "$$failed" ]; then echo "test-matrix failed on:$$failed"; exit 1; fi
+
+## The RPM a site installs (malletrain.spec, `rpmbuild -ta` on the release tarball), built for
+## $(PYTHON): dist/rpm/RPMS/noarch/malletrain-VERSION-1.noarch.rpm, in seconds.
+rpm:
+	@bash scripts/make-rpm.sh --python "$$(command -v $(PYTHON))"
 
 ## Quick development loop: everything that needs neither Slurm nor torch, plus lint.
 check: setup lint

@@ -3,7 +3,8 @@
 #   Debian: Slurm 22.05 (slurmctld, slurmd, client, basic plugins with job_submit/lua), munge,
 #           lua-socket (the job_submit.lua datagram), lua5.1 (tests of job_submit.lua's logic),
 #           faketime (libfaketime: the fault test of a node whose clock jumps),
-#           gdb (a test counts which threads of a training process take the GIL).
+#           gdb (a test counts which threads of a training process take the GIL),
+#           rpm (rpmbuild: the test of the RPM, `make rpm`).
 #           With MALLETRAIN_ACCOUNTING=1 also MariaDB + slurmdbd (the local cluster's
 #           accounting mode, `slurm_conf/local/start.sh --accounting`).
 #           With MALLETRAIN_PBS=1 also OpenPBS's build and run dependencies (PostgreSQL for its
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 apt_pkgs=(slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins lua-socket lua5.1 faketime
-          gdb)
+          gdb rpm)
 if [ "${MALLETRAIN_ACCOUNTING:-0}" = 1 ]; then
   apt_pkgs+=(mariadb-server slurmdbd slurm-wlm-mysql-plugin)
 fi

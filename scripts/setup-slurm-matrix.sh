@@ -2,18 +2,20 @@
 # Newer Slurm releases beside the host's 22.05, for `make test-matrix` and MALLETRAIN_SLURM:
 #   24.11  Debian trixie's packages in a chroot (debootstrap --variant=minbase);
 #   25.11  built from ../shared/vendor/slurm inside that chroot into /opt/slurm-25.11
-#          (--enable-multiple-slurmd, json-c for --json, lua for job_submit.lua).
+#          (--enable-multiple-slurmd, json-c for --json, lua for job_submit.lua);
+#   26.05  the same from the vendored 26.05 tarball into /opt/slurm-26.05.
 # Everything lives under build/slurm-matrix/ (git-ignored); each step leaves a stamp, so a second
 # run only checks the mounts. Run as root. Prints the seconds each step took.
 #
-#   scripts/setup-slurm-matrix.sh [all|chroot|24.11|25.11|pyslurm|mount|umount]   (default: all)
+#   scripts/setup-slurm-matrix.sh [all|chroot|24.11|25.11|26.05|pyslurm|mount|umount]   (default: all)
 #
 # How the releases run (devtools/localcluster/releases.py): slurmctld and slurmd run
 # chrooted (their slurmstepd and plugins are the chroot's); the chroot sees the checkout's parent,
 # /tmp, /home and the host's Python (with torch) at the same paths, so job scripts and the
 # epilog run unchanged. Client commands run on the host through the chroot's dynamic loader
 # (build/slurm-matrix/bin-<release>/), so any user can call them and the daemon needs no chroot.
-# Env: MIRROR (default: the host's Debian mirror), SLURM_TARBALL (default: the vendored one).
+# Env: MIRROR (default: the host's Debian mirror), SLURM_TARBALL / SLURM26_TARBALL (default: the
+# vendored ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -21,6 +23,7 @@ base=$repo/build/slurm-matrix
 ROOT=$base/trixie
 MIRROR=${MIRROR:-$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || echo http://deb.debian.org/debian)}
 SLURM_TARBALL=${SLURM_TARBALL:-$(ls "$repo"/../shared/vendor/slurm/slurm-25.11.*.tar.gz 2>/dev/null | tail -1)}
+SLURM26_TARBALL=${SLURM26_TARBALL:-$(ls "$repo"/../shared/vendor/slurm/slurm-26.05.*.tar.gz 2>/dev/null | tail -1)}
 PREFIX25=/opt/slurm-25.11
 CH=(chroot "$ROOT" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     HOME=/root LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive)
@@ -96,20 +99,21 @@ packages() {
   touch "$ROOT/.mt-packages"
 }
 
-build_25_11() {
-  [ -x "$ROOT$PREFIX25/sbin/slurmctld" ] && [ -f "$ROOT$PREFIX25/.mt-built" ] && return 0
-  [ -f "$SLURM_TARBALL" ] || { echo "setup-slurm-matrix: no Slurm 25.11 tarball (../shared/vendor/slurm/slurm-25.11.*.tar.gz); set SLURM_TARBALL" >&2; exit 2; }
+build_slurm() {  # build_slurm RELEASE TARBALL: the release into /opt/slurm-RELEASE of the chroot
+  local rel=$1 tarball=$2 prefix=/opt/slurm-$1
+  [ -x "$ROOT$prefix/sbin/slurmctld" ] && [ -f "$ROOT$prefix/.mt-built" ] && return 0
+  [ -f "$tarball" ] || { echo "setup-slurm-matrix: no Slurm $rel tarball (../shared/vendor/slurm/slurm-$rel.*.tar.gz); set SLURM_TARBALL or SLURM26_TARBALL" >&2; exit 2; }
   do_mount
-  rm -rf "$ROOT/opt/src/slurm-25.11"
-  mkdir -p "$ROOT/opt/src/slurm-25.11"
-  tar -xzf "$SLURM_TARBALL" --strip-components=1 -C "$ROOT/opt/src/slurm-25.11"
-  "${CH[@]}" bash -c "cd /opt/src/slurm-25.11 && nice -n 10 ./configure -q --prefix=$PREFIX25 \
-      --sysconfdir=$PREFIX25/etc --enable-multiple-slurmd --without-hdf5 \
-      >/opt/src/configure.log 2>&1 \
+  rm -rf "$ROOT/opt/src/slurm-$rel"
+  mkdir -p "$ROOT/opt/src/slurm-$rel"
+  tar -xzf "$tarball" --strip-components=1 -C "$ROOT/opt/src/slurm-$rel"
+  "${CH[@]}" bash -c "cd /opt/src/slurm-$rel && nice -n 10 ./configure -q --prefix=$prefix \
+      --sysconfdir=$prefix/etc --enable-multiple-slurmd --without-hdf5 \
+      >/opt/src/configure-$rel.log 2>&1 \
     && grep -q 'define HAVE_LUA 1' config.h && grep -q 'define HAVE_JSON 1' config.h \
-    && nice -n 10 make -s -j2 >/opt/src/make.log 2>&1 && make -s install >/opt/src/install.log 2>&1" \
-    || { tail -30 "$ROOT/opt/src/configure.log" "$ROOT/opt/src/make.log" 2>/dev/null >&2; exit 1; }
-  touch "$ROOT$PREFIX25/.mt-built"
+    && nice -n 10 make -s -j2 >/opt/src/make-$rel.log 2>&1 && make -s install >/opt/src/install-$rel.log 2>&1" \
+    || { tail -30 "$ROOT/opt/src/configure-$rel.log" "$ROOT/opt/src/make-$rel.log" 2>/dev/null >&2; exit 1; }
+  touch "$ROOT$prefix/.mt-built"
 }
 
 # pyslurm, whose MAJOR.MINOR must equal Slurm's: 24.11.0 (not on PyPI) from ../shared/vendor/pyslurm
@@ -149,12 +153,15 @@ build_pyslurm() {  # build_pyslurm RELEASE
 case "${1:-all}" in
   chroot) timed debootstrap make_chroot; timed packages packages ;;
   24.11) timed debootstrap make_chroot; timed packages packages; do_mount ;;
-  25.11) timed debootstrap make_chroot; timed packages packages; timed build-25.11 build_25_11 ;;
-  all) timed debootstrap make_chroot; timed packages packages; timed build-25.11 build_25_11; do_mount ;;
+  25.11) timed debootstrap make_chroot; timed packages packages; timed build-25.11 build_slurm 25.11 "$SLURM_TARBALL" ;;
+  26.05) timed debootstrap make_chroot; timed packages packages; timed build-26.05 build_slurm 26.05 "$SLURM26_TARBALL" ;;
+  all) timed debootstrap make_chroot; timed packages packages
+    timed build-25.11 build_slurm 25.11 "$SLURM_TARBALL"
+    timed build-26.05 build_slurm 26.05 "$SLURM26_TARBALL"; do_mount ;;
   pyslurm) timed pyslurm-24.11 build_pyslurm 24.11; timed pyslurm-25.11 build_pyslurm 25.11
     # the pyslurm tests trace the daemon's execs (no Slurm command may be started)
     command -v strace >/dev/null || { apt-get update -qq && apt-get install -y -qq strace >/dev/null; } ;;
   mount) do_mount ;;
   umount) do_umount ;;
-  *) echo "usage: $0 [all|chroot|24.11|25.11|pyslurm|mount|umount]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|chroot|24.11|25.11|26.05|pyslurm|mount|umount]" >&2; exit 2 ;;
 esac

@@ -155,9 +155,10 @@ def test_what_is_missing_or_wrong(site):
     ("22.05.8", "OK", "22.05.8: tested with this MalleTrain"),
     ("24.11.5", "OK", "24.11.5: tested with this MalleTrain"),
     ("25.11.7", "OK", "25.11.7: tested with this MalleTrain"),
-    ("24.05.3", "OK", "24.05.3: supported, not tested (tested: 22.05, 24.11, 25.11)"),
+    ("26.05.3", "OK", "26.05.3: tested with this MalleTrain"),
+    ("24.05.3", "OK", "24.05.3: supported, not tested (tested: 22.05, 24.11, 25.11, 26.05)"),
     ("21.08.8", "WRONG", "21.08.8: older than 22.05, not supported"),
-    ("26.05.5", "WRONG", "26.05.5: newer than 25.11, not tested with this MalleTrain"),
+    ("26.11.1", "WRONG", "26.11.1: newer than 26.05, not tested with this MalleTrain"),
     ("banana", "WRONG", "cannot read the version 'banana'")])
 def test_the_release_is_reported_with_its_support(site, version, status, note):
     config = re.sub(r"SLURM_VERSION\s*=.*", f"SLURM_VERSION           = {version}", site.config)

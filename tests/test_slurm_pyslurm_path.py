@@ -10,8 +10,10 @@ chooses the path.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -20,7 +22,7 @@ from world_slurm import PARTITION, SlurmSim
 
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.backend import SlurmBackend
-from malletrain_core.backends.slurm.pyslurm_reader import choose, series, split_job_list
+from malletrain_core.backends.slurm.pyslurm_reader import choose, probe, series, split_job_list
 from malletrain_core.errors import CommandError
 from malletrain_core.events import Grow
 from malletrain_core.runner import CommandRunner
@@ -146,3 +148,42 @@ def test_a_matching_pyslurm_is_taken_and_says_what_goes_through_it() -> None:
 
 def test_release_series_are_compared_as_numbers() -> None:
     assert (series("24.11.5"), series("23.2.1"), series("26.05.1")) == ("24.11", "23.02", "26.05")
+
+
+def test_a_pyslurm_that_ends_its_process_is_refused_in_one_line() -> None:
+    """A libslurm of another release ends the process that loads it (fatal() on the cluster's
+    plugins): the helper asks in a forked child first, whose last words become one line, the
+    cause and the end; the helper itself lives on."""
+    def fatal() -> dict[str, str]:
+        os.write(2, b"python: plugin_load_from_file: Incompatible Slurm plugin /x/auth_munge.so "
+                    b"version (26.05.3)\npython: error: more\n"
+                    b"python: fatal: failed to initialize auth plugin\n")
+        os._exit(1)
+
+    info = probe(fatal)
+    assert list(info) == ["error"] and "\n" not in info["error"]
+    assert info["error"].endswith(
+        "ended its process on loading (code 1): python: plugin_load_from_file: Incompatible "
+        "Slurm plugin /x/auth_munge.so version (26.05.3); python: fatal: failed to initialize "
+        "auth plugin")
+    assert probe(lambda: {"pyslurm": "25.11.2", "slurm": "26.05.3"}) == {
+        "pyslurm": "25.11.2", "slurm": "26.05.3"}
+    assert probe(lambda: time.sleep(5), timeout_s=0.3) == {
+        "error": "pyslurm gave no answer within 0.3 s"}
+
+
+def test_auto_tries_pyslurm_in_another_process_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` never loads a pyslurm in the daemon's process before a helper process of the
+    same Python did (whose start asks in a forked child first): a helper that failed or found
+    another release means the commands, and this process never imports pyslurm."""
+    from malletrain_core.backends.slurm import pyslurm_reader
+
+    def never(self: object) -> None:
+        raise AssertionError("pyslurm loaded in the daemon's process")
+
+    monkeypatch.setattr(pyslurm_reader.PyslurmSource, "_in_process", never)
+    src, line = choose("auto")  # no pyslurm in this Python here
+    assert src is None and "\n" not in line
+    assert line.startswith(f"commands (no pyslurm in this Python: command {sys.executable} ")
+    assert line.endswith("ModuleNotFoundError: No module named 'pyslurm')")
+    assert "pyslurm" not in sys.modules

@@ -4,6 +4,7 @@ jobs' ``scontrol show job -o`` on 22.05 to 26.05 (tests/golden/slurm/reference/)
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.release import SlurmRelease
 from malletrain_core.backends.states import NodeState, TaskState
+from malletrain_core.hostlist import expand
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 CAPTURED = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and p.name[:1].isdigit())
@@ -100,6 +102,62 @@ def test_show_job_of_a_requeue_held_task(release: Path) -> None:
     assert rec["NumNodes"] in ("1", "1-1")  # 24.11 prints a held job's range
 
 
+# ----------------------------------------------------------------------------- JSON forms
+JSON_CAPTURED = [r for r in CAPTURED if (GOLDEN / r / "show_job.json").is_file()]
+
+
+def _number(value: object) -> object:
+    """data_parser's ``{"set", "infinite", "number"}`` → the number (None: unset, infinite)."""
+    if isinstance(value, dict):
+        return value["number"] if value["set"] and not value["infinite"] else None
+    return value
+
+
+@pytest.mark.parametrize("name", JSON_CAPTURED)
+def test_the_json_forms_say_what_the_text_forms_say(name: str) -> None:
+    """``squeue --json`` and ``scontrol show job --json`` (24.11 on), captured at the same
+    moments as the text forms the backend reads: every field the backend reads from the text
+    has the same value in the JSON (the JSON forms stay usable should the backend switch)."""
+    folder = GOLDEN / name
+    data = json.loads((folder / "06_planned.squeue.json").read_text())
+    assert data["meta"]["slurm"]["version"]["major"] in (name.split(".")[0], int(name[:2]))
+    by_task: dict[tuple[str, int | None], dict] = {}
+    for j in data["jobs"]:  # squeue --json ignores -r: an array's pending tasks are one record
+        aid = str(_number(j["array_job_id"]) or j["job_id"])
+        if j["array_task_string"]:
+            for key in sp.expand_task_ids(f"{aid}_[{j['array_task_string']}]"):
+                by_task[(aid, int(key.split("_")[1]))] = j
+        else:
+            by_task[(aid, _number(j["array_task_id"]) if _number(j["array_job_id"]) else None)] = j
+    text_rows = sp.parse_squeue((folder / "06_planned.squeue").read_text())
+    assert sorted(by_task, key=str) == sorted(((r.array_id, r.index) for r in text_rows), key=str)
+    for row in text_rows:
+        j = by_task[(row.array_id, row.index)]
+        assert (j["job_state"][0], j["restart_cnt"], j["user_name"], j["admin_comment"]) == (
+            row.state_code, row.restarts, row.user, row.admin_comment)
+        if not j["array_task_string"]:
+            assert str(j["job_id"]) == row.job_id
+        limit = _number(j["time_limit"])
+        assert (None if limit is None else 60 * limit) == row.time_limit_s
+        assert tuple(expand(j["nodes"]) if j["nodes"] else ()) == row.nodes
+        # the text prints the reason's description where there is one
+        assert row.reason in (j["state_reason"], j["state_description"])
+    (rec,) = sp.parse_scontrol_show_job((folder / "show_job.txt").read_text())
+    # ``scontrol show job --json A_0`` prints the whole array: the task is one of its records
+    (job,) = [j for j in json.loads((folder / "show_job.json").read_text())["jobs"]
+              if str(_number(j["array_task_id"])) == rec["ArrayTaskId"]
+              and not j["array_task_string"]]
+    assert (str(job["job_id"]), str(_number(job["array_job_id"])),
+            str(_number(job["array_task_id"])), str(job["restart_cnt"]),
+            job["admin_comment"], job["required_nodes"]) == (
+        rec["JobId"], rec["ArrayJobId"], rec["ArrayTaskId"], rec["Restarts"],
+        rec["AdminComment"], rec["ReqNodeList"])
+    assert rec["Reason"] in (job["state_reason"], job["state_description"].replace(" ", "_"))
+    if SlurmRelease.parse(name) >= SlurmRelease(26, 5):
+        # 26.05: every job carries its SLUID (the text forms do not print it)
+        assert job["step_id"]["sluid"].startswith("s") and job["step_id"]["step_id"] == "entire"
+
+
 # ----------------------------------------------------------------------------- reference
 @pytest.mark.parametrize("name", REFERENCE)
 def test_show_job_on_every_release(name: str) -> None:
@@ -137,7 +195,8 @@ def test_a_submit_line_with_key_value_words_stays_one_value() -> None:
 
 @pytest.mark.parametrize("text, series, tested, supported", [
     ("slurm-wlm 22.05.8", "22.05", True, True), ("slurm 25.11.7", "25.11", True, True),
-    ("slurm 24.05.1", "24.05", False, True), ("slurm 26.05.5", "26.05", False, False),
+    ("slurm 24.05.1", "24.05", False, True), ("slurm 26.05.5", "26.05", True, True),
+    ("slurm 26.11.0", "26.11", False, False),
     ("slurm 20.11.9", "20.11", False, False), ("slurm 25.11.0-0rc1", "25.11", True, True)])
 def test_release_support(text: str, series: str, tested: bool, supported: bool) -> None:
     rel = SlurmRelease.parse(text)
@@ -170,7 +229,7 @@ def test_the_local_cluster_release_switch(monkeypatch: pytest.MonkeyPatch) -> No
     assert cluster.render_config().endswith(f"# Slurm 25.11\n{new.conf_lines()}\n")
     monkeypatch.setenv("MALLETRAIN_SLURM", "23.02")
     with pytest.raises(ConfigError, match=r"MALLETRAIN_SLURM='23.02': choose one of "
-                                          r"22.05, 24.11, 25.11$"):
+                                          r"22.05, 24.11, 25.11, 26.05$"):
         release()
     with pytest.raises(ConfigError, match=r"Slurm 99.1 is not set up in .*: run "
                                           r"scripts/setup-slurm-matrix.sh 99.1 \(as root\)$"):

@@ -3,7 +3,9 @@ millisecond, the nodes a prod job held, and the preemptions slurmctld logged.
 
 The demo runs on the local Slurm cluster; these are the lines slurmctld 22.05 and later write
 at its default log level (``sched: Allocate``, backfill's ``_start_job``, ``_job_complete``,
-``_slurm_rpc_submit_batch_job``, ``preempted JobId=... has been requeued``).
+``_slurm_rpc_submit_batch_job``, ``preempted JobId=... has been requeued``). 26.05 writes
+backfill's start only under ``DebugFlags=HetJob`` at the verbose level (``_start_job: HETJOB:
+Started ...``), which its local cluster sets (devtools/localcluster/releases.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ Span = tuple[float, float]
 _LOG_STAMP = r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] "
 _LOG_ALLOC = re.compile(_LOG_STAMP + r"sched: Allocate JobId=(\d+) NodeList=(\S+) .*"
                         r"Partition=(\S+)")
-_LOG_BF_START = re.compile(_LOG_STAMP + r"sched/backfill: _start_job: Started JobId=(\d+) "
+_LOG_BF_START = re.compile(_LOG_STAMP + r"sched/backfill: _start_job: (?:HETJOB: )?Started JobId=(\d+) "
                            r"in (\S+) on (\S+)")
 _LOG_DONE = re.compile(_LOG_STAMP + r"_job_complete: JobId=(\d+) done")
 _LOG_SUBMIT = re.compile(_LOG_STAMP + r"_slurm_rpc_submit_batch_job: JobId=(\d+) ")

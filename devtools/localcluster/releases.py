@@ -1,9 +1,9 @@
 """Which Slurm release the local cluster runs: the host's, or a newer one in a chroot.
 
-``MALLETRAIN_SLURM=22.05|24.11|25.11`` (default 22.05, the host's Debian packages) selects it.
-24.11 is Debian trixie's packages in a chroot, 25.11 is built from the vendored source into
-``/opt/slurm-25.11`` inside that chroot; ``scripts/setup-slurm-matrix.sh`` makes both under
-``build/slurm-matrix/``.
+``MALLETRAIN_SLURM=22.05|24.11|25.11|26.05`` (default 22.05, the host's Debian packages) selects
+it. 24.11 is Debian trixie's packages in a chroot, 25.11 and 26.05 are built from the vendored
+sources into ``/opt/slurm-25.11`` and ``/opt/slurm-26.05`` inside that chroot;
+``scripts/setup-slurm-matrix.sh`` makes them under ``build/slurm-matrix/``.
 
 How a chroot release runs beside the host's tools:
 
@@ -49,6 +49,10 @@ class Release:
     lib_dirs: tuple[str, ...] = ()
     """Inside the chroot: libslurm's folder and the plugin folder, first wins."""
     plugin_dir: str = ""
+    pyslurm: str | None = None
+    """The pyslurm release made for this Slurm release (None: none exists)."""
+    conf: tuple[str, ...] = ()
+    """slurm.conf lines this release's local cluster adds (after the template's)."""
 
     @property
     def chrooted(self) -> bool:
@@ -73,7 +77,7 @@ class Release:
         """slurm.conf lines this release needs beyond the template."""
         if not self.chrooted:
             return ""
-        return f"PluginDir={CHROOT}{self.plugin_dir}"
+        return "\n".join([f"PluginDir={CHROOT}{self.plugin_dir}", *self.conf])
 
     def extra_files(self) -> dict[str, str]:
         """Files beside slurm.conf: slurmd >= 24 aborts without a mounted cgroup fs unless
@@ -122,10 +126,7 @@ class Release:
         """The ``slurm.pyslurm`` setting that runs this release's pyslurm (the chroot's Python
         with the pyslurm ``scripts/setup-slurm-matrix.sh pyslurm`` built), or None: a pyslurm
         built in the chroot does not load in a host process (its glibc is newer)."""
-        if not self.chrooted or not (CHROOT / "opt" / f"pyslurm-{self.name}" /
-                                     ".mt-built").exists():
-            return None
-        return f"chroot {CHROOT} /opt/pyslurm-{self.name}/bin/python"
+        return pyslurm_helper(self.name) if self.chrooted else None
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` with this release's commands first on PATH."""
@@ -136,13 +137,37 @@ class Release:
 
 
 _WLM = f"/usr/lib/{_MULTIARCH}/slurm-wlm"
+
+
+def _built(name: str, pyslurm: str | None = None, conf: tuple[str, ...] = ()) -> Release:
+    """A release built from the vendored source into /opt/slurm-NAME of the chroot."""
+    prefix = f"/opt/slurm-{name}"
+    return Release(name, prefix=prefix, lib_dirs=(f"{prefix}/lib/slurm", f"{prefix}/lib"),
+                   plugin_dir=f"{prefix}/lib/slurm", pyslurm=pyslurm, conf=conf)
+
+
+# 26.05 logs a job started by backfill ("sched/backfill: _start_job: Started JobId=...",
+# info up to 25.11) only under DebugFlags=HetJob at the verbose level; the tests count
+# starts, preemptions and ends from slurmctld's log (tests/slurm/slurm_helpers.py).
+_LOG_BACKFILL_STARTS = ("SlurmctldDebug=verbose", "DebugFlags=HetJob")
+
+
 RELEASES = {
     "22.05": Release("22.05"),
-    "24.11": Release("24.11", prefix="/usr", lib_dirs=(_WLM,), plugin_dir=_WLM),
-    "25.11": Release("25.11", prefix="/opt/slurm-25.11",
-                     lib_dirs=("/opt/slurm-25.11/lib/slurm", "/opt/slurm-25.11/lib"),
-                     plugin_dir="/opt/slurm-25.11/lib/slurm"),
+    "24.11": Release("24.11", prefix="/usr", lib_dirs=(_WLM,), plugin_dir=_WLM,
+                     pyslurm="24.11.0"),
+    "25.11": _built("25.11", pyslurm="25.11.2"),
+    "26.05": _built("26.05", conf=_LOG_BACKFILL_STARTS),  # no pyslurm exists for 26.05
 }
+
+
+def pyslurm_helper(series: str) -> str | None:
+    """The ``slurm.pyslurm`` setting of the pyslurm built for Slurm ``series`` in the chroot
+    (``/opt/pyslurm-SERIES``), or None where it was not built. Any release's cluster may be
+    given it: on another release pyslurm is refused (its MAJOR.MINOR must be the cluster's)."""
+    if not (CHROOT / "opt" / f"pyslurm-{series}" / ".mt-built").exists():
+        return None
+    return f"chroot {CHROOT} /opt/pyslurm-{series}/bin/python"
 
 
 def release(name: str | None = None) -> Release:

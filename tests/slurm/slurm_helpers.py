@@ -205,7 +205,8 @@ _CTLD_KINDS = (
     ("preempted", re.compile(r"^preempted JobId=(\S+?)(?:\(\d+\))? has been requeued to "
                              r"reclaim resources for JobId=(\S+)")),
     ("completed", re.compile(r"^_job_complete: JobId=(\S+?)(?:\(\d+\))? done()")),
-    ("started", re.compile(r"^sched(?:/backfill)?: (?:_start_job: Started|Allocate) "
+    # 26.05 logs backfill's starts as a HetJob debug flag's line ("_start_job: HETJOB: ...")
+    ("started", re.compile(r"^sched(?:/backfill)?: (?:_start_job: (?:HETJOB: )?Started|Allocate) "
                            r"JobId=(\S+?)(?:\(\d+\))? (?:in \S+ on |NodeList=)(\S+)")),
 )
 
@@ -316,6 +317,20 @@ def count_storm(records: list[ControllerRecord], prods: dict[str, str]) -> Storm
     every = preempted + [t for times in ends.values() for t in times]
     assert every, "slurmctld logged no event of the storm"
     return StormCount(preempted, idle, unseen, min(every), max(every), sorted(regrow_s))
+
+
+def command_shims(cluster: LocalCluster, folder: Path) -> tuple[Path, Path]:
+    """A folder of shims for the Slurm commands (a daemon's ``slurm.bin_dir``) that log each
+    call to a file, then run the release's command: (the folder, the log)."""
+    from devtools.localcluster.releases import CLIENTS
+    spawned, bin_dir = folder / "spawned.txt", folder / "bin"
+    bin_dir.mkdir()
+    for name in CLIENTS:
+        real = cluster.release.bin_dir / name if cluster.release.bin_dir else Path(name)
+        (bin_dir / name).write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{spawned}'\n"
+                                    f"exec '{real}' \"$@\"\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir, spawned
 
 
 def running(cluster: LocalCluster, job: str) -> int:

@@ -241,6 +241,18 @@ def test_storm_counting_reads_the_controller_log(tmp_path: Path) -> None:
     assert controller_records(cluster, since=len(CTLD_SAMPLE)) == []
 
 
+def test_26_05_backfill_starts_are_read_too(tmp_path: Path) -> None:
+    """26.05 logs a backfill start only as a HetJob debug flag's line (its local cluster sets
+    the flag, devtools/localcluster/releases.py)."""
+    cluster = LocalCluster(nodes=2, root=tmp_path)
+    log = cluster.run_dir / "log" / "slurmctld.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("[2026-11-27T20:07:44.010] sched/backfill: _start_job: HETJOB: Started "
+                   "JobId=1_0(2) in preemptable on n01\n")
+    assert [(r.kind, r.job, r.other) for r in controller_records(cluster)] == [
+        ("started", "1_0", "n01")]
+
+
 def test_storm_of_preemptions_and_idle_events(
         storm_cluster: LocalCluster, storm_daemon: LocalDaemon) -> None:
     cluster, daemon = storm_cluster, storm_daemon

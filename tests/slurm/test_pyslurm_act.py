@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import pyslurm_helper
-from slurm_helpers import elastic, running, wait_agree, wait_task
+from slurm_helpers import command_shims, elastic, running, wait_agree, wait_task
 
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
@@ -94,13 +94,8 @@ def test_the_daemon_acts_through_pyslurm_and_starts_no_slurm_command(
     helper = pyslurm_helper(cluster)
     if shutil.which("strace") is None:
         pytest.fail("strace is not installed: scripts/setup-slurm-matrix.sh pyslurm installs it")
-    trace, spawned, bin_dir = tmp_path / "exec.trace", tmp_path / "spawned.txt", tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in CLIENTS:
-        real = cluster.release.bin_dir / name if cluster.release.bin_dir else Path(name)
-        (bin_dir / name).write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{spawned}'\n"
-                                    f"exec '{real}' \"$@\"\n")
-        (bin_dir / name).chmod(0o755)
+    trace = tmp_path / "exec.trace"
+    bin_dir, spawned = command_shims(cluster, tmp_path)
     daemon = LocalDaemon(cluster, root=tmp_path / "malletraind",
                          settings={"slurm": {"bin_dir": str(bin_dir), "pyslurm": helper},
                                    "profiler": {"window_s": 2.0}},

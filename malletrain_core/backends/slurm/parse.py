@@ -1,4 +1,4 @@
-"""All parsing of Slurm's output, in one module (verified against Slurm 22.05, 24.11, 25.11).
+"""All parsing of Slurm's output, in one module (verified against Slurm 22.05 to 26.05).
 
 Formatted ``squeue``/``sinfo`` output is the most stable interface across Slurm releases
 (the JSON schemas move with every release, and 22.05's ``squeue --json`` ignores filters).
@@ -386,7 +386,10 @@ def parse_scontrol_errors(stderr: str) -> dict[str, str]:
     """Per-job failures of a batched ``scontrol hold/release/requeuehold A_[i,j]``.
 
     22.05 reports each job of a list on its own stderr line (``7_5: Invalid job id
-    specified``; the successful ones as ``7_1: No error``). Returns job → message for the
+    specified``; the successful ones as ``7_1: No error``), a range of tasks as ``7_5-6``;
+    26.05 prints array ids in the errors of the update and requeue RPCs as job lists,
+    ``7_[5-6]`` (its CHANGELOG: "Fix the formatting of array job ids returned in error
+    messages"). Both forms are read (:func:`expand_task_ids`). Returns job → message for the
     failures only; a failure not tied to a job comes back under the key ``""``.
     """
     errors: dict[str, str] = {}

@@ -296,6 +296,66 @@ def hello(pyslurm: Any) -> dict[str, str]:
             "slurm": str(pyslurm.slurmctld.Config.load().version)}
 
 
+def probe(attempt: Any = None, timeout_s: float = 60.0) -> dict[str, str]:
+    """:func:`hello` in a forked child of this (single-threaded helper) process, so that the
+    helper loads pyslurm only once it is known to work here: a pyslurm built for another Slurm
+    release loads that release's libslurm, which ends its process (libslurm's ``fatal()``)
+    when the cluster's plugins are of another version, e.g. 25.11's pyslurm on 26.05:
+    "Incompatible Slurm plugin .../auth_munge.so version (26.05.3)". ``attempt`` (tests): what
+    the child runs instead of importing pyslurm and asking. Returns hello's answer, or
+    ``{"error": one line}`` with the child's error or its last words on stderr."""
+    import signal
+    import tempfile
+
+    def ask() -> dict[str, str]:
+        import pyslurm
+        return hello(pyslurm)
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: its answer on ``out``, libslurm's words on ``err``
+            code = 1
+            try:
+                os.dup2(err.fileno(), 2)
+                try:
+                    answer = (attempt or ask)()
+                    code = 0
+                except Exception as exc:  # ImportError, pyslurm's RPCError
+                    answer = {"error": f"{type(exc).__name__}: {exc}"}
+                os.write(out.fileno(), json.dumps(answer).encode())
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return {"error": f"pyslurm gave no answer within {timeout_s:g} s"}
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        said_out = out.read().decode(errors="replace").strip()
+        said_err = err.read().decode(errors="replace")
+    if said_out:
+        try:
+            return dict(json.loads(said_out))
+        except ValueError:
+            pass
+    try:
+        from importlib.metadata import version
+        which = f"pyslurm {version('pyslurm')}"
+    except Exception:  # importlib.metadata.PackageNotFoundError, a broken installation
+        which = "pyslurm"
+    lines = [" ".join(x.split()) for x in said_err.splitlines() if x.strip()]
+    said = "; ".join(lines[:1] + lines[-1:] if len(lines) > 2 else lines)  # the cause, the end
+    code = os.waitstatus_to_exitcode(status)
+    return {"error": f"{which} ended its process on loading (code {code}): "
+                     f"{said[:400] or 'nothing said'}"}
+
+
 def series(version: str) -> str:
     """``24.11.5`` → ``24.11``; pyslurm's ``23.2.1`` → ``23.02`` (as Slurm writes it)."""
     major, minor = (version.split(".") + ["0"])[:2]
@@ -452,7 +512,8 @@ def choose(setting: str, env: dict[str, str] | None = None) -> tuple[PyslurmSour
     why). ``malletraind`` logs the line; ``malletrain admin check`` prints it.
 
     ``off``: the commands. ``auto``: pyslurm in this Python when it imports and its
-    MAJOR.MINOR is the controller's (asked through pyslurm: no process is started). Anything
+    MAJOR.MINOR is the controller's (asked through pyslurm by a helper process of this Python
+    first, once: see :func:`probe`; no Slurm command is started). Anything
     else is the command of a helper Python (split like a shell line, no shell), held to the
     same rule.
     """
@@ -462,12 +523,27 @@ def choose(setting: str, env: dict[str, str] | None = None) -> tuple[PyslurmSour
     if setting in ("", "off"):
         return None, "commands (slurm.pyslurm = \"off\")"
     where = "this Python" if setting == "auto" else f"helper {setting!r}"
+    if setting == "auto":
+        # First in a helper process of this Python (which asks in a forked child first): a
+        # pyslurm of another release may end the process that loads it (see probe), and the
+        # daemon must never be that process.
+        trial = PyslurmSource([sys.executable], env=env)
+        try:
+            trial.hello()
+        except Exception as exc:  # CommandError: as below
+            return None, f"commands (no pyslurm in {where}: {' '.join(str(exc).split())})"
+        finally:
+            trial.close()
+        if series(trial.version) != series(trial.slurm):
+            return None, (f"commands (pyslurm {trial.version} in {where} does not match Slurm "
+                          f"{trial.slurm}: MAJOR.MINOR must be equal)")
     src = PyslurmSource(None if setting == "auto" else shlex.split(setting), env=env)
     try:
         src.hello()
     except Exception as exc:  # CommandError: pyslurm does not import, or slurmctld is down
         src.close()
-        return None, f"commands (no pyslurm in {where}: {exc})"
+        # one line, whatever the import or the helper printed (a traceback, a linker error)
+        return None, f"commands (no pyslurm in {where}: {' '.join(str(exc).split())})"
     if series(src.version) != series(src.slurm):
         src.close()
         return None, (f"commands (pyslurm {src.version} in {where} does not match Slurm "
@@ -488,10 +564,15 @@ def source_for(setting: str, runner: Any = None) -> PyslurmSource | None:
 
 
 def main() -> int:
-    """Helper mode: one JSON request per stdin line, one JSON answer per stdout line."""
+    """Helper mode: one JSON request per stdin line, one JSON answer per stdout line. The
+    first line is :func:`hello`'s answer, asked by a :func:`probe` first."""
+    info: dict[str, Any] = probe()
+    if "error" in info or series(info["pyslurm"]) != series(info["slurm"]):
+        print(json.dumps(info), flush=True)  # the daemon refuses it with this
+        return 1
     try:
         import pyslurm
-        info: dict[str, Any] = hello(pyslurm)
+        info = hello(pyslurm)
     except Exception as exc:  # ImportError, a version mismatch, slurmctld down
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 1

@@ -1,7 +1,7 @@
 """Which Slurm release the backend talks to, and what differs between releases: in one place.
 
 The backend reads formatted ``squeue``/``sinfo`` text, which is the same on every release
-MalleTrain was tested with (22.05, 24.11, 25.11; see ``make test-matrix``). What differs:
+MalleTrain was tested with (22.05, 24.11, 25.11, 26.05; see ``make test-matrix``). What differs:
 
 * ``scontrol show job -o``: 24.11 prints ``ReqTRES=``/``AllocTRES=`` instead of ``TRES=``,
   and ``NumNodes=1-1`` on held jobs; 25.11 adds ``SubmitLine=`` (the command line, with
@@ -15,6 +15,26 @@ MalleTrain was tested with (22.05, 24.11, 25.11; see ``make test-matrix``). What
   24.11 on the data_parser schema (state lists, ``{"set","infinite","number"}`` numbers) and
   the filters work. The backend does not use JSON.
 * slurmd from 24.05 on needs cgroups or ``CgroupPlugin=disabled`` (the local cluster).
+* 26.05 (its RELEASE_NOTES and CHANGELOG):
+
+  - the errors of the update and requeue RPCs name array tasks as job lists, ``1_[7-8]:
+    Invalid job id specified`` where earlier releases print ``1_7-8``: the batched
+    hold/release/requeuehold failures are read in both forms
+    (:func:`~malletrain_core.backends.slurm.parse.parse_scontrol_errors`);
+  - every job has a SLUID (``step_id.sluid`` in ``--json``, ``sluid`` in ``sacct --json``;
+    cgroup v2 paths are keyed by it) and the C API takes ``slurm_step_id_t``: the backend
+    names tasks ``ARRAY_INDEX`` in commands, reads no cgroup path, and the formatted
+    ``squeue``/``sinfo`` text it reads is unchanged;
+  - backfill no longer undoes a ``TimeLimit`` update made while a cycle runs: earlier, a
+    grow's ``TimeLimit`` could be put back to the task's previous limit (a longer one:
+    the task is then preempted by the job planned after its hole instead of ending at its
+    limit); the grow is the same command on every release;
+  - an invalid ``--requeue=`` argument is an sbatch error (``job_submit.lua`` sets the
+    descriptor's ``requeue``, not the option);
+  - jobs print ``Exclusive=NODE`` (partition ``Exclusive=`` replaces ``ExclusiveUser``);
+    ``OverSubscribe=EXCLUSIVE`` on the preemptable partition still works;
+  - no pyslurm exists for it: another release's pyslurm is refused
+    (:func:`~malletrain_core.backends.slurm.pyslurm_reader.choose`) and the commands used.
 """
 
 from __future__ import annotations
@@ -25,10 +45,10 @@ from dataclasses import dataclass
 from ...errors import CommandError
 from ...runner import CommandRunner
 
-TESTED = ("22.05", "24.11", "25.11")
+TESTED = ("22.05", "24.11", "25.11", "26.05")
 """Releases the real-Slurm contract tests pass on (``make test`` and ``make test-matrix``)."""
 OLDEST = (22, 5)
-NEWEST = (25, 11)
+NEWEST = (26, 5)
 
 
 @dataclass(frozen=True, order=True)

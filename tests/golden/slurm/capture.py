@@ -4,7 +4,10 @@ Starts a private 4-node local cluster (the project's slurm.conf and job_submit.l
 one elastic job's life — submit, grow, admin hold, preemption, shrink, a backfill plan, a
 time-out, scancel — and after each step stores exactly what SlurmBackend's poll reads
 (``<step>.sinfo``, ``<step>.squeue``, ``<step>.plan``) under ``<version>/`` beside this file,
-e.g. ``22.05/``. Run it as root on a machine with Slurm installed, once per Slurm version:
+e.g. ``22.05/``. From 24.11 on (``squeue --json`` honours its filters there) also the JSON forms
+of two moments: ``06_planned.squeue.json`` (``squeue --json``, the same query as the text)
+and ``show_job.json`` (``scontrol show job --json``, beside ``show_job.txt``). Run it as root
+on a machine with Slurm installed, once per Slurm version:
 
     python3 tests/golden/slurm/capture.py            # about two minutes (a 1-minute time-out)
 
@@ -23,6 +26,7 @@ sys.path.insert(0, str(HERE.parents[2]))
 
 from devtools.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.backends.slurm import parse as sp  # noqa: E402
+from malletrain_core.backends.slurm.release import SlurmRelease  # noqa: E402
 
 SCRIPT = "#!/bin/sh\nexec sleep 600\n"
 
@@ -35,14 +39,14 @@ def main() -> int:
             version = cluster.run(["sinfo", "--version"]).stdout.split()[-1]
             dest = HERE / ".".join(version.split(".")[:2])
             dest.mkdir(exist_ok=True)
-            play(cluster, dest)
+            play(cluster, dest, SlurmRelease.parse(version).json_filters)
             print(f"captured Slurm {version} into {dest.relative_to(HERE.parents[2])}")
         finally:
             cluster.stop()
     return 0
 
 
-def play(c: LocalCluster, dest: Path) -> None:
+def play(c: LocalCluster, dest: Path, json_forms: bool) -> None:
     def cap(step: str) -> None:
         for suffix, argv in (
                 ("sinfo", ["sinfo", "-h", "-N", "-p", "preemptable", "-o", sp.SINFO_FORMAT]),
@@ -87,10 +91,16 @@ def play(c: LocalCluster, dest: Path) -> None:
     res = c.run(["scontrol", "release", f"{a}_[7,8]"], check=False)
     (dest / "07_release_errors.stderr").write_text(res.stderr)
     (dest / "show_job.txt").write_text(c.run(["scontrol", "-o", "show", "job", f"{a}_0"]).stdout)
+    if json_forms:
+        (dest / "show_job.json").write_text(c.run(["scontrol", "show", "job", "--json",
+                                                   f"{a}_0"]).stdout)
     p3 = c.sbatch("-p", "prod", "-N", "4", "-t", "30", *sb, script=SCRIPT)
     c.wait_for("nodes planned", lambda: "planned" in c.run(
         ["sinfo", "-h", "-N", "-p", "preemptable", "-o", "%T"]).stdout, 30)
     cap("06_planned")
+    if json_forms:
+        (dest / "06_planned.squeue.json").write_text(c.run(
+            ["squeue", "--json", "-r", "-t", "all", "-p", "preemptable"]).stdout)
     c.run(["scancel", p3, p2])
     c.wait_for("n03 idle", lambda: c.run(["sinfo", "-h", "-n", "n03", "-o", "%T"]).stdout.strip()
                == "idle", 30)
