@@ -3,7 +3,7 @@ tuned on, and the Profiler sweep section of BENCHMARKS.md.
 
     python3 bench/profiler_sweep.py --json [--out FILE]          # the sweep (long)
     python3 bench/profiler_sweep.py --quick --json               # two short windows (a test)
-    python3 bench/profiler_sweep.py --markdown BENCHMARKS.md --from FILE
+    python3 bench/profiler_sweep.py --markdown BENCHMARKS.md --from FILE[,FILE…]
 
 Windows of ``--days`` days are drawn by ``--window-seed`` (uniform start times, not chosen by
 hand): ``--theta-windows`` from the Theta 2023 SWF log in the shared data (after its first day,
@@ -238,6 +238,35 @@ def record(args: argparse.Namespace, plan: list[Any], seeds: list[int], costs: l
             "wall_s": round(time.perf_counter() - t_start, 1), "machine": host()}
 
 
+def merge(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Records of the same windows run in parts (other seeds, other cost models) as one: each
+    window and cost model's seeds together, the means and the statistics made again."""
+    first = records[0]
+    rows: dict[tuple[str, float, str], dict[str, Any]] = {}
+    for rec in records:
+        if (rec["window_seed"], rec["days"], rec["jobs"]) != (first["window_seed"],
+                                                              first["days"], first["jobs"]):
+            raise ValueError("records of different windows or workloads cannot be merged")
+        for r in rec["rows"]:
+            key = (r["trace"], r["start_day"], r["cost"])
+            row = rows.setdefault(key, {**r, "per_seed": []})
+            row["per_seed"] += [p for p in r["per_seed"]
+                                if p["seed"] not in {q["seed"] for q in row["per_seed"]}]
+    for row in rows.values():
+        per = sorted(row["per_seed"], key=lambda p: p["seed"])
+        row.update(per_seed=per, seeds=[p["seed"] for p in per],
+                   gap_pt=round(statistics.mean(p["gap_pt"] for p in per), 3),
+                   malletrain=round(statistics.mean(p["malletrain"]["share"] for p in per), 5),
+                   freetrain_exact=round(statistics.mean(p["freetrain-exact"]["share"]
+                                                         for p in per), 5))
+    merged = list(rows.values())
+    return {**first, "seeds": sorted({s for r in merged for s in r["seeds"]}),
+            "costs": sorted({r["cost"] for r in merged}),
+            "windows": len({(r["trace"], r["start_day"]) for r in merged}),
+            **summarize(merged), "rows": merged,
+            "wall_s": round(sum(r["wall_s"] for r in records), 1)}
+
+
 def _why(row: dict[str, Any]) -> str:
     worst = max(row["per_seed"], key=lambda p: p["gap_pt"])
     behind = ", ".join(f"{b['model']} ({b['jobs']} jobs) {b['pt']:+.2f} pt"
@@ -292,20 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the record to this file")
     ap.add_argument("--markdown", type=Path, metavar="FILE",
                     help="rewrite the sweep section of FILE from the record --from names")
-    ap.add_argument("--from", dest="source", type=Path, help="a record written by --out")
+    ap.add_argument("--from", dest="source", default="",
+                    help="records written by --out, comma-separated (parts of one sweep, "
+                    "e.g. other seeds: merged)")
     ap.add_argument("--notes", type=Path, help="a text file put below the section's table")
     args = ap.parse_args(argv)
     if args.markdown:
-        if args.source is None:
-            ap.error("--markdown needs --from FILE (a record written by --out)")
+        paths = [Path(p) for p in args.source.split(",") if p]
+        if not paths:
+            ap.error("--markdown needs --from FILE[,FILE…] (records written by --out)")
         try:
-            rec = json.loads(args.source.read_text().strip().splitlines()[-1])
+            rec = merge([json.loads(p.read_text().strip().splitlines()[-1]) for p in paths])
             notes = args.notes.read_text().strip() if args.notes else ""
-        except (OSError, ValueError, IndexError) as exc:
-            ap.error(f"cannot read the record or the notes: {exc}")
+        except (OSError, ValueError, IndexError, KeyError) as exc:
+            ap.error(f"cannot read or merge the records or read the notes: {exc}")
         shown = ["python3", "bench/profiler_sweep.py", "--markdown", args.markdown.name,
-                 "--from", args.source.name, *(["--notes", args.notes.name] if args.notes
-                                               else [])]
+                 "--from", ",".join(p.name for p in paths),
+                 *(["--notes", args.notes.name] if args.notes else [])]
         replace_section(args.markdown, BEGIN, END, section(rec, " ".join(shown), notes),
                         "Profiler")
         return 0

@@ -70,3 +70,22 @@ def test_quick_sweep_replays_both_policies_and_writes_its_section(
     text = md.read_text()
     assert sweep.BEGIN in text and f"worst {rec['worst_gap_pt']:.2f} pt" in text
     assert text.count("| swf |") == 2 and "Where it is worst" in text
+
+
+def test_parts_of_a_sweep_merge_by_window_and_cost(sweep: ModuleType) -> None:
+    def part(seed: int, gap: float) -> dict[str, object]:
+        per = {"seed": seed, "gap_pt": gap, "malletrain": {"share": 0.99 - gap / 100},
+               "freetrain-exact": {"share": 0.99}}
+        return {"window_seed": 0, "days": 14.0, "jobs": 50, "wall_s": 10.0,
+                "rows": [{"trace": "swf", "start_day": 3.0, "cost": "inplace", "gap_pt": gap,
+                          "per_seed": [per]},
+                         {"trace": "swf", "start_day": 9.0, "cost": "inplace", "gap_pt": 0.0,
+                          "per_seed": [{**per, "gap_pt": 0.0}]}]}
+
+    got = sweep.merge([part(0, 0.2), part(1, 0.6), part(1, 0.6)])  # a part given twice: once
+    row = next(r for r in got["rows"] if r["start_day"] == 3.0)
+    assert row["seeds"] == [0, 1] and row["gap_pt"] == pytest.approx(0.4)
+    assert got["windows"] == 2 and got["worst_gap_pt"] == pytest.approx(0.4)
+    assert got["wall_s"] == 30.0
+    with pytest.raises(ValueError):
+        sweep.merge([part(0, 0.2), {**part(1, 0.1), "days": 7.0}])
