@@ -267,6 +267,15 @@ def merge(records: list[dict[str, Any]]) -> dict[str, Any]:
             "wall_s": round(sum(r["wall_s"] for r in records), 1)}
 
 
+def _coverage(rec: dict[str, Any]) -> str:
+    """A sentence when some rows lack some seeds (a sweep cut short)."""
+    full = sum(len(r["per_seed"]) == len(rec["seeds"]) for r in rec["rows"])
+    if full == len(rec["rows"]):
+        return ""
+    return (f" Only {full} of the {len(rec['rows'])} rows have every seed; the others are the "
+            "mean of the seeds shown beside them.")
+
+
 def _why(row: dict[str, Any]) -> str:
     worst = max(row["per_seed"], key=lambda p: p["gap_pt"])
     behind = ", ".join(f"{b['model']} ({b['jobs']} jobs) {b['pt']:+.2f} pt"
@@ -288,7 +297,7 @@ def section(rec: dict[str, Any], command: str, notes: str) -> str:
              "Gap: `freetrain-exact` minus `malletrain` in points of UB_oracle, the mean over "
              f"the seeds. **Median {rec['median_gap_pt']:.2f} pt, p90 "
              f"{rec['p90_gap_pt']:.2f} pt, worst {rec['worst_gap_pt']:.2f} pt** (worst single "
-             f"seed {rec['worst_seed_gap_pt']:.2f} pt).", "",
+             f"seed {rec['worst_seed_gap_pt']:.2f} pt)." + _coverage(rec), "",
              "| trace | start day | cost model | malletrain | freetrain-exact | gap (pt) | "
              "per seed (pt) |", "|---|---:|---|---:|---:|---:|---|"]
     for r in rows:
