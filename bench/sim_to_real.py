@@ -5,7 +5,10 @@
    follow the Summit fragments, ``malletraind``, and elastic jobs that rescale in place. Its
    summary gives the measured idle node-seconds (slurmctld's log, to the millisecond), the
    harvested node-seconds (time inside training steps the workers completed) and the samples
-   (the workers' counters). At the end the cluster's own ``sacct -P`` is dumped.
+   kept and rolled back (the step logs: each line names its global step and epoch; a step
+   trained again in a later epoch after a resume from the checkpoint was rolled back; the
+   training state's counters as a check). At the end the cluster's own ``sacct -P`` is
+   dumped.
 2. **Replay**: that ``sacct`` output read by :mod:`malletrain_core.sim.accounting` (the prod
    partition's runs only: the elastic tasks' nodes were idle to the main queue) over the same
    window, and the same jobs (as many elastic jobs, the same node cap, saturated, scaling
@@ -15,8 +18,10 @@
    training rate (samples per second inside completed steps), the joiner's start (a node idle
    → its task started, from sacct, plus task start → first step, from the workers), the step
    time (what a shrink loses), and the re-form pauses of ``bench/e2e.py``.
-3. **Compare** harvested node-seconds (predicted: the simulator's trained samples over the
-   per-node rate) and samples, and say where they differ.
+3. **Compare** harvested node-seconds (predicted: the simulator's samples, kept and rolled
+   back, over the per-node rate), samples kept and samples rolled back (the simulator counts a
+   resume from the checkpoint apart from a step in flight an in-place change drops), and say
+   where they differ.
 
     python3 bench/sim_to_real.py [--json] [--markdown] [--duration-s 150] [--seed 0]
     python3 bench/sim_to_real.py --from bench/results/sim_to_real --json   # replay only
@@ -27,7 +32,8 @@ complex (:mod:`bench.sim_to_real_pbs`), and step 2 replays the server's own acco
 (``server_priv/accounting/YYYYMMDD``, the prod queue's runs) instead of ``sacct``.
 
 The last line of stdout is one JSON object: ``predicted_share``, ``measured_share`` and
-``relative_error`` of the harvested node-seconds, and the same three under ``samples``.
+``relative_error`` of the harvested node-seconds, and the same three under ``samples`` (kept)
+and ``rolled_back``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ is copied out, and the figures :func:`bench.sim_to_real.predict` compares are re
   replay reads the same records, so this row agrees by construction (Slurm's section takes it
   from slurmctld's log, to the millisecond, instead);
 * harvested node-seconds: idle seconds inside the workers' completed steps (their step logs);
-* samples: the training state's counters; held node-seconds, task starts and preemptions
+* samples: kept and rolled back, from the step logs (the training state's counters as a
+  check); held node-seconds, task starts and preemptions
   (requeued subjobs): the elastic subjobs' records of the same log;
 * grant delays: a vnode's prod run ended → an elastic subjob started there, under 30 s (whole
   seconds: the log's resolution).
