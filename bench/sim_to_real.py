@@ -5,7 +5,10 @@
    follow the Summit fragments, ``malletraind``, and elastic jobs that rescale in place. Its
    summary gives the measured idle node-seconds (slurmctld's log, to the millisecond), the
    harvested node-seconds (time inside training steps the workers completed) and the samples
-   (the workers' counters). At the end the cluster's own ``sacct -P`` is dumped.
+   kept and rolled back (the step logs: each line names its global step and epoch; a step
+   trained again in a later epoch after a resume from the checkpoint was rolled back; the
+   training state's counters as a check). At the end the cluster's own ``sacct -P`` is
+   dumped.
 2. **Replay**: that ``sacct`` output read by :mod:`malletrain_core.sim.accounting` (the prod
    partition's runs only: the elastic tasks' nodes were idle to the main queue) over the same
    window, and the same jobs (as many elastic jobs, the same node cap, saturated, scaling
@@ -15,8 +18,10 @@
    training rate (samples per second inside completed steps), the joiner's start (a node idle
    → its task started, from sacct, plus task start → first step, from the workers), the step
    time (what a shrink loses), and the re-form pauses of ``bench/e2e.py``.
-3. **Compare** harvested node-seconds (predicted: the simulator's trained samples over the
-   per-node rate) and samples, and say where they differ.
+3. **Compare** harvested node-seconds (predicted: the simulator's samples, kept and rolled
+   back, over the per-node rate), samples kept and samples rolled back (the simulator counts a
+   resume from the checkpoint apart from a step in flight an in-place change drops), and say
+   where they differ.
 
     python3 -m bench.sim_to_real [--json] [--markdown] [--duration-s 150] [--seed 0]
     python3 -m bench.sim_to_real --from bench/results/sim_to_real --json   # replay only
@@ -27,7 +32,8 @@ complex (:mod:`bench.sim_to_real_pbs`), and step 2 replays the server's own acco
 (``server_priv/accounting/YYYYMMDD``, the prod queue's runs) instead of ``sacct``.
 
 The last line of stdout is one JSON object: ``predicted_share``, ``measured_share`` and
-``relative_error`` of the harvested node-seconds, and the same three under ``samples``.
+``relative_error`` of the harvested node-seconds, and the same three under ``samples`` (kept)
+and ``rolled_back``.
 
 Over 400 lines on purpose: the real run, its replay in the simulator and the comparison share
 the demo's workload and the records compared; the cost reading is
@@ -50,7 +56,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 from bench.sections import host, replace_section  # noqa: E402
-from bench.sim_to_real_costs import BATCH, measure_costs, step_stats  # noqa: E402
+from bench.sim_to_real_costs import BATCH, measure_costs, step_samples, step_stats  # noqa: E402
 from devtools.demo import summary  # noqa: E402
 from malletrain_core.model import Curve  # noqa: E402
 from malletrain_core.sim import costs as cost_models  # noqa: E402
@@ -104,10 +110,12 @@ def run_real(out: Path, duration_s: float, seed: int) -> dict[str, Any]:
                     SACCT_FIELDS]
             time.sleep(3.0)  # slurmctld hands the last starts and ends to slurmdbd
             self.sacct = self.cluster.run(argv, timeout_s=60).stdout
-            steps = summary.read_step_logs(sorted(self.jobs_dir.glob(
-                "checkpoints-*/steps/*.log")), until=result["steps_read_at"])
-            result["step_stats"] = step_stats(steps, self.samples[0].t, self.samples[-1].t)
-            result["window"] = [self.samples[0].t, self.samples[-1].t]
+            paths = sorted(self.jobs_dir.glob("checkpoints-*/steps/*.log"))
+            steps = summary.read_step_logs(paths, until=result["steps_read_at"])
+            window = (self.samples[0].t, self.samples[-1].t)
+            result["step_stats"] = step_stats(steps, *window)
+            result["step_samples"] = step_samples(paths, window, until=result["steps_read_at"])
+            result["window"] = list(window)
             result["node_names"] = list(self.cluster.node_names)
             return result
 
@@ -155,35 +163,42 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
                    submit_time=window[0]) for i in range(int(measured["elastic_jobs"]))]
     daemon = load_demo().DAEMON_SETTINGS["standin"]
 
-    def run_with(checkpoint_s: float) -> Any:
-        return replay(trace, jobs, "freetrain-exact", seed=int(measured.get("seed", 0)),
-                      lookahead_s=float(daemon["allocator"]["lookahead_s"]),
-                      params=PerfParams(noise=0.0, rescale_cost="measured",
-                                        checkpoint_interval_s=checkpoint_s),
-                      engine_options={"objective": daemon["allocator"]["objective"]})
-
-    # Harvest: time inside completed steps, rolled back or not (as the step logs count it):
-    # checkpoints continuous. Samples: what the training state kept (as the counters count
-    # it): the demo's checkpoint interval, so a job that loses every node rolls back.
-    cost_models.COST_MODELS["measured"] = model  # the run's own costs, for these replays only
+    # One replay with the demo's checkpoint interval, counted as the step logs count: the
+    # harvest is the time inside completed steps, kept or rolled back; a job that loses every
+    # node rolls back to its last checkpoint, and those samples are counted apart.
+    cost_models.COST_MODELS["measured"] = model  # the run's own costs, for this replay only
     try:
-        run = run_with(0.0)
-        kept = run_with(float(measured.get("checkpoint_every_s", CHECKPOINT_EVERY_S)))
+        run = replay(trace, jobs, "freetrain-exact", seed=int(measured.get("seed", 0)),
+                     lookahead_s=float(daemon["allocator"]["lookahead_s"]),
+                     params=PerfParams(noise=0.0, rescale_cost="measured",
+                                       checkpoint_interval_s=float(measured.get(
+                                           "checkpoint_every_s", CHECKPOINT_EVERY_S))),
+                     engine_options={"objective": daemon["allocator"]["objective"]})
     finally:
         del cost_models.COST_MODELS["measured"]
     idle_pred = trace.idle_node_seconds()
     idle_meas = float(measured["idle_node_seconds"])
-    harvest_pred = run.trained_samples / rate if rate > 0 else 0.0
+    harvest_pred = (run.trained_samples + run.rolled_back_samples) / rate if rate > 0 else 0.0
     harvest_meas = float(measured["harvested_node_seconds"])
-    samples_meas = float(measured["samples"])
+    logged = measured.get("step_samples")  # runs saved before the step logs named the step
+    kept_meas = float(logged["kept"] if logged else measured["samples"])
+    rolled_meas = float(logged["rolled_back"]) if logged else None
+
+    def versus(pred: float, meas: float | None) -> dict[str, Any]:
+        return {"predicted": round(pred), "measured": None if meas is None else round(meas),
+                "relative_error": round(pred / meas - 1, 4) if meas else None}
+
     return {
         "predicted_share": round(harvest_pred / idle_pred, 4) if idle_pred else None,
         "measured_share": round(harvest_meas / idle_meas, 4) if idle_meas else None,
         "relative_error": round(harvest_pred / harvest_meas - 1, 4) if harvest_meas else None,
         "predicted_node_s": round(harvest_pred, 1), "measured_node_s": round(harvest_meas, 1),
-        "samples": {"predicted": round(kept.trained_samples), "measured": round(samples_meas),
-                    "relative_error": round(kept.trained_samples / samples_meas - 1, 4)
-                    if samples_meas else None},
+        "samples": {**versus(run.trained_samples, kept_meas),
+                    "measured_by": "step logs" if logged else "counters"},
+        "rolled_back": {**versus(run.rolled_back_samples, rolled_meas),
+                        "resumes": {"predicted": run.restores,
+                                    "measured": logged.get("resumes") if logged else None}},
+        "counters_samples": int(measured["samples"]),
         "idle_node_s": {"predicted": round(idle_pred, 1), "measured": round(idle_meas, 1),
                         "relative_error": round(idle_pred / idle_meas - 1, 4)
                         if idle_meas else None},
@@ -220,6 +235,40 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sample_rows(cmp: dict[str, Any], row: Any) -> list[str]:
+    """The samples rows of a comparison table, counted as the step logs count them."""
+    kept, back = cmp["samples"], cmp.get("rolled_back") or {}
+    if kept.get("measured_by") != "step logs":  # a run saved before the logs named the step
+        return [row("samples trained (counters: what the training state kept)",
+                    kept["predicted"], kept["measured"], kept["relative_error"])]
+    return [row("samples kept (step logs: each step's last run)", kept["predicted"],
+                kept["measured"], kept["relative_error"]),
+            row("samples rolled back (step logs: trained again after a resume from the "
+                "checkpoint)", back["predicted"], back["measured"], back["relative_error"]),
+            row("samples in the training state's counters (a check of the kept count)", "",
+                cmp["counters_samples"], None)]
+
+
+def rollback_note(cmp: dict[str, Any]) -> str:
+    """Why kept samples differ more than the harvest, in this run's figures."""
+    kept, back = cmp["samples"], cmp.get("rolled_back") or {}
+    if kept.get("measured_by") != "step logs":
+        return ("The samples differ more than the node-seconds: the workers' step logs hold "
+                f"{cmp['samples_in_step_logs']} samples, the counters {kept['measured']} (what "
+                "a job rolled back to its checkpoint after losing every node is not in them).")
+    trained_real = kept["measured"] + back["measured"]
+    trained_sim = kept["predicted"] + back["predicted"]
+    return ("Samples are counted on both sides as the step logs count them: kept, and rolled "
+            "back (trained, then trained again after the job lost every node and resumed from "
+            f"its last checkpoint). The real jobs rolled back {back['measured']} of "
+            f"{trained_real} ({100 * back['measured'] / max(trained_real, 1):.1f} %), the "
+            f"simulator {back['predicted']} of {trained_sim} "
+            f"({100 * back['predicted'] / max(trained_sim, 1):.1f} %); resumes behind "
+            f"completed steps: {back['resumes']['measured']} real, "
+            f"{back['resumes']['predicted']} simulated. The kept samples differ by the "
+            "harvest's difference and this one.")
+
+
 def pbs_lines(cmp: dict[str, Any], wall_s: float | None) -> list[str]:
     """The section's paragraph and table for the run on the local OpenPBS complex."""
     c = cmp["costs"]
@@ -249,8 +298,8 @@ def pbs_lines(cmp: dict[str, Any], wall_s: float | None) -> list[str]:
         f"{cmp['measured_node_s']} | {pct(cmp['relative_error'])} |",
         f"| harvested share of idle | {100 * (cmp['predicted_share'] or 0):.1f} % | "
         f"{100 * (cmp['measured_share'] or 0):.1f} % | |",
-        f"| samples trained (counters) | {cmp['samples']['predicted']} | "
-        f"{cmp['samples']['measured']} | {pct(cmp['samples']['relative_error'])} |",
+        *sample_rows(cmp, lambda label, pred, meas, err: f"| {label} | {pred} | {meas} | "
+                     f"{pct(err)} |"),
         f"| node-seconds held by elastic subjobs | {cmp['held_node_s']['predicted']} | "
         f"{cmp['held_node_s']['measured']} | |",
         f"| preemptions (requeued subjobs) | {cmp['preemptions']['predicted']} | "
@@ -266,10 +315,8 @@ def pbs_lines(cmp: dict[str, Any], wall_s: float | None) -> list[str]:
         f"({real['elastic_task_starts']} subjob starts; running workers paused "
         f"{real['member_stalls']} times, {real['member_stalls_node_s']:.0f} node-seconds; "
         f"hand-overs at preemption {real['handover_node_s']:.0f} node-seconds over "
-        f"{real['handovers']}). The samples differ more than the node-seconds, as on Slurm: "
-        f"the step logs hold {cmp['samples_in_step_logs']} samples, the counters "
-        f"{cmp['samples']['measured']} (what a job rolled back to its checkpoint after "
-        "losing every node is not in them). The 5 % target on harvested node-seconds is "
+        f"{real['handovers']}). " + rollback_note(cmp) + " The 5 % target on harvested "
+        "node-seconds is "
         + ("met" if cmp["relative_error"] is not None and abs(cmp["relative_error"]) <= 0.05
            else "not met") + " in this run.",
     ]
@@ -308,9 +355,7 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
             cmp["measured_node_s"], cmp["relative_error"]),
         row("harvested share of idle", f"{100 * cmp['predicted_share']:.1f} %",
             f"{100 * cmp['measured_share']:.1f} %", None),
-        row("samples trained (counters: what the training state kept)",
-            cmp["samples"]["predicted"], cmp["samples"]["measured"],
-            cmp["samples"]["relative_error"]),
+        *sample_rows(cmp, row),
         row("node-seconds held by elastic tasks", cmp["held_node_s"]["predicted"],
             cmp["held_node_s"]["measured"], None),
         row("rescales / preemptions", f"{cmp['rescales']['predicted']} / "
@@ -346,21 +391,21 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
         f"{real['handovers']} preemptions, where the model charges one step only when the job "
         "keeps other nodes. The simulator, which holds every idle node at once, lost "
         f"{sim['held_not_training_node_s']:.0f} node-seconds to joiners' starts and pauses. "
-        "The samples differ more than the node-seconds: the workers' step logs hold "
-        f"{cmp['samples_in_step_logs']} samples, the counters {cmp['samples']['measured']} "
-        "(what a job rolled back to its checkpoint after losing every node is not in them). "
-        "Rescales are "
+        + rollback_note(cmp) + " Rescales are "
         "counted differently (the real figure is a change of the RUNNING task count between "
         "2-s samples, preemptions included; the simulator's, the engine's grows and shrinks).",
     ]
     if others:
-        lines += ["", "| run | harvested, sim / real (node-s) | sim − real | samples, sim / "
-                  "real | sim − real |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += ["", "| run | harvested, sim / real (node-s) | sim − real | samples kept, "
+                  "sim / real | sim − real | samples rolled back, sim / real |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
         every = [(f"seed {cmp.get('seed', '?')}, above", cmp), *others]
         for label, o in every:
+            back = o.get("rolled_back") or {}
             lines.append(f"| {label} | {o['predicted_node_s']:.0f} / {o['measured_node_s']:.0f}"
                          f" | {pct(o['relative_error'])} | {o['samples']['predicted']} / "
-                         f"{o['samples']['measured']} | {pct(o['samples']['relative_error'])} |")
+                         f"{o['samples']['measured']} | {pct(o['samples']['relative_error'])} | "
+                         f"{back.get('predicted', '–')} / {back.get('measured') or '–'} |")
         met = sum(abs(o["relative_error"]) <= 0.05 for _, o in every)
         errors = ", ".join(pct(o["relative_error"]) for _, o in every)
         startups = ", ".join(f"{o['costs']['task_start_to_first_step_s']:.1f}" for _, o in every)
@@ -368,8 +413,11 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
         side = ("more than the cluster gave in each run" if signs == {True} else
                 "less than the cluster gave in each run" if signs == {False} else
                 "more in some runs, less in others")
-        lines += ["", f"The 5 % target on harvested node-seconds is met in {met} of "
-                  f"{len(every)} runs. The simulator predicted {side} ({errors}); the losses "
+        kept_met = sum(o["samples"]["relative_error"] is not None
+                       and abs(o["samples"]["relative_error"]) <= 0.05 for _, o in every)
+        lines += ["", f"The 5 % target is met in {met} of {len(every)} runs on harvested "
+                  f"node-seconds and in {kept_met} of {len(every)} on kept samples. The "
+                  f"simulator predicted {side} ({errors}); the losses "
                   "above that it does not charge are one side of it, and the runs differ "
                   f"from each other as much (worker start-ups averaged {startups} s)."]
     if pbs is not None:

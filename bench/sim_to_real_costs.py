@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from devtools.demo import summary
+from devtools.demo import summary, worker_logs
 from devtools.demo.slurmctld_log import Span, log_time
 from malletrain_core.hostlist import expand
 
@@ -35,6 +35,18 @@ def step_stats(steps: dict[str, list[tuple[float, float]]], t0: float,
     return {"steps": count, "stretch_node_s": inside,
             "rate_per_node": BATCH * count / inside if inside > 0 else 0.0,
             "step_s_median": statistics.median(durations) if durations else 0.0}
+
+
+def step_samples(paths: list[Path], window: tuple[float, float],
+                 until: float | None = None) -> dict[str, int]:
+    """Samples the step logs say the jobs trained inside the window: ``kept`` and
+    ``rolled_back`` (trained, then undone by a resume from the checkpoint after the job lost
+    every node), as :func:`devtools.demo.worker_logs.kept_and_rolled_back` decides, and how
+    many such ``resumes`` there were."""
+    records = worker_logs.read_step_records(paths, until=until)
+    kept, rolled = worker_logs.kept_and_rolled_back(records, BATCH, window)
+    inside = [r for r in records if window[0] <= r.end <= window[1]]
+    return {"kept": kept, "rolled_back": rolled, "resumes": worker_logs.count_resumes(inside)}
 
 
 _ELASTIC_START = re.compile(

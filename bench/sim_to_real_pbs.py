@@ -15,7 +15,8 @@ is copied out, and the figures :func:`bench.sim_to_real.predict` compares are re
   replay reads the same records, so this row agrees by construction (Slurm's section takes it
   from slurmctld's log, to the millisecond, instead);
 * harvested node-seconds: idle seconds inside the workers' completed steps (their step logs);
-* samples: the training state's counters; held node-seconds, task starts and preemptions
+* samples: kept and rolled back, from the step logs (the training state's counters as a
+  check); held node-seconds, task starts and preemptions
   (requeued subjobs): the elastic subjobs' records of the same log;
 * grant delays: a vnode's prod run ended → an elastic subjob started there, under 30 s (whole
   seconds: the log's resolution).
@@ -34,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 from bench.sections import host  # noqa: E402
-from bench.sim_to_real_costs import step_gaps, step_stats  # noqa: E402
+from bench.sim_to_real_costs import step_gaps, step_samples, step_stats  # noqa: E402
 from devtools.demo import summary, workload  # noqa: E402
 from devtools.localcluster.pbs import PbsComplex  # noqa: E402
 from malletrain_core.sim.accounting import JobRun, read_accounting  # noqa: E402
@@ -165,8 +166,8 @@ def measure(out: Path, window: tuple[float, float], node_names: list[str],
     log = read_accounting(out / "pbs_accounting", warn=None)
     prod = spans(log.runs, PROD_QUEUE, window)
     workers = spans(log.runs, WORKER_QUEUE, window)
-    steps = summary.read_step_logs(sorted(out.glob("jobs/checkpoints-*/steps/*.log")),
-                                   until=steps_read_at)
+    paths = sorted(out.glob("jobs/checkpoints-*/steps/*.log"))
+    steps = summary.read_step_logs(paths, until=steps_read_at)
     ends = [summary.Sample(t, frozenset(), {}) for t in window]
     idle, harvested = summary.exact_node_seconds(ends, node_names, prod, steps)
     held = sum(min(e, window[1]) - max(s, window[0]) for ss in workers.values()
@@ -190,6 +191,7 @@ def measure(out: Path, window: tuple[float, float], node_names: list[str],
             "held_node_seconds": round(held, 1),
             "held_not_training_node_seconds": round(max(0.0, held - harvested), 1),
             "step_stats": step_stats(steps, *window), "steps_read_at": steps_read_at,
+            "step_samples": step_samples(paths, window, until=steps_read_at),
             "grant_delays_s": [round(d, 3) for d in delays],
             "startups_s": [round(s["total"], 3) for s in startups],
             "elastic_task_starts": sum(window[0] <= t <= window[1]

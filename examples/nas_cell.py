@@ -227,15 +227,18 @@ def node_name() -> str:
 
 
 class StepLog:
-    """Appends ``START END`` of every completed step to ``DIR/steps/<node>.log``."""
+    """Appends ``START END STEP EPOCH`` of every completed step to ``DIR/steps/<node>.log``:
+    the global step and the membership epoch it began in (-1 without MalleTrain), so that a
+    step trained again after a roll-back to a checkpoint can be told from the one it undid."""
 
     def __init__(self, checkpoint_dir: Path, node: str) -> None:
         folder = checkpoint_dir / STEPS_DIR
         folder.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(folder / f"{node}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def completed(self, start: float, end: float) -> None:
-        os.write(self.fd, f"{start:.3f} {end:.3f}\n".encode())
+    def completed(self, start: float, end: float, step: int, epoch: int | None) -> None:
+        os.write(self.fd, f"{start:.3f} {end:.3f} {step} {-1 if epoch is None else epoch}\n"
+                 .encode())
 
 
 def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"epoch={session.epoch} world={el.world} rank={el.rank} "
                   f"resumed={'yes' if el.resumed_from is not None else 'no'}", flush=True)
         started = time.time()
+        began_in = el.epoch
         done = False
         with el.guard():  # a step failed by a lost peer is dropped and run again
             x, y = batch(args.cell_seed, step, el.rank, args.batch)  # on the CPU: reproducible
@@ -327,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             done = True
         if not done:
             continue
-        steps_log.completed(started, time.time())
+        steps_log.completed(started, time.time(), step, began_in)
         session.report(samples=args.batch * el.world)
         if counters is not None:
             counters.add(args.batch * el.world)

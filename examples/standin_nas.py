@@ -16,9 +16,9 @@ replaces only the part an accelerator would do:
   daemon, and rank 0 checkpoints to disk for the case where every node is lost.
 
 Each process appends one line per *completed* step to ``steps/<node>.log`` beside the
-checkpoint (``START END``, Unix seconds; a step dropped because a peer was lost is not written),
-from which the demo counts the harvested node-seconds: only the time inside completed steps
-counts. Rank 0 keeps ``counters.json`` (the samples of the training state, steps, the world
+checkpoint (``START END STEP EPOCH``: Unix seconds, the global step, the epoch it began in; a
+step dropped because a peer was lost is not written), from which the demo counts the harvested
+node-seconds (only the time inside completed steps counts) and the samples kept and rolled back. Rank 0 keeps ``counters.json`` (the samples of the training state, steps, the world
 sizes seen) about once a second. Run under ``malletrain-run --inplace``; without MalleTrain it
 runs as a one-process training::
 
@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             counters.change(el.epoch, el.world)
         seen = len(el.changes)
         start = time.time()
+        began_in = el.epoch
         done = False
         with el.guard():
             time.sleep(args.compute_s)  # STAND-IN for the accelerator's forward and backward
@@ -197,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         # a step kept across a lost peer: its re-form is not training time
         for paused_t, resumed_t in el.step_pauses:
-            log.completed(start, paused_t)
+            log.completed(start, paused_t, i, began_in)
             start = resumed_t
-        log.completed(start, time.time())
+        log.completed(start, time.time(), i, began_in)
         if imported_t:
             startup_line(imported_t, start, el)
             imported_t = 0.0

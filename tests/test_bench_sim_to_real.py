@@ -49,6 +49,33 @@ def test_step_gaps_split_stalls_from_restarts_and_hand_overs() -> None:
     assert sorted(handovers) == [0.4, 5.75]
 
 
+def _log(folder: Path, job: str, node: str, lines: list[str]) -> Path:
+    path = folder / f"checkpoints-{job}" / "steps" / f"{node}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_step_logs_tell_kept_steps_from_rolled_back_ones(tmp_path: Path) -> None:
+    """Job 7 trains steps 0-2 on two nodes in epoch 0, loses every node and resumes from its
+    checkpoint at step 1 in epoch 2: epoch 0's steps 1 and 2 were rolled back. A step kept
+    across a lost peer is logged in two pieces and counts once; job 8 is the older format."""
+    paths = [_log(tmp_path, "7", "n01", [f"{T0} {T0 + 1} 0 0", f"{T0 + 1} {T0 + 2} 1 0",
+                                         f"{T0 + 2} {T0 + 2.5} 2 0", f"{T0 + 2.6} {T0 + 3} 2 0",
+                                         f"{T0 + 20} {T0 + 21} 1 2", f"{T0 + 21} {T0 + 22} 2 2",
+                                         f"{T0 + 22} {T0 + 23} 3 2", "garbage"]),
+             _log(tmp_path, "7", "n02", [f"{T0} {T0 + 1} 0 0", f"{T0 + 1} {T0 + 2} 1 0"]),
+             _log(tmp_path, "8", "n03", [f"{T0} {T0 + 1}", f"{T0 + 1} {T0 + 2}"])]
+    got = costs.step_samples(paths, (T0, T0 + 60))
+    batch = costs.BATCH
+    # kept: 7's steps 0 (two nodes) and 1-3 of epoch 2, 8's two steps; rolled back: 7's
+    # epoch-0 steps 1 (two nodes) and 2 (one node, two pieces)
+    assert got == {"kept": batch * (2 + 3 + 2), "rolled_back": batch * (2 + 1), "resumes": 1}
+    assert costs.step_samples(paths, (T0, T0 + 10)) == {"kept": batch * (2 + 2),
+                                                        "rolled_back": batch * 3, "resumes": 0}
+    assert costs.step_samples(paths, (T0, T0 + 60), until=T0 + 10)["rolled_back"] == 0
+
+
 @pytest.mark.skipif(not (SAVED / "measured.json").is_file(), reason="no saved run")
 def test_the_saved_run_replays_to_its_saved_comparison() -> None:
     measured = json.loads((SAVED / "measured.json").read_text())
@@ -57,6 +84,8 @@ def test_the_saved_run_replays_to_its_saved_comparison() -> None:
     assert got == saved
     assert {"predicted_share", "measured_share", "relative_error"} <= got.keys()
     assert {"predicted", "measured", "relative_error"} <= got["samples"].keys()
+    assert got["samples"]["measured_by"] == "step logs"  # kept and rolled back, from the logs
+    assert {"predicted", "measured", "relative_error"} <= got["rolled_back"].keys()
 
 
 def test_the_saved_pbs_run_replays_to_its_saved_comparison() -> None:

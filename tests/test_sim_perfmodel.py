@@ -75,6 +75,21 @@ def test_preemption_rolls_back_to_the_last_checkpoint() -> None:
     assert m.net == pytest.approx(250 * 18.0 - 900.0 - 180.0 + 10.0 * 750)
 
 
+def test_only_a_resume_from_the_checkpoint_counts_as_rolled_back() -> None:
+    """What the step logs would show twice: the training undone by a restart from the
+    checkpoint, not the step in flight an in-place change drops (it never completed)."""
+    m = JobModel(_job(), PerfParams(noise=0.0, checkpoint_interval_s=100.0,
+                                    rescale_cost="inplace"), np.random.default_rng(0))
+    m.rescale(0.0, 2)
+    m.advance(150.0)
+    m.preempt(150.0, 1)                    # survivors keep their state: a step in flight lost
+    assert m.rolled_back > 0 and m.restored_loss == 0.0
+    m.advance(250.0)
+    m.preempt(250.0, 0)                    # every node lost: back to the checkpoint at 200
+    assert m.restored_loss == pytest.approx(50.0 * 10.0)
+    assert m.progress == pytest.approx(m.ckpt)
+
+
 def test_checkpoint_inside_a_restart_window() -> None:
     m = _model(checkpoint_s=30.0, up=20.0)
     m.rescale(0.0, 1)

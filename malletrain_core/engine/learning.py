@@ -42,7 +42,8 @@ class StoreLearning:
         smaller scale believed linear below 32, 25 % under the truth at one node). The jobs of
         the model run at many scales anyway; what they measure there fills the gaps without
         a dedicated probe. Scales closer to a stored one are left out: two estimates a few
-        nodes apart would put their noise into the slope between them."""
+        nodes apart would put their noise into the slope between them. A scale above the
+        largest stored one is taken however close: the curve there is an extrapolation."""
         for job in self.jobs.values():
             new = self._new_points(job)
             if new:
@@ -72,7 +73,9 @@ class StoreLearning:
 
     @staticmethod
     def _is_far(k: int, stored: tuple[int, ...]) -> bool:
-        return all(not s / GAP < k < s * GAP for s in stored)
+        # above the largest stored scale the curve is an extrapolation (its marginal rate
+        # halved per doubling), far worse than one estimate's noise: a measurement there counts
+        return k > max(stored) or all(not s / GAP < k < s * GAP for s in stored)
 
     def _far_from(self, stored: tuple[int, ...]) -> dict[int, bool]:
         """Scale → whether it is :data:`GAP` away from every scale of ``stored``, remembered

@@ -93,6 +93,11 @@ class JobModel:
         self.ideal = 0.0
         self.charged = 0.0
         self.rolled_back = 0.0
+        self.restored_loss = 0.0
+        """Completed training undone by a restart from the checkpoint (a job's step logs show
+        those steps twice); ``rolled_back`` also holds the steps in flight that were dropped."""
+        self.restores = 0
+        """Restarts from the checkpoint that undid completed training."""
         self.node_s = 0.0
         self.rescales = 0
         self.rescale_loss = 0.0
@@ -278,6 +283,8 @@ class JobModel:
         lost = self.progress - self.ckpt
         self.progress = self.ckpt
         self.rolled_back += lost
+        self.restored_loss += lost
+        self.restores += int(lost > 0)
         self.preemptions += 1
         cost = self.spec.scale_down_s
         self.charged += cost * r_before

@@ -43,6 +43,11 @@ class RunResult:
     wall_s: float
     invalid_actions: int
     makespan_s: float | None = None
+    rolled_back_samples: float = 0.0
+    """Samples trained and then undone by a restart from a checkpoint (not in
+    ``trained_samples``, which is what the jobs kept)."""
+    restores: int = 0
+    """How many restarts from a checkpoint undid completed training."""
     cpu_s: float = 0.0
     """CPU seconds of the replay's process (its wall time counts other processes' too)."""
     engine: dict[str, Any] = field(default_factory=dict)
@@ -105,6 +110,8 @@ def replay(trace: Trace, jobs: Sequence[SimJob], policy: str, *, seed: int = 0,
         policy=policy, seed=seed,
         net_samples=float(sum(m.net for m in models)),
         trained_samples=float(sum(m.progress for m in models)),
+        rolled_back_samples=float(sum(m.restored_loss for m in models)),
+        restores=sum(m.restores for m in models),
         node_seconds=float(sum(m.node_s for m in models)),
         rescales=sum(m.rescales for m in models),
         rescale_loss=float(sum(m.rescale_loss for m in models)),
