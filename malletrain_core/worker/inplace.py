@@ -608,7 +608,12 @@ class Elastic:
         # keys of this epoch only: a restarted daemon may hand the same port to a new epoch
         keys = [f"malletrain/{m.epoch}/joined/{r}" for r in range(m.world)]
         store = None
-        while store is None or not store.check(keys):
+        while True:
+            joined = self._joined(store, keys)
+            if joined:
+                break
+            if joined is None:
+                store = None  # its host moved on (a newer membership reaches us too)
             newer = self._newest()
             if newer is not None and newer.epoch > m.epoch:
                 return False
@@ -623,6 +628,7 @@ class Elastic:
             except (RuntimeError, OSError):  # the store went away (its host moved on)
                 store = None
             time.sleep(self.poll_s / 4)
+        assert store is not None
         self._store = store
         if sys.excepthook is self._torch_hook[1]:
             # torch wraps sys.excepthook at every init_process_group to prefix "[rankN]: ";
@@ -637,6 +643,20 @@ class Elastic:
                                 rank=m.rank, world_size=m.world, timeout=timeout, **eager)
         self._torch_hook = (before, sys.excepthook)
         return True
+
+    @staticmethod
+    def _joined(store: Any, keys: list[str]) -> bool | None:
+        """Whether every rank checked in at ``store``; None, not an error, when the store went
+        away: its host (rank 0) moved on to a newer membership, which reaches this process
+        too. Raised, that error killed this rank's processes: under real Slurm a restarted
+        daemon that had lost its last epoch named a newer one, and each re-form that followed
+        lost one node's processes ("Failed to recv"), 6 epochs and 30 s before a disk resume."""
+        if store is None:
+            return False
+        try:
+            return bool(store.check(keys))
+        except (RuntimeError, OSError):
+            return None
 
     def _wrap(self) -> None:
         from torch import nn
