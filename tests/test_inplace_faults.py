@@ -11,24 +11,16 @@ loopback (a driver stands in for the daemon and the launchers, as in tests/test_
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
 
 from malletrain_core.worker import inplace
-from tests.test_inplace import Driver, Proc, free_port, wait_for
+from tests.test_inplace import driver as driver  # the fixture, shared
+from tests.test_inplace import free_port
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
-
-
-@pytest.fixture
-def driver(tmp_path):
-    d = Driver(tmp_path)
-    yield d
-    d.stop()
 
 
 def test_a_rank_waiting_at_a_store_whose_host_moved_on_follows_it(driver):

@@ -308,12 +308,13 @@ class EpochCoordinator:
             elif waited := [n for n in ready if self._waited(st, n, now)]:
                 self._start(st, waited, now)
             return
-        desired = [n for n in ready if n in cur.members or joined]
+        desired = [n for n in ready if n in cur.members or joined
+                   or self._runs_ahead(st.launchers[n], cur)]
         if not joined:
             early = [n for n in ready if n not in cur.members and self._waited(st, n, now)]
             if early and self._in_place(st, cur, desired + early):
                 desired += early
-        if set(desired) == set(cur.members):
+        if set(desired) == set(cur.members) and not self._ahead(st, cur):
             st.ckpt_requested_at = None
             return
         if self._in_place(st, cur, desired):
@@ -348,8 +349,25 @@ class EpochCoordinator:
         involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
         if not all(la.inplace for n, la in st.launchers.items() if n in involved):
             return False
-        return any(st.launchers[n].state == "running" and st.launchers[n].epoch == cur.number
-                   for n in nodes if n in cur.members)
+        return any(st.launchers[n].state == "running" and st.launchers[n].epoch is not None
+                   and st.launchers[n].epoch >= cur.number for n in nodes if n in cur.members)
+
+    @staticmethod
+    def _ahead(st: JobState, cur: Epoch) -> bool:
+        """Does a member's live process run an epoch newer than ``cur``? Only after a restart
+        of the daemon that lost its last epochs (killed before it saved them): the next epoch
+        is then started in place for everyone (its number after the newest one reported), so
+        the members that were told the lost epoch and those that were not meet again, instead
+        of the newer ones being stopped (their processes restarted) as members of an epoch
+        that is over."""
+        return any(EpochCoordinator._runs_ahead(la, cur)
+                   for n, la in st.launchers.items() if n in cur.members or n in st.target)
+
+    @staticmethod
+    def _runs_ahead(la: Launcher, cur: Epoch) -> bool:
+        """Does ``la``'s live process run an epoch newer than ``cur`` (see :meth:`_ahead`)?"""
+        return la.inplace and la.state == "running" and la.epoch is not None \
+            and la.epoch > cur.number
 
     def _restart(self, st: JobState, now: float) -> None:
         """Unplanned: the survivors (members still checking in) start the next epoch now."""
@@ -417,7 +435,8 @@ class EpochCoordinator:
         running = la.epoch if la.state == "running" else None
         if cur is not None and la.node in cur.members:
             if la.inplace and running is not None and (
-                    cur.path == "inplace" or (running == cur.number and st.failed_at is not None)):
+                    cur.path == "inplace" or running > cur.number
+                    or (running == cur.number and st.failed_at is not None)):
                 # its live process re-forms in place (or waits for the next membership after
                 # a peer failed): no stop first
                 running = cur.number
@@ -438,6 +457,9 @@ class EpochCoordinator:
             return Order("run", epoch=cur.number, rank=cur.members.index(la.node),
                          world=len(cur.members), master=cur.master, port=cur.port,
                          rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
+        if cur is not None and la.node in st.target and self._runs_ahead(la, cur):
+            return Order("wait", reason=f"epoch {running} is newer than this daemon's "
+                         f"{cur.number}: the next epoch takes this node in place")
         if running is not None:
             why = "the job left this node" if la.node not in st.target else \
                 f"not a member of epoch {cur.number if cur else 'none'}"

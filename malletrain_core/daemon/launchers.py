@@ -31,8 +31,15 @@ class LauncherService:
     def __init__(self, coordinator: EpochCoordinator, wrap_key: Callable[[str, int], str],
                  report_addr: str, clock: Callable[[], float],
                  lock: AbstractContextManager[Any] | None = None, admin_uids: frozenset[int] = frozenset({0}),
-                 wrap_for_job: Callable[[str, str], str] | None = None) -> None:
+                 wrap_for_job: Callable[[str, str], str] | None = None,
+                 persist: Callable[[], None] | None = None) -> None:
         self.coordinator = coordinator
+        self.persist = persist
+        """Saves the coordinator's state; called before an order that moves a launcher to
+        another epoch goes out, so that a daemon killed right after (kill -9) knows that epoch
+        when it is back. Saved only at the end of the daemon's next cycle, a grow's epoch was
+        lost with the daemon: back, it stopped the launchers already in it (a process
+        restarted) or re-formed the job without them."""
         self.wrap_key = wrap_key
         self.wrap_for_job = wrap_for_job
         """Launchers authenticated by job secrets: ``wrap_for_job(key_hex, job)`` wraps the
@@ -101,6 +108,8 @@ class LauncherService:
                 break
             with self._news:
                 self._news.wait(min(HOLD_POLL_S, left))
+        if self.persist is not None and order.kind == "run" and order.epoch != epoch:
+            self.persist()
         reply: dict[str, Any] = {"order": order.to_dict()}
         if order.kind == "run" and state != "running":
             reply["key"] = self.wrap_key(key, owner) if self.wrap_for_job is None \

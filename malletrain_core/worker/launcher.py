@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import random
 import re
@@ -66,6 +67,11 @@ READY_POLL_S = 0.01
 """How often the launcher looks for its processes' ready files while they start: the node is
 placed only once the daemon hears it is ready (a stat per process; was 0.1 s, about 50 ms of
 a joiner's start on average)."""
+IN_PLACE_MAX_BACKOFF_S = 3.0
+"""In place, the longest wait between two tries to reach a daemon that is away: a restarted
+daemon counts an in-place member silent for its ``launcher_timeout_s`` (15 s) as lost and
+re-forms without it, so a backoff doubling up to 30 s cost a job an abandoned epoch when the
+daemon was away for a few seconds."""
 
 
 def torchrun_argv(order: Order, command: Sequence[str], nproc_per_node: int = 1,
@@ -520,7 +526,8 @@ class Launcher:
                         and time.monotonic() - away_since > 60:
                     return 0
                 self._nap(backoff * random.uniform(0.8, 1.2))
-                backoff = min(backoff * 2, self.max_backoff_s)
+                backoff = min(backoff * 2, self.max_backoff_s,
+                              IN_PLACE_MAX_BACKOFF_S if self.inplace else math.inf)
                 continue
             except (ApiError, EpochError, MalleTrainError) as exc:
                 self.refusals += 1

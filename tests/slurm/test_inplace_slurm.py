@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -259,9 +260,48 @@ def test_daemon_killed_in_the_middle_of_a_reform(cluster: LocalCluster, daemon: 
              if float(t) <= killed_at] or [0]
     assert min(r["step"] for r in log.in_epoch(e1)) - 1 >= max(saved), "went back past the disk"
     check(outdir, job)
+    # nobody was stopped or lost: before, the restarted daemon (which had not saved the
+    # grow's epoch) stopped the launcher already in it, or the re-forms that followed killed
+    # one node's processes each ("Failed to recv" at the store), then resumed from disk
+    epochs = daemon_epochs(daemon.log_text(), job)
+    after = {e: v for e, v in epochs.items() if e > e0}
+    assert all(p == "inplace" and not a for _, p, a in after.values()), epochs
+    texts = "".join(p.read_text(errors="replace") for p in outdir.glob(f"task-{job}_*.out"))
+    assert "stopping workers" not in texts and "Failed to recv" not in texts
+    assert texts.count("started ahead of its epoch") == 3, "a training process was restarted"
     print(f"\ndaemon killed mid re-form: recovered at world 3 in epoch {e1} "
           f"(path {paths(daemon, job, [e1])[e1]}); pid set "
           f"{'kept' if {r['pid'] for r in log.in_epoch(e1)} & {r['pid'] for r in log.in_epoch(e0)} else 'new'}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "restart"])
+def test_daemon_restart_without_a_change_costs_no_epoch(cluster: LocalCluster,
+                                                        daemon: LocalDaemon, outdir: Path,
+                                                        sig: int) -> None:
+    """A job trains at world 3; malletraind is SIGKILLed (or stopped as by a restart) and
+    started again 3 s later. The job trains on in the same epoch, with the same processes, no
+    epoch started for 20 s after (past the launchers' timeout); a preemption ordered after
+    the daemon's return is in place."""
+    prod(cluster, 5)
+    job = submit(cluster, daemon, "1-3", outdir)
+    e0 = wait_world(cluster, outdir, job, 3, timeout_s=150)
+    before = daemon_epochs(daemon.log_text(), job)
+    daemon.kill(sig)
+    down_at = time.time()
+    time.sleep(3)
+    daemon.start()
+    time.sleep(20)
+    log = read(outdir, job)
+    since = [r for r in log.steps if r["t"] > down_at]
+    assert {r["epoch"] for r in since} == {e0}, sorted({r["epoch"] for r in since})
+    assert len(since) >= 3 * 20, f"only {len(since)} steps after the restart"
+    assert daemon_epochs(daemon.log_text(), job) == before
+    pids = {r["pid"] for r in log.in_epoch(e0)}
+    prod(cluster, 1, "-w", nodes_of(cluster, job)[-1])
+    e1 = wait_world(cluster, outdir, job, 2, after=e0)
+    assert paths(daemon, job, [e1]) == {e1: "inplace"}
+    assert {r["pid"] for r in read(outdir, job).in_epoch(e1)} <= pids
+    check(outdir, job)
 
 
 EXAMPLE = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "8",
