@@ -202,8 +202,10 @@ class EpochCoordinator:
     # ----- the launchers' side -----------------------------------------------------------
     def checkin(self, job: str, node: str, now: float, *, epoch: int | None = None,
                 state: str = "idle", rc: int | None = None, addr: str = "",
-                ckpt_seen: int = 0, inplace: bool = False, ready: bool = True) -> Order:
-        """Record a launcher's check-in and return its order."""
+                ckpt_seen: int = 0, inplace: bool = False, ready: bool = True,
+                lost: tuple[int, tuple[int, ...]] | None = None) -> Order:
+        """Record a launcher's check-in and return its order. ``lost``: ``(epoch, node
+        ranks)`` that the launcher's processes found silent (their heartbeat stopped)."""
         if state not in LAUNCHER_STATES:
             raise ValidationError("checkin", "state", f"{state!r}; use one of "
                                   f"{', '.join(LAUNCHER_STATES)}")
@@ -233,8 +235,27 @@ class EpochCoordinator:
                     st.finished = st.failed = True
                 else:
                     st.failed_at = now  # restart once the survivors are known (see _plan)
+        if lost is not None and cur is not None:
+            self._silent_peers(st, cur, node, lost, now)
         self._plan(st, now)
         return self._order(st, st.launchers[node])
+
+    def _silent_peers(self, st: JobState, cur: Epoch, node: str,
+                      lost: tuple[int, tuple[int, ...]], now: float) -> None:
+        """A member's processes found members of ``cur`` silent (dead, hung, their node gone)
+        and abandoned the epoch: they are lost, and the others start the next epoch now
+        (``abandon``). Their launchers may still check in (a process hung, its launcher alive:
+        held check-ins keep them seen), so the survivors' word is taken; a launcher told it
+        is out stops its process, which joins again once ready."""
+        epoch, ranks = lost
+        if epoch != cur.number or node not in cur.members or st.finished:
+            return
+        gone = {cur.members[r] for r in ranks if 0 <= r < len(cur.members)} - {node}
+        if not gone:
+            return
+        for n in gone:
+            st.launchers.pop(n, None)
+        self._restart(st, now)
 
     # ----- queries -----------------------------------------------------------------------
     def jobs(self) -> list[str]:
@@ -349,8 +370,8 @@ class EpochCoordinator:
         involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
         if not all(la.inplace for n, la in st.launchers.items() if n in involved):
             return False
-        return any(st.launchers[n].state == "running" and st.launchers[n].epoch is not None
-                   and st.launchers[n].epoch >= cur.number for n in nodes if n in cur.members)
+        return any(la.state == "running" and (la.epoch if la.epoch is not None else -1)
+                   >= cur.number for la in (st.launchers[n] for n in nodes if n in cur.members))
 
     @staticmethod
     def _ahead(st: JobState, cur: Epoch) -> bool:

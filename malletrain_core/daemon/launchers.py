@@ -75,9 +75,10 @@ class LauncherService:
             ready = bool(args.get("ready", True))
             hold_s = float(args.get("hold_s", 0.0))
             hold_s = min(max(hold_s, 0.0), MAX_HOLD_S) if math.isfinite(hold_s) else 0.0
+            lost = _lost(args.get("lost"))
         except (KeyError, TypeError, ValueError, OverflowError):
             raise ApiError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
-                           "are integers") from None
+                           "are integers; lost is [epoch, [node ranks]]") from None
         if proto > ORDERS_VERSION:
             raise ApiError(f"this malletraind speaks launcher protocol {ORDERS_VERSION}, the "
                            f"launcher {proto}: upgrade malletraind before malletrain-run")
@@ -96,7 +97,7 @@ class LauncherService:
                 order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch,
                                                  state=state, rc=rc, addr=addr,
                                                  ckpt_seen=ckpt_seen, inplace=inplace,
-                                                 ready=ready)
+                                                 ready=ready, lost=lost)
                 changed = self._news_mark(job) != before
             if changed:
                 with self._news:
@@ -135,3 +136,13 @@ class LauncherService:
                 self.coordinator.acknowledge_checkpoint(report.job, report.epoch, self.clock())
                 acked = True
         return acked
+
+
+def _lost(value: Any) -> tuple[int, tuple[int, ...]] | None:
+    """A check-in's ``lost``: ``[epoch, [node ranks]]`` (at most 4096 ranks), or None."""
+    if value is None:
+        return None
+    epoch, ranks = value
+    if len(ranks) > 4096:
+        raise ValueError("too many ranks")
+    return int(epoch), tuple(int(r) for r in ranks)

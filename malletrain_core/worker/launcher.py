@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -67,6 +68,7 @@ READY_POLL_S = 0.01
 """How often the launcher looks for its processes' ready files while they start: the node is
 placed only once the daemon hears it is ready (a stat per process; was 0.1 s, about 50 ms of
 a joiner's start on average)."""
+LOST_POLL_S = 0.05  # in place: how often the launcher looks for its processes' peers_lost
 IN_PLACE_MAX_BACKOFF_S = 3.0
 """In place, the longest wait between two tries to reach a daemon that is away: a restarted
 daemon counts an in-place member silent for its ``launcher_timeout_s`` (15 s) as lost and
@@ -350,14 +352,46 @@ class Launcher:
             self.node_addr = self.client.local_address() or ""
         ready = self.ready()
         self._held = self.hold_s if ready else 0.0
-        extra = {"inplace": True, "ready": ready, "hold_s": self._held} if self.inplace else {}
-        reply = self.client.call("checkin", job=self.ident.job, node=self.ident.node,
-                                 task=self.ident.task, epoch=self.epoch, state=self.state,
-                                 rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen,
-                                 proto=ORDERS_VERSION, **extra)
+        reply = self.client.call("checkin", **self._checkin_args(ready, self._held))
         if not isinstance(reply, dict):
             raise ApiError("malformed check-in reply")
         return reply
+
+    def _checkin_args(self, ready: bool, hold_s: float) -> dict[str, Any]:
+        args: dict[str, Any] = dict(
+            job=self.ident.job, node=self.ident.node, task=self.ident.task, epoch=self.epoch,
+            state=self.state, rc=self.rc, addr=self.node_addr, ckpt_seen=self.ckpt_seen,
+            proto=ORDERS_VERSION)
+        if self.inplace:
+            args.update(inplace=True, ready=ready, hold_s=hold_s)
+            lost = control.read_peers_lost(self.control_dir)
+            if lost is not None and self.state == "running" and lost[0] == self.epoch:
+                args["lost"] = [lost[0], lost[1]]
+        return args
+
+    def _tell_lost_peers(self, stop: threading.Event) -> None:
+        """In place, a thread: when the node's processes find peers silent (``peers_lost``),
+        tell the daemon at once on a connection of its own (a check-in that is not held),
+        instead of at the end of the held check-in in flight (up to ``hold_s``). The epoch
+        this starts wakes the held check-ins, this launcher's among them."""
+        told: int | None = None
+        while not stop.wait(LOST_POLL_S):
+            lost = control.read_peers_lost(self.control_dir)
+            if lost is None or lost[0] == told or lost[0] != self.epoch \
+                    or self.state != "running" or not isinstance(self.client, TcpClient):
+                continue
+            told = lost[0]
+            side = TcpClient(self.client.host, self.client.port, self.client.munge,
+                             timeout_s=5.0)
+            try:
+                side.call("checkin", **self._checkin_args(True, 0.0))
+                log.info("epoch %s: told the daemon that node(s) %s went silent", lost[0],
+                         ",".join(map(str, lost[1])))
+            except (ApiError, ApiUnavailable, EpochError, MalleTrainError) as exc:
+                log.info("epoch %s: could not tell the daemon of silent peers (%s); the next "
+                         "check-in does", lost[0], exc)
+            finally:
+                side.close()
 
     def act(self, reply: dict[str, Any]) -> int | None:
         """Carry out one order; returns an exit code when the launcher must exit."""
@@ -428,6 +462,7 @@ class Launcher:
                     training.ENV_CONTROL_DIR: self.control_dir})
         folder = Path(self.control_dir)  # the last processes' files
         for stale in (control.READY_NAME, control.MEMBERSHIP_NAME, control.LOST_NAME,
+                      control.PEERS_LOST_NAME,
                       *(p.name for p in folder.glob(f"{control.READY_NAME}.*"))):
             with contextlib.suppress(FileNotFoundError):
                 (folder / stale).unlink()
@@ -509,6 +544,16 @@ class Launcher:
             self.sleep(min(nap, max(0.0, deadline - time.monotonic())))
 
     def run(self) -> int:
+        stop = threading.Event()
+        if self.inplace:
+            threading.Thread(target=self._tell_lost_peers, args=(stop,), daemon=True,
+                             name="malletrain-lost-peers").start()
+        try:
+            return self._loop()
+        finally:
+            stop.set()
+
+    def _loop(self) -> int:
         backoff = self.poll_s
         away_since: float | None = None
         while True:

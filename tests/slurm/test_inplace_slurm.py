@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from faults_common import daemons_fixture
 from inplace_logs import change, daemon_epochs, problems, read
@@ -301,6 +302,51 @@ def test_daemon_restart_without_a_change_costs_no_epoch(cluster: LocalCluster,
     e1 = wait_world(cluster, outdir, job, 2, after=e0)
     assert paths(daemon, job, [e1]) == {e1: "inplace"}
     assert {r["pid"] for r in read(outdir, job).in_epoch(e1)} <= pids
+    check(outdir, job)
+
+
+def test_with_the_daemon_down_survivors_find_a_dead_node_themselves(
+        cluster: LocalCluster, daemon: LocalDaemon, outdir: Path) -> None:
+    """A job trains on three one-process nodes; malletraind is SIGKILLed, then one node's
+    launcher and training process are (the node gone, no order can come). Both survivors
+    find it by its heartbeat within 2 s and abandon the epoch (they print one line); when
+    the daemon is back (5 s later) their launchers name the silent node and the next epoch
+    is in place with ``abandon``, the survivors' processes kept. Before: nothing found it,
+    one survivor waited in its collective for the whole timeout, the daemon for the
+    launcher's silence (15 s)."""
+    prod(cluster, 5)
+    job = submit(cluster, daemon, "1-3", outdir)
+    e0 = wait_world(cluster, outdir, job, 3, timeout_s=150)
+    rows = read(outdir, job).in_epoch(e0)
+    victim = next(r for r in rows if r["rank"] == 2)
+    survivors = {r["task"].split(":")[0] for r in rows if r["rank"] != 2}
+    daemon.kill()
+    launcher = psutil.Process(victim["pid"]).parent()
+    assert launcher is not None and "malletrain" in " ".join(launcher.cmdline())
+    t_kill = time.time()
+    launcher.kill()
+    found: dict[str, float] = {}
+
+    def abandoned() -> bool:
+        for name in survivors - set(found):
+            if "abandoning epoch" in (outdir / name).read_text(errors="replace"):
+                found[name] = time.time() - t_kill
+        return len(found) == len(survivors)
+
+    cluster.wait_for("both survivors abandoning the epoch", abandoned, 30, interval_s=0.05)
+    time.sleep(max(0.0, 5 - (time.time() - t_kill)))
+    daemon.start()
+    t_back = time.time()
+    e1 = wait_world(cluster, outdir, job, 2, after=e0, timeout_s=60)
+    log = read(outdir, job)
+    resumed = min(r["t"] for r in log.in_epoch(e1)) - t_back
+    print("\nnode killed with the daemon down: found by the survivors after "
+          + ", ".join(f"{v:.2f} s" for v in sorted(found.values()))
+          + f"; epoch {e1} trained {resumed:.2f} s after the daemon was back")
+    assert max(found.values()) < 2.0, found
+    assert paths(daemon, job, [e1]) == {e1: "inplace"}
+    assert daemon_epochs(daemon.log_text(), job)[e1][2], "not abandon"
+    assert {r["pid"] for r in log.in_epoch(e1)} <= {r["pid"] for r in rows}
     check(outdir, job)
 
 
