@@ -351,3 +351,18 @@ def test_an_order_into_a_new_epoch_is_saved_before_it_goes_out():
         co.set_target("7", ["n1"], 100.0, lost=["n2"])
     assert svc.checkin(1000, args)["order"]["epoch"] == 1
     assert saved == [1]
+
+
+def test_a_loss_right_after_a_restart_stays_in_place():
+    """The state is saved when a grow's epoch 1 is ordered, before the members say they run
+    it; the daemon restarts and Slurm reports n3 lost before any launcher checked in again:
+    the survivors' next epoch is in place (abandon). Before, it went through the disk (no
+    saved member ran epoch 1 yet)."""
+    co = start()
+    co.set_target("7", ["n1", "n2", "n3"], 10.0)
+    co.checkin("7", "n3", 10.0, inplace=True)
+    assert co.current("7").number == 1
+    back = EpochCoordinator.from_dict(json.loads(json.dumps(co.to_dict())))
+    back.set_target("7", ["n1", "n2"], 12.0, lost=["n3"])
+    ep = back.current("7")
+    assert (ep.number, ep.members, ep.path, ep.abandon) == (2, ("n1", "n2"), "inplace", True)

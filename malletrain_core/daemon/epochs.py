@@ -370,8 +370,12 @@ class EpochCoordinator:
         involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
         if not all(la.inplace for n, la in st.launchers.items() if n in involved):
             return False
-        return any(la.state == "running" and (la.epoch if la.epoch is not None else -1)
-                   >= cur.number for la in (st.launchers[n] for n in nodes if n in cur.members))
+        # Any epoch: a running in-place process holds the job's state (or takes it in its
+        # epoch's hand-over). Asking for ``cur``'s own number failed after a restart: the
+        # state saved before ``cur``'s order went out (see LauncherService.persist) still
+        # has the members running the epoch before, and a loss then went through the disk.
+        return any(la.state == "running" and la.epoch is not None
+                   for la in (st.launchers[n] for n in nodes if n in cur.members))
 
     @staticmethod
     def _ahead(st: JobState, cur: Epoch) -> bool:
