@@ -91,8 +91,13 @@ class LauncherService:
                 raise ApiError(f"job {job} belongs to uid {owner}, not to uid {uid}")
             key = self.coordinator.key(job).hex()
         deadline = time.monotonic() + hold_s
+        order: Order | None = None
         while True:
             with self.lock:
+                if order is not None and node not in self.coordinator.state(job).launchers:
+                    # dropped as lost (its peers found it silent) while held: looking again
+                    # would record it anew, as if its launcher (maybe dead) had checked in
+                    break
                 before = self._news_mark(job)
                 order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch,
                                                  state=state, rc=rc, addr=addr,
