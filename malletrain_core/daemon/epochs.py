@@ -204,8 +204,9 @@ class EpochCoordinator:
     def checkin(self, job: str, node: str, now: float, *, epoch: int | None = None,
                 state: LauncherState | str = LauncherState.IDLE, rc: int | None = None,
                 addr: str = "", ckpt_seen: int = 0, inplace: bool = False,
-                ready: bool = True) -> Order:
-        """Record a launcher's check-in and return its order."""
+                ready: bool = True, lost: tuple[int, tuple[int, ...]] | None = None) -> Order:
+        """Record a launcher's check-in and return its order. ``lost``: ``(epoch, node
+        ranks)`` that the launcher's processes found silent (their heartbeat stopped)."""
         if state not in LAUNCHER_STATES:
             raise ValidationError("checkin", "state", f"{state!r}; use one of "
                                   f"{', '.join(LAUNCHER_STATES)}")
@@ -237,8 +238,27 @@ class EpochCoordinator:
                     st.finished = st.failed = True
                 else:
                     st.failed_at = now  # restart once the survivors are known (see _plan)
+        if lost is not None and cur is not None:
+            self._silent_peers(st, cur, node, lost, now)
         self._plan(st, now)
         return self._order(st, st.launchers[node])
+
+    def _silent_peers(self, st: JobState, cur: Epoch, node: str,
+                      lost: tuple[int, tuple[int, ...]], now: float) -> None:
+        """A member's processes found members of ``cur`` silent (dead, hung, their node gone)
+        and abandoned the epoch: they are lost, and the others start the next epoch now
+        (``abandon``). Their launchers may still check in (a process hung, its launcher alive:
+        held check-ins keep them seen), so the survivors' word is taken; a launcher told it
+        is out stops its process, which joins again once ready."""
+        epoch, ranks = lost
+        if epoch != cur.number or node not in cur.members or st.finished:
+            return
+        gone = {cur.members[r] for r in ranks if 0 <= r < len(cur.members)} - {node}
+        if not gone:
+            return
+        for n in gone:
+            st.launchers.pop(n, None)
+        self._restart(st, now)
 
     # ----- queries -----------------------------------------------------------------------
     def jobs(self) -> list[str]:
@@ -312,12 +332,13 @@ class EpochCoordinator:
             elif waited := [n for n in ready if self._waited(st, n, now)]:
                 self._start(st, waited, now)
             return
-        desired = [n for n in ready if n in cur.members or joined]
+        desired = [n for n in ready if n in cur.members or joined
+                   or self._runs_ahead(st.launchers[n], cur)]
         if not joined:
             early = [n for n in ready if n not in cur.members and self._waited(st, n, now)]
             if early and self._in_place(st, cur, desired + early):
                 desired += early
-        if set(desired) == set(cur.members):
+        if set(desired) == set(cur.members) and not self._ahead(st, cur):
             st.ckpt_requested_at = None
             return
         if self._in_place(st, cur, desired):
@@ -352,9 +373,29 @@ class EpochCoordinator:
         involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
         if not all(la.inplace for n, la in st.launchers.items() if n in involved):
             return False
-        return any(st.launchers[n].state is LauncherState.RUNNING
-                   and st.launchers[n].epoch == cur.number
-                   for n in nodes if n in cur.members)
+        # Any epoch: a running in-place process holds the job's state (or takes it in its
+        # epoch's hand-over). Asking for ``cur``'s own number failed after a restart: the
+        # state saved before ``cur``'s order went out (see LauncherService.persist) still
+        # has the members running the epoch before, and a loss then went through the disk.
+        return any(la.state is LauncherState.RUNNING and la.epoch is not None
+                   for la in (st.launchers[n] for n in nodes if n in cur.members))
+
+    @staticmethod
+    def _ahead(st: JobState, cur: Epoch) -> bool:
+        """Does a member's live process run an epoch newer than ``cur``? Only after a restart
+        of the daemon that lost its last epochs (killed before it saved them): the next epoch
+        is then started in place for everyone (its number after the newest one reported), so
+        the members that were told the lost epoch and those that were not meet again, instead
+        of the newer ones being stopped (their processes restarted) as members of an epoch
+        that is over."""
+        return any(EpochCoordinator._runs_ahead(la, cur)
+                   for n, la in st.launchers.items() if n in cur.members or n in st.target)
+
+    @staticmethod
+    def _runs_ahead(la: Launcher, cur: Epoch) -> bool:
+        """Does ``la``'s live process run an epoch newer than ``cur`` (see :meth:`_ahead`)?"""
+        return la.inplace and la.state is LauncherState.RUNNING and la.epoch is not None \
+            and la.epoch > cur.number
 
     def _restart(self, st: JobState, now: float) -> None:
         """Unplanned: the survivors (members still checking in) start the next epoch now."""
@@ -422,7 +463,8 @@ class EpochCoordinator:
         running = la.epoch if la.state is LauncherState.RUNNING else None
         if cur is not None and la.node in cur.members:
             if la.inplace and running is not None and (
-                    cur.path == "inplace" or (running == cur.number and st.failed_at is not None)):
+                    cur.path == "inplace" or running > cur.number
+                    or (running == cur.number and st.failed_at is not None)):
                 # its live process re-forms in place (or waits for the next membership after
                 # a peer failed): no stop first
                 running = cur.number
@@ -443,6 +485,9 @@ class EpochCoordinator:
             return Order(OrderKind.RUN, epoch=cur.number, rank=cur.members.index(la.node),
                          world=len(cur.members), master=cur.master, port=cur.port,
                          rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
+        if cur is not None and la.node in st.target and self._runs_ahead(la, cur):
+            return Order(OrderKind.WAIT, reason=f"epoch {running} is newer than this daemon's "
+                         f"{cur.number}: the next epoch takes this node in place")
         if running is not None:
             why = "the job left this node" if la.node not in st.target else \
                 f"not a member of epoch {cur.number if cur else 'none'}"

@@ -30,8 +30,15 @@ class LauncherService:
     def __init__(self, coordinator: EpochCoordinator, wrap_key: Callable[[str, int], str],
                  report_addr: str, clock: Callable[[], float],
                  lock: AbstractContextManager[Any] | None = None, admin_uids: frozenset[int] = frozenset({0}),
-                 wrap_for_job: Callable[[str, str], str] | None = None) -> None:
+                 wrap_for_job: Callable[[str, str], str] | None = None,
+                 persist: Callable[[], None] | None = None) -> None:
         self.coordinator = coordinator
+        self.persist = persist
+        """Saves the coordinator's state; called before an order that moves a launcher to
+        another epoch goes out, so that a daemon killed right after (kill -9) knows that epoch
+        when it is back. Saved only at the end of the daemon's next cycle, a grow's epoch was
+        lost with the daemon: back, it stopped the launchers already in it (a process
+        restarted) or re-formed the job without them."""
         self.wrap_key = wrap_key
         self.wrap_for_job = wrap_for_job
         """Launchers authenticated by job secrets: ``wrap_for_job(key_hex, job)`` wraps the
@@ -73,13 +80,18 @@ class LauncherService:
                 raise ApiError(f"job {job} belongs to uid {owner}, not to uid {uid}")
             key = self.coordinator.key(job).hex()
         deadline = time.monotonic() + req.hold_s
+        order: Order | None = None
         while True:
             with self.lock:
+                if order is not None and node not in self.coordinator.state(job).launchers:
+                    # dropped as lost (its peers found it silent) while held: looking again
+                    # would record it anew, as if its launcher (maybe dead) had checked in
+                    break
                 before = self._news_mark(job)
                 order = self.coordinator.checkin(job, node, self.clock(), epoch=epoch,
                                                  state=state, rc=req.rc, addr=req.addr,
                                                  ckpt_seen=req.ckpt_seen, inplace=req.inplace,
-                                                 ready=req.ready)
+                                                 ready=req.ready, lost=req.lost)
                 changed = self._news_mark(job) != before
             if changed:
                 with self._news:
@@ -92,6 +104,8 @@ class LauncherService:
                 break
             with self._news:
                 self._news.wait(min(HOLD_POLL_S, left))
+        if self.persist is not None and order.kind is OrderKind.RUN and order.epoch != epoch:
+            self.persist()
         if order.kind is OrderKind.RUN and state is not LauncherState.RUNNING:
             wrapped = self.wrap_key(key, owner) if self.wrap_for_job is None \
                 else self.wrap_for_job(key, job)

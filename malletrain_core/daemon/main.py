@@ -113,9 +113,14 @@ class RunningDaemon:
         self._logged = {job: max((h["epoch"] for h in coordinator.state(job).history),
                                  default=-1) for job in coordinator.jobs()}
 
-    def save(self) -> None:
+    def save(self, locked: bool = False) -> None:
         """Persist the coordinator (report keys, running epochs) when it changed, and log
-        the epochs that started since (their path: in place or from disk)."""
+        the epochs that started since (their path: in place or from disk); ``locked``: hold
+        the daemon's lock throughout (a check-in's save beside the cycle's)."""
+        if locked:
+            with self.daemon.lock:
+                self.save()
+            return
         with self.daemon.lock:
             state = self.coordinator.to_dict()
         for job, st in state["jobs"].items():
@@ -213,7 +218,8 @@ def _wire(config: Config, running: RunningDaemon, admins: set[int]) -> None:
             running.coordinator, lambda key, uid: munge.encode(key, restrict_uid=uid),
             f"{host}:{reports_in.address[1]}", time.time, lock=daemon.lock,
             admin_uids=frozenset(admins),
-            wrap_for_job=job_secret.wrap if job_secret is not None else None)
+            wrap_for_job=job_secret.wrap if job_secret is not None else None,
+            persist=lambda: running.save(locked=True))
         handlers.serve_launchers(launchers, reports_in)
         dispatcher.register("checkin", handlers.checkin)
         daemon.watch(reports_in, handlers.on_reports)

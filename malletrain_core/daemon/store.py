@@ -101,7 +101,10 @@ class Store:
             raise StateError(f"{self.path}: cannot create the state database: {exc.strerror}; "
                              "check state_dir and its permissions") from None
         try:
-            self.db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
+            # used by the daemon's thread and, for the epoch state an order depends on, by
+            # an API thread (LauncherService.persist), always under the daemon's lock
+            self.db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
+                                      check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             # An exclusive lock for the daemon's lifetime: a second daemon fails fast.

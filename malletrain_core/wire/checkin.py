@@ -42,8 +42,9 @@ class CheckInError(MalleTrainError):
 class CheckIn:
     """One launcher's check-in: who it is (``job``, ``node``, ``task``), what it runs
     (``epoch``, ``state``, ``rc``), where its node is reached (``addr``), the last checkpoint
-    request it relayed (``ckpt_seen``) and, in place, whether its process is ready to join and
-    how long the daemon may hold the reply (``hold_s``)."""
+    request it relayed (``ckpt_seen``) and, in place, whether its process is ready to join,
+    how long the daemon may hold the reply (``hold_s``) and the node ranks its processes found
+    silent in an epoch (``lost``: ``(epoch, ranks)``, sent only then)."""
 
     job: str
     node: str
@@ -57,6 +58,7 @@ class CheckIn:
     inplace: bool = False
     ready: bool = True
     hold_s: float = 0.0
+    lost: tuple[int, tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", state_of(self.state))
@@ -70,6 +72,8 @@ class CheckIn:
                                 "proto": self.proto}
         if self.inplace:
             args.update(inplace=True, ready=self.ready, hold_s=self.hold_s)
+            if self.lost is not None:
+                args["lost"] = [self.lost[0], list(self.lost[1])]
         return args
 
     @classmethod
@@ -87,10 +91,25 @@ class CheckIn:
                 addr=str(args.get("addr", "")), ckpt_seen=int(args.get("ckpt_seen", 0)),
                 proto=int(args.get("proto", 1)),  # release 0.1's launchers sent none: 1
                 inplace=bool(args.get("inplace", False)), ready=bool(args.get("ready", True)),
-                hold_s=min(max(hold_s, 0.0), MAX_HOLD_S) if math.isfinite(hold_s) else 0.0)
+                hold_s=min(max(hold_s, 0.0), MAX_HOLD_S) if math.isfinite(hold_s) else 0.0,
+                lost=lost_of(args.get("lost")))
         except (KeyError, TypeError, ValueError, OverflowError):
             raise CheckInError("checkin needs job and node (strings); epoch, rc and ckpt_seen "
-                               "are integers") from None
+                               "are integers; lost is [epoch, [node ranks]]") from None
+
+
+MAX_LOST_RANKS = 4096
+
+
+def lost_of(value: Any) -> tuple[int, tuple[int, ...]] | None:
+    """A check-in's ``lost``: ``[epoch, [node ranks]]`` (at most :data:`MAX_LOST_RANKS`
+    ranks), or None; ValueError or TypeError when malformed."""
+    if value is None:
+        return None
+    epoch, ranks = value
+    if len(ranks) > MAX_LOST_RANKS:
+        raise ValueError("too many ranks")
+    return int(epoch), tuple(int(r) for r in ranks)
 
 
 def state_of(value: str | LauncherState) -> LauncherState:

@@ -4,7 +4,9 @@ The launcher writes each new membership (epoch, the node's rank and the node cou
 daemon's fresh master and port, abandon) atomically into ``membership.json``; each training
 process (:class:`~.inplace.Elastic`) reads it, and says it can join by writing its ready file
 (``ready``, or ``ready.<LOCAL_RANK>`` with several processes per node). ``lost`` records the
-epoch in which one of a node's processes lost a peer. This module is the whole format: the
+epoch in which one of a node's processes lost a peer; ``peers_lost`` the nodes that a process
+found silent in an epoch (their heartbeat stopped), which the launcher tells the daemon. This
+module is the whole format: the
 launcher imports it alone, without the training side.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 MEMBERSHIP_NAME = "membership.json"
 READY_NAME = "ready"
 LOST_NAME = "lost"  # several processes per node: the epoch in which one of them lost a peer
+PEERS_LOST_NAME = "peers_lost"  # the nodes a process found silent, for the launcher
 
 
 @dataclass(frozen=True)
@@ -104,3 +107,25 @@ def local_layout(env: Mapping[str, str]) -> tuple[int, int]:
                          f"{local_world}): start the processes with malletrain-run "
                          "--nproc-per-node")
     return local_rank, local_world
+
+
+def write_peers_lost(control_dir: str | Path, epoch: int, nodes: list[int]) -> None:
+    """Say that the node ranks ``nodes`` of ``epoch`` went silent (atomically; merged with
+    those already written for that epoch by the node's other processes, as far as they do
+    not race)."""
+    known = read_peers_lost(control_dir)
+    if known is not None and known[0] == epoch:
+        nodes = sorted(set(nodes) | set(known[1]))
+    final = Path(control_dir) / PEERS_LOST_NAME
+    tmp = final.with_name(f".{PEERS_LOST_NAME}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"epoch": epoch, "nodes": sorted(set(nodes))}))
+    os.replace(tmp, final)
+
+
+def read_peers_lost(control_dir: str | Path) -> tuple[int, list[int]] | None:
+    """``(epoch, node ranks)`` of the last :func:`write_peers_lost`, or None."""
+    try:
+        data = json.loads((Path(control_dir) / PEERS_LOST_NAME).read_text())
+        return int(data["epoch"]), [int(n) for n in data["nodes"]]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None

@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import random
 import re
@@ -39,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -67,6 +69,12 @@ READY_POLL_S = 0.01
 """How often the launcher looks for its processes' ready files while they start: the node is
 placed only once the daemon hears it is ready (a stat per process; was 0.1 s, about 50 ms of
 a joiner's start on average)."""
+LOST_POLL_S = 0.05  # in place: how often the launcher looks for its processes' peers_lost
+IN_PLACE_MAX_BACKOFF_S = 3.0
+"""In place, the longest wait between two tries to reach a daemon that is away: a restarted
+daemon counts an in-place member silent for its ``launcher_timeout_s`` (15 s) as lost and
+re-forms without it, so a backoff doubling up to 30 s cost a job an abandoned epoch when the
+daemon was away for a few seconds."""
 
 
 def torchrun_argv(order: Order, command: Sequence[str], nproc_per_node: int = 1,
@@ -345,11 +353,43 @@ class Launcher:
             self.node_addr = self.client.local_address() or ""
         ready = self.ready()
         self._held = self.hold_s if ready else 0.0
-        request = CheckIn(job=self.ident.job, node=self.ident.node, task=self.ident.task,
-                          epoch=self.epoch, state=self.state, rc=self.rc, addr=self.node_addr,
-                          ckpt_seen=self.ckpt_seen, proto=ORDERS_VERSION, inplace=self.inplace,
-                          ready=ready, hold_s=self._held)
-        return CheckInReply.from_dict(self.client.call("checkin", **request.to_args()))
+        return CheckInReply.from_dict(
+            self.client.call("checkin", **self._checkin(ready, self._held).to_args()))
+
+    def _checkin(self, ready: bool, hold_s: float) -> CheckIn:
+        lost = None
+        if self.inplace:
+            seen = control.read_peers_lost(self.control_dir)
+            if seen is not None and self.state is LauncherState.RUNNING and seen[0] == self.epoch:
+                lost = (seen[0], tuple(seen[1]))
+        return CheckIn(job=self.ident.job, node=self.ident.node, task=self.ident.task,
+                       epoch=self.epoch, state=self.state, rc=self.rc, addr=self.node_addr,
+                       ckpt_seen=self.ckpt_seen, proto=ORDERS_VERSION, inplace=self.inplace,
+                       ready=ready, hold_s=hold_s, lost=lost)
+    def _tell_lost_peers(self, stop: threading.Event) -> None:
+        """In place, a thread: when the node's processes find peers silent (``peers_lost``),
+        tell the daemon at once on a connection of its own (a check-in that is not held),
+        instead of at the end of the held check-in in flight (up to ``hold_s``). The epoch
+        this starts wakes the held check-ins, this launcher's among them."""
+        told: int | None = None
+        while not stop.wait(LOST_POLL_S):
+            lost = control.read_peers_lost(self.control_dir)
+            if lost is None or lost[0] == told or lost[0] != self.epoch \
+                    or self.state is not LauncherState.RUNNING \
+                    or not isinstance(self.client, TcpClient):
+                continue
+            told = lost[0]
+            side = TcpClient(self.client.host, self.client.port, self.client.munge,
+                             timeout_s=5.0)
+            try:
+                side.call("checkin", **self._checkin(True, 0.0).to_args())
+                log.info("epoch %s: told the daemon that node(s) %s went silent", lost[0],
+                         ",".join(map(str, lost[1])))
+            except (ApiError, ApiUnavailable, EpochError, MalleTrainError) as exc:
+                log.info("epoch %s: could not tell the daemon of silent peers (%s); the next "
+                         "check-in does", lost[0], exc)
+            finally:
+                side.close()
 
     def act(self, reply: CheckInReply) -> int | None:
         """Carry out one order; returns an exit code when the launcher must exit."""
@@ -420,6 +460,7 @@ class Launcher:
                     training.ENV_CONTROL_DIR: self.control_dir})
         folder = Path(self.control_dir)  # the last processes' files
         for stale in (control.READY_NAME, control.MEMBERSHIP_NAME, control.LOST_NAME,
+                      control.PEERS_LOST_NAME,
                       *(p.name for p in folder.glob(f"{control.READY_NAME}.*"))):
             with contextlib.suppress(FileNotFoundError):
                 (folder / stale).unlink()
@@ -501,6 +542,16 @@ class Launcher:
             self.sleep(min(nap, max(0.0, deadline - time.monotonic())))
 
     def run(self) -> int:
+        stop = threading.Event()
+        if self.inplace:
+            threading.Thread(target=self._tell_lost_peers, args=(stop,), daemon=True,
+                             name="malletrain-lost-peers").start()
+        try:
+            return self._loop()
+        finally:
+            stop.set()
+
+    def _loop(self) -> int:
         backoff = self.poll_s
         away_since: float | None = None
         while True:
@@ -518,7 +569,8 @@ class Launcher:
                         and time.monotonic() - away_since > 60:
                     return 0
                 self._nap(backoff * random.uniform(0.8, 1.2))
-                backoff = min(backoff * 2, self.max_backoff_s)
+                backoff = min(backoff * 2, self.max_backoff_s,
+                              IN_PLACE_MAX_BACKOFF_S if self.inplace else math.inf)
                 continue
             except (ApiError, EpochError, MalleTrainError) as exc:
                 self.refusals += 1

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from faults_common import daemons_fixture
 from slurm_helpers import running, wait_consistent
@@ -259,9 +261,99 @@ def test_daemon_killed_in_the_middle_of_a_reform(cluster: LocalCluster, daemon: 
              if float(t) <= killed_at] or [0]
     assert min(r["step"] for r in log.in_epoch(e1)) - 1 >= max(saved), "went back past the disk"
     check(outdir, job)
+    # nobody was stopped or lost: before, the restarted daemon (which had not saved the
+    # grow's epoch) stopped the launcher already in it, or the re-forms that followed killed
+    # one node's processes each ("Failed to recv" at the store), then resumed from disk
+    epochs = daemon_epochs(daemon.log_text(), job)
+    after = {e: v for e, v in epochs.items() if e > e0}
+    assert all(p == "inplace" and not a for _, p, a in after.values()), epochs
+    texts = "".join(p.read_text(errors="replace") for p in outdir.glob(f"task-{job}_*.out"))
+    assert "stopping workers" not in texts and "Failed to recv" not in texts
+    assert texts.count("started ahead of its epoch") == 3, "a training process was restarted"
     print(f"\ndaemon killed mid re-form: recovered at world 3 in epoch {e1} "
           f"(path {paths(daemon, job, [e1])[e1]}); pid set "
           f"{'kept' if {r['pid'] for r in log.in_epoch(e1)} & {r['pid'] for r in log.in_epoch(e0)} else 'new'}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "restart"])
+def test_daemon_restart_without_a_change_costs_no_epoch(cluster: LocalCluster,
+                                                        daemon: LocalDaemon, outdir: Path,
+                                                        sig: int) -> None:
+    """A job trains at world 3; malletraind is SIGKILLed (or stopped as by a restart) and
+    started again 3 s later. The job trains on in the same epoch, with the same processes, no
+    epoch started for 20 s after (past the launchers' timeout); a preemption ordered after
+    the daemon's return is in place."""
+    prod(cluster, 5)
+    job = submit(cluster, daemon, "1-3", outdir)
+    e0 = wait_world(cluster, outdir, job, 3, timeout_s=150)
+    cluster.wait_for(f"the daemon's line for epoch {e0}",
+                     lambda: e0 in daemon_epochs(daemon.log_text(), job), 10, interval_s=0.2)
+    daemon.kill(sig)
+    down_at = time.time()
+    time.sleep(3)
+    daemon.start()
+    time.sleep(20)
+    log = read(outdir, job)
+    since = [r for r in log.steps if r["t"] > down_at]
+    assert {r["epoch"] for r in since} == {e0}, sorted({r["epoch"] for r in since})
+    assert len(since) >= 3 * 20, f"only {len(since)} steps after the restart"
+    assert max(daemon_epochs(daemon.log_text(), job)) == e0, "an epoch after the restart"
+    pids = {r["pid"] for r in log.in_epoch(e0)}
+    prod(cluster, 1, "-w", nodes_of(cluster, job)[-1])
+    e1 = wait_world(cluster, outdir, job, 2, after=e0)
+    assert paths(daemon, job, [e1]) == {e1: "inplace"}
+    assert {r["pid"] for r in read(outdir, job).in_epoch(e1)} <= pids
+    check(outdir, job)
+
+
+def test_with_the_daemon_down_survivors_find_a_dead_node_themselves(
+        cluster: LocalCluster, daemon: LocalDaemon, outdir: Path) -> None:
+    """A job trains on three one-process nodes; malletraind is SIGKILLed, then one node's
+    launcher and training process are (the node gone, no order can come). Both survivors
+    find it by its heartbeat within 2 s and abandon the epoch (they print one line); when
+    the daemon is back (5 s later) their launchers name the silent node and the next epoch
+    is in place with ``abandon``, the survivors' processes kept. Before: nothing found it,
+    one survivor waited in its collective for the whole timeout, the daemon for the
+    launcher's silence (15 s)."""
+    prod(cluster, 5)
+    job = submit(cluster, daemon, "1-3", outdir)
+    e0 = wait_world(cluster, outdir, job, 3, timeout_s=150)
+    rows = read(outdir, job).in_epoch(e0)
+    victim = next(r for r in rows if r["rank"] == 2)
+    survivors = {r["task"].split(":")[0] for r in rows if r["rank"] != 2}
+    daemon.kill()
+    launcher = psutil.Process(victim["pid"]).parent()
+    assert launcher is not None and "malletrain" in " ".join(launcher.cmdline())
+    t_kill = time.time()
+    launcher.kill()
+    found: dict[str, float] = {}
+
+    def abandoned() -> bool:
+        for name in survivors - set(found):
+            if "abandoning epoch" in (outdir / name).read_text(errors="replace"):
+                found[name] = time.time() - t_kill
+        return len(found) == len(survivors)
+
+    cluster.wait_for("both survivors abandoning the epoch", abandoned, 30, interval_s=0.05)
+    time.sleep(max(0.0, 5 - (time.time() - t_kill)))
+    daemon.start()
+    t_back = time.time()
+    # the dead node's task comes back and joins within seconds: the epoch of two may be
+    # over before Slurm shows two running tasks (what wait_world also asks)
+    cluster.wait_for("the survivors training at world 2", lambda: any(
+        read(outdir, job).trained(e, 2) for e in read(outdir, job).epochs() if e > e0), 60,
+        interval_s=0.5)
+    log = read(outdir, job)
+    e1 = min(e for e in log.epochs() if e > e0 and log.trained(e, 2))
+    resumed = min(r["t"] for r in log.in_epoch(e1)) - t_back
+    print("\nnode killed with the daemon down: found by the survivors after "
+          + ", ".join(f"{v:.2f} s" for v in sorted(found.values()))
+          + f"; epoch {e1} trained {resumed:.2f} s after the daemon was back")
+    assert max(found.values()) < 2.0, found
+    assert paths(daemon, job, [e1]) == {e1: "inplace"}
+    assert daemon_epochs(daemon.log_text(), job)[e1][2], "not abandon"
+    assert {r["pid"] for r in log.in_epoch(e1)} <= {r["pid"] for r in rows}
+    check(outdir, job)
 
 
 EXAMPLE = [sys.executable, "examples/train_elastic.py", "--steps", "0", "--batch", "8",

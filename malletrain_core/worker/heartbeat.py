@@ -1,0 +1,169 @@
+"""In place: the survivors find a dead or hung peer themselves, without an order.
+
+Each training process of an epoch (world > 1) beats every :data:`PERIOD_S` into the epoch's
+store (the TCPStore that rank 0's process hosts for the group), over a client connection of its
+own: ``add(malletrain/<epoch>/hb/<rank>, 1)``. Each rank watches the next one round the ring
+(its counter must move) and the store itself (its calls must succeed). A peer whose counter
+has not moved for ``timeout_s`` (a process killed, a node gone, a process stopped), or a
+store that has not answered for as long (rank 0 gone), is lost: the rank that saw it says so in
+the store (``malletrain/<epoch>/lost``, read by every rank at each beat), and each survivor
+abandons the epoch's operations at once and tells its launcher which nodes went silent (the
+control folder's ``peers_lost``), which tells the daemon at its next check-in.
+
+Three calls per beat and rank, whatever the world size, so rank 0's store serves
+``3 × world / PERIOD_S`` calls a second (15 per rank). The beat runs on a Python thread: a
+process whose main thread holds the GIL for longer than ``timeout_s`` (pickling a large state
+by hand) looks hung to its peers; ``MALLETRAIN_PEER_TIMEOUT_S`` raises the bound.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .control import Membership
+
+PERIOD_S = 0.2
+PEER_TIMEOUT_S = 1.25
+"""The default silence after which a peer is lost: with :data:`PERIOD_S`, found within
+``PEER_TIMEOUT_S + PERIOD_S`` (1.45 s) of its last beat."""
+ENV_PEER_TIMEOUT = "MALLETRAIN_PEER_TIMEOUT_S"
+
+
+def peer_timeout_s(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
+    """``MALLETRAIN_PEER_TIMEOUT_S`` (seconds > 2 × :data:`PERIOD_S`), else the default."""
+    text = env.get(ENV_PEER_TIMEOUT, "")
+    if not text:
+        return PEER_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 2 * PERIOD_S < value < float("inf"):
+        raise ValueError(f"{ENV_PEER_TIMEOUT}={text!r}: give the seconds of silence after "
+                         f"which a peer is lost (more than {2 * PERIOD_S:g}; default "
+                         f"{PEER_TIMEOUT_S:g})")
+    return value
+
+
+@dataclass
+class Lost:
+    """What a beat found: the global ranks gone silent in ``epoch`` (empty: not known which,
+    another rank saw it) and why."""
+
+    epoch: int
+    ranks: list[int]
+    why: str
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=PERIOD_S):
+            return True
+    except OSError:
+        return False
+
+
+class Heartbeat:
+    """One process's beat and watch, for the membership ``current()`` returns (None: none
+    formed, or alone); ``on_lost`` is called once per epoch in which a peer went silent.
+    :meth:`beat` is one round (the thread calls it every :data:`PERIOD_S`; tests call it)."""
+
+    def __init__(self, current: Callable[[], Membership | None],
+                 on_lost: Callable[[Lost], None], timeout_s: float = PEER_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.current = current
+        self.on_lost = on_lost
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._epoch: int | None = None
+        self._client: Any = None
+        self._watched: int | None = None   # the next rank's counter, when it last moved
+        self._moved_at = 0.0
+        self._answered_at = 0.0            # the store's last answer
+        self._done = False                 # this epoch's loss was reported
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(PERIOD_S):
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 - the beat must never end the process
+                self._client = None
+
+    def beat(self) -> None:
+        m = self.current()
+        now = self.clock()
+        if m is None or m.leave or m.world <= 1:
+            self._epoch, self._client = None, None
+            return
+        if m.epoch != self._epoch:
+            self._epoch, self._client, self._watched = m.epoch, None, None
+            self._moved_at = self._answered_at = now
+            self._done = False
+        if self._done:
+            return
+        base = f"malletrain/{m.epoch}"
+        watched = (m.rank + 1) % m.world
+        value, flagged = self._watched, 0
+        try:
+            store = self._store(m)
+            store.add(f"{base}/hb/{m.rank}", 1)
+            value = int(store.add(f"{base}/hb/{watched}", 0))
+            flagged = int(store.add(f"{base}/lost", 0))
+            self._answered_at = now
+        except (RuntimeError, OSError, ValueError):
+            self._client = None  # made anew at the next beat
+        if value != self._watched:
+            self._watched, self._moved_at = value, now
+        if flagged:
+            self._lost(Lost(m.epoch, self._named(m), f"epoch {m.epoch}: a peer went silent "
+                            "(another rank found it)"))
+        elif now - self._answered_at > self.timeout_s:
+            self._lost(Lost(m.epoch, [0], f"epoch {m.epoch}: the store on rank 0 "
+                            f"({m.master}:{m.port}) has not answered for "
+                            f"{now - self._answered_at:.1f} s"))
+        elif now - self._moved_at > self.timeout_s:
+            with_store = self._client
+            if with_store is not None:
+                try:  # the others abandon at their next beat
+                    with_store.set(f"{base}/lost/{watched}", "1")
+                    with_store.add(f"{base}/lost", 1)
+                except (RuntimeError, OSError):
+                    self._client = None
+            self._lost(Lost(m.epoch, [watched], f"epoch {m.epoch}: rank {watched} has not "
+                            f"beaten for {now - self._moved_at:.1f} s"))
+
+    def _store(self, m: Membership) -> Any:
+        if self._client is None:
+            import torch.distributed as dist
+
+            if not _accepts(m.master, m.port):
+                raise OSError(f"nothing listens on {m.master}:{m.port}")
+            self._client = dist.TCPStore(m.master, m.port, is_master=False,
+                                         timeout=dt.timedelta(seconds=4 * PERIOD_S),
+                                         wait_for_workers=False)
+        return self._client
+
+    def _named(self, m: Membership) -> list[int]:
+        """The ranks another rank found silent (what it wrote in the store)."""
+        found = []
+        store = self._client
+        if store is not None:
+            for r in range(m.world):
+                try:
+                    if store.check([f"malletrain/{m.epoch}/lost/{r}"]):
+                        found.append(r)
+                except (RuntimeError, OSError):
+                    break
+        return found
+
+    def _lost(self, lost: Lost) -> None:
+        self._done = True
+        self._client = None
+        self.on_lost(lost)
