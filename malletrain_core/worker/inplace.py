@@ -351,8 +351,9 @@ ABORT_BOUND_S = 15.0
 """How long letting go of an old group (its shut-down, or the abort of an abandoned NCCL
 operation) may take before the process gives up on it (an abort can itself hang on a
 communicator stuck in the driver): on an H100 a shut-down takes 0.5 s and an abort 1.0 s; past
-the bound the node's processes leave and are started again (the restart path). It is
-:attr:`Elastic.retire_bound_s`, per process."""
+the bound the node's processes leave and are started again (the restart path). A shut-down
+may also wait for the collective timeout (see :meth:`Elastic._bound`); a process can set one
+bound for both, :attr:`Elastic.retire_bound_s`."""
 EXIT_ABORT_HUNG = training.RESTART_EXIT_CODE
 """The exit code of a process whose NCCL abort did not return within :data:`ABORT_BOUND_S`:
 ``malletrain-run --inplace`` starts the node's processes again at once, and the new ones join
@@ -485,7 +486,7 @@ class Elastic:
             bind_device()
         self._graveyard: list[_Abandoned] = []
         self._retiring: _Retiring | None = None   # the last group, being let go in a thread
-        self.retire_bound_s = ABORT_BOUND_S
+        self.retire_bound_s: float | None = None  # None: _bound(kind)
         self.retired: list[dict[str, Any]] = []   # what letting go of each old group took
         self._store: Any = None
         self._torch_hook: tuple[Any, Any] = (None, None)  # (what it wrapped, torch's hook)
@@ -650,17 +651,17 @@ class Elastic:
         r = self._retiring
         if r is None or self._retired_within(r, wait):
             return
-        if r.started + self.retire_bound_s > time.monotonic():
+        if r.started + self._bound(r.kind) > time.monotonic():
             return
         self.holds_abandoned = True  # leave with os._exit: nothing may wait on that group
         self._leave(EXIT_ABORT_HUNG, f"the {r.kind} of epoch {r.epoch}'s {r.backend} group "
-                    f"did not return within {self.retire_bound_s:g} s: this node's processes "
+                    f"did not return within {self._bound(r.kind):g} s: this node's processes "
                     "leave and are started again (the restart path)")
 
     def _retired_within(self, r: _Retiring, wait: bool) -> bool:
         """Whether ``r`` is done (``wait``: waiting at most until its bound); once it is, it
         is forgotten and what it took recorded in :attr:`retired`."""
-        left = r.started + self.retire_bound_s - time.monotonic()
+        left = r.started + self._bound(r.kind) - time.monotonic()
         if not r.done.wait(max(0.0, left) if wait else 0.0):
             return False
         self._retiring = None
@@ -670,6 +671,15 @@ class Elastic:
                   f"failed: {r.error}", file=sys.stderr, flush=True)
         self.holds_abandoned = bool(self._graveyard) or self._pending.reason is not None
         return True
+
+    def _bound(self, kind: str) -> float:
+        """How long letting go of an old group may take (:attr:`retire_bound_s` when set):
+        an abort :data:`ABORT_BOUND_S`; a shut-down as long too, or until the collective
+        timeout has ended any operation still pending on it (a gloo group whose peer failed
+        in a step can hold one; its shut-down then waits for it) and 5 s more."""
+        if self.retire_bound_s is not None:
+            return self.retire_bound_s
+        return ABORT_BOUND_S if kind == "abort" else max(ABORT_BOUND_S, self.timeout_s + 5.0)
 
     def _reap(self) -> None:
         """Shut down the abandoned groups whose operations have all ended (failed when their
