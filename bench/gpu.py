@@ -294,7 +294,7 @@ def child_reform(spec: dict[str, Any]) -> dict[str, Any]:
         rows[key] = []
     for i in range(spec["rounds"]):
         t0 = time.perf_counter()
-        side = _Beside(inplace._shutdown_group)
+        side = _beside("shutdown")
         _group(spec, store, dev, f"s{i}")
         dist.all_reduce(x)
         _sync(dev)
@@ -312,7 +312,7 @@ def child_reform(spec: dict[str, Any]) -> dict[str, Any]:
         for i in range(spec["abandons"]):
             dist.all_reduce(x, async_op=True)  # an operation in flight when the group goes
             t0 = time.perf_counter()
-            side = _Beside(inplace._abort_group)
+            side = _beside("abort")
             _group(spec, store, dev, f"b{i}")
             dist.all_reduce(x)
             _sync(dev)
@@ -339,29 +339,16 @@ def child_reform(spec: dict[str, Any]) -> dict[str, Any]:
     return {"abandon_action": action, **rows, **({"abandon_error": error} if error else {})}
 
 
-class _Beside:
-    """The current default group, forgotten and let go in a thread (``seconds`` once done)."""
+def _beside(kind: str) -> Any:
+    """The current default group, forgotten and let go in a thread the way ``Elastic`` does
+    it (``inplace._Retiring``: ``done``, and ``seconds`` once done)."""
+    import torch.distributed as dist
 
-    def __init__(self, let_go: Any) -> None:
-        import torch.distributed as dist
+    from malletrain_core.worker import inplace
 
-        from malletrain_core.worker import inplace
-
-        group = dist.group.WORLD
-        inplace._forget_default_group()
-        self.done = threading.Event()
-        self.seconds = 0.0
-        started = time.perf_counter()
-
-        def body(g: Any = group) -> None:
-            try:
-                let_go(g)
-            finally:
-                self.seconds = time.perf_counter() - started
-                self.done.set()
-
-        del group
-        threading.Thread(target=body, daemon=True).start()
+    group, backend = dist.group.WORLD, str(dist.get_backend())
+    inplace._forget_default_group()
+    return inplace._Retiring(kind, None, backend, [None, group, None], [])
 
 
 def child_joiner(spec: dict[str, Any]) -> dict[str, Any]:

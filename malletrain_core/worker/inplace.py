@@ -639,8 +639,7 @@ class Elastic:
         group, store, self._store = dist.group.WORLD, self._store, None
         _forget_default_group()
         self._retiring = _Retiring(kind, self.epoch, backend, [old_net, group, store], works)
-        del old_net, group, store
-        works = []
+        del old_net, group, store, works   # the old group's parts are the thread's now
         if kind == "abort":
             self.holds_abandoned = True  # until the abort returns (_settle_retiring)
 
