@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(table(records))
     if args.markdown:
-        shown = ["python3", "bench/allocator.py", *(sys.argv[1:] if argv is None else argv)]
+        shown = ["python3", "-m", "bench.allocator", *(sys.argv[1:] if argv is None else argv)]
         write_markdown(args.markdown, section(records, " ".join(shown)))
     return 0
 

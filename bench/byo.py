@@ -36,6 +36,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.byo "
+             + " ".join(sys.argv[1:]))
 from bench.e2e_paths import SETTINGS, STANDIN, _gone, _running  # noqa: E402
 from bench.sections import (  # noqa: E402
     host,

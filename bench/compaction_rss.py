@@ -22,6 +22,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.compaction_rss "
+             + " ".join(sys.argv[1:]))
 from bench.journal import Clock, rss_mib  # noqa: E402
 from malletrain_core.allocator import dp  # noqa: E402
 from malletrain_core.daemon.core import Daemon  # noqa: E402

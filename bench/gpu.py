@@ -813,7 +813,9 @@ def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> 
             log = Path(tmp) / "steps" / "bench.log"
             spans = []
             if log.exists():
-                spans = [tuple(map(float, ln.split())) for ln in log.read_text().splitlines()]
+                # a line is: start end step epoch
+                spans = [(float(ln.split()[0]), float(ln.split()[1]))
+                         for ln in log.read_text().splitlines() if ln.strip()]
             out[f"nas_cell/{device}"] = {
                 "exit_code": code, "wall_s": round(wall, 2),
                 **step_times([s for s, _ in spans] + [e for _, e in spans[-1:]], 10),

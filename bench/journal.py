@@ -27,6 +27,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.journal "
+             + " ".join(sys.argv[1:]))
 from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.config import DaemonConfig  # noqa: E402
 from malletrain_core.daemon import snapshot as snapshots  # noqa: E402

@@ -50,6 +50,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.load "
+             + " ".join(sys.argv[1:]))
 from bench.e2e import machine, p95, say  # noqa: E402
 from bench.sections import replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
@@ -298,9 +301,9 @@ def run(nodes: int, jobs: int, rates: list[float], flood_s: float, idle_s: float
             sender = None
             if rate:
                 sender = subprocess.Popen(
-                    [sys.executable, __file__, "--sender", str(cluster.hook_socket),
+                    [sys.executable, "-m", "bench.load", "--sender", str(cluster.hook_socket),
                      "--rate", str(rate), "--seconds", str(seconds)],
-                    stdout=subprocess.PIPE, text=True)
+                    stdout=subprocess.PIPE, text=True, cwd=REPO)
             probed = probe(daemon, seconds)
             flood = {"valid": 0, "malformed": 0, "refused": 0}
             if sender is not None:

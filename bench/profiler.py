@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.profiler "
+             + " ".join(sys.argv[1:]))
 import malletrain_core.sim.replay as replay_module  # noqa: E402
 from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.engine import JobPhase  # noqa: E402
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             notes = args.notes.read_text().strip() if args.notes else ""
         except (OSError, ValueError, IndexError) as exc:
             ap.error(f"cannot read a record or the notes: {exc}")
-        shown = ["python3", "bench/profiler.py", "--markdown", args.markdown.name,
+        shown = ["python3", "-m", "bench.profiler", "--markdown", args.markdown.name,
                  "--records", ",".join(p.name for p in paths),
                  *(["--notes", args.notes.name] if args.notes else [])]
         replace_section(args.markdown, BEGIN, END, section(records, " ".join(shown), notes),

@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             notes = args.notes.read_text().strip() if args.notes else ""
         except (OSError, ValueError, IndexError, KeyError) as exc:
             ap.error(f"cannot read or merge the records or read the notes: {exc}")
-        shown = ["python3", "bench/profiler_sweep.py", "--markdown", args.markdown.name,
+        shown = ["python3", "-m", "bench.profiler_sweep", "--markdown", args.markdown.name,
                  "--from", ",".join(p.name for p in paths),
                  *(["--notes", args.notes.name] if args.notes else [])]
         replace_section(args.markdown, BEGIN, END, section(rec, " ".join(shown), notes),

@@ -55,6 +55,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.sim_to_real "
+             + " ".join(sys.argv[1:]))
 from bench.sections import host, replace_section  # noqa: E402
 from bench.sim_to_real_costs import BATCH, measure_costs, step_samples, step_stats  # noqa: E402
 from devtools.demo import summary  # noqa: E402

@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.simulate "
+             + " ".join(sys.argv[1:]))
 from bench.simulator_section import machine, merged, read_results, section, write_markdown  # noqa: E402
 from malletrain_core import allocator  # noqa: E402
 from malletrain_core.sim.compare import SimOptions, compare  # noqa: E402
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         timings = [json.loads(Path(p).read_text()) for p in args.timing_file.split(",") if p]
         given = sys.argv[1:] if argv is None else argv
         # Result files live outside the repository: show their names, not this machine's paths.
-        shown = ["python3", "bench/simulate.py",
+        shown = ["python3", "-m", "bench.simulate",
                  *(",".join(Path(p).name for p in a.split(",")) if "/" in a else a
                    for a in given)]
         hpo = merged([Path(p) for p in args.hpo.split(",") if p]) if args.hpo else None

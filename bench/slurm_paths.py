@@ -38,6 +38,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.slurm_paths "
+             + " ".join(sys.argv[1:]))
 from bench.e2e import say  # noqa: E402
 from bench.sections import host, replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         results[0]["samples"] = os.path.relpath(args.json, REPO)
     print(json.dumps(results, indent=1))
     if args.markdown:
-        command = "python " + " ".join(["bench/slurm_paths.py", *(argv or sys.argv[1:])])
+        command = "python -m " + " ".join(["bench.slurm_paths", *(argv or sys.argv[1:])])
         slurm = ", ".join(f"Slurm {r['release']}" for r in results)
         replace_section(Path(args.markdown), BEGIN, END,
                         section(results, command, host(slurm)), "Slurm releases")

@@ -56,6 +56,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 import psutil  # noqa: E402
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.soak "
+             + " ".join(sys.argv[1:]))
 from bench.e2e import machine, say  # noqa: E402
 from bench.load import Churn, elastic_tasks, end_elastic, job_script, sent_reports, squeue  # noqa: E402
 from bench.sections import replace_section  # noqa: E402

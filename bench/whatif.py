@@ -30,6 +30,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
+if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
+    sys.exit("run it as a module from the repository's root: python -m bench.whatif "
+             + " ".join(sys.argv[1:]))
 from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.hostlist import fold  # noqa: E402
 from malletrain_core.sim.accounting import read_accounting  # noqa: E402

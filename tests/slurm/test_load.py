@@ -30,7 +30,7 @@ REPORT_LOSS_TOLERANCE = 0.01
 @pytest.fixture(scope="module")
 def result() -> dict:
     require_slurm()
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "load.py"), "--quick", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "bench.load", "--quick", "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
