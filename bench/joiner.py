@@ -147,13 +147,8 @@ def joins(log_text: str, prods: list[tuple[str, str]],
 def run(n_joins: int, nodes: int, prod_s: float, node_epilog_s: float = 0.0) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="malletrain-joiner-"))
     work.chmod(0o755)
-    extra = []
-    if node_epilog_s > 0:  # what most sites have: slurmd runs it at every job's end
-        epilog = work / "node-epilog"
-        epilog.write_text(f"#!/bin/sh\nsleep {node_epilog_s:g}\n")
-        epilog.chmod(0o755)
-        extra.append(f"Epilog={epilog}")
-    cluster = LocalCluster(nodes=nodes, root=work / "cluster", extra_conf=extra)
+    # node_epilog_s: what most sites have, an Epilog slurmd runs at every job's end
+    cluster = LocalCluster(nodes=nodes, root=work / "cluster", node_epilog_s=node_epilog_s)
     say(f"starting a {nodes}-node local cluster in {work}")
     cluster.start()
     daemon = LocalDaemon(cluster, root=work / "daemon")

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from malletrain_core.backends.checks import Check
+from malletrain_core.backends.slurm.backend import epilog_margin_for
 from malletrain_core.backends.slurm.checks import (
     SlurmChecker,
+    check_epilog_margin,
     check_grant_timeout,
     check_hole_margin,
     scheduler_parameter,
@@ -115,7 +117,8 @@ def test_a_good_site_passes_every_check(site):
                              "JobSubmitPlugins", "job_submit.lua",
                              "EpilogSlurmctld", "PrologSlurmctld", "PreemptType",
                              "PreemptMode", "partition", "higher tier", "MaxArraySize",
-                             "MaxJobCount", "hole margin", "grant timeout"]
+                             "MaxJobCount", "hole margin", "epilog margin",
+                                 "grant timeout"]
     text = format_checks(checks).replace(str(site.etc), "ETC")
     text = text.replace(f"{pwd.getpwuid(os.getuid()).pw_name}", "USER")
     golden = GOLDEN / "admin_check.txt"
@@ -133,7 +136,9 @@ def test_what_is_missing_or_wrong(site):
               .replace("MaxJobCount             = 10000", "MaxJobCount             = 1001")
               .replace("SchedulerParameters     = bf_interval=1,batch_sched_delay=0",
                        "SchedulerParameters     = bf_interval=1,bf_resolution=120")
-              .replace("PreemptMode             = REQUEUE", "PreemptMode             = OFF"))
+              .replace("PreemptMode             = REQUEUE", "PreemptMode             = OFF")
+              .replace("Epilog                  = (null)",
+                       "Epilog                  = /etc/slurm/healthcheck.sh"))
     (site.etc / "slurm.conf").write_text("PreemptMode=OFF\nMaxArraySize=500\n")
     by_name, checks = site.checks(broken)
     status = {name: c.status for name, c in by_name.items()}
@@ -144,7 +149,7 @@ def test_what_is_missing_or_wrong(site):
         "job_submit.lua": "OK", "EpilogSlurmctld": "OK", "PrologSlurmctld": "WRONG",
         "PreemptType": "OK", "PreemptMode": "WRONG", "partition": "OK", "higher tier": "OK",
         "MaxArraySize": "WRONG", "MaxJobCount": "WRONG", "hole margin": "WRONG",
-        "grant timeout": "OK"}
+        "epilog margin": "WRONG", "grant timeout": "OK"}
     assert "set MaxArraySize=1001" in by_name["MaxArraySize"].fix
     assert "1001 with 2 jobs and tasks queued" in by_name["MaxJobCount"].detail
     assert all(c.fix for c in checks if not c.ok)
@@ -266,7 +271,7 @@ def test_cli_exit_codes_and_json(site, capsys, monkeypatch):
     cfg.write_text("")
     assert main(["admin", "check", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
-    assert len(out.splitlines()) == 16 and all(line.startswith("OK ") for line in out.splitlines())
+    assert len(out.splitlines()) == 17 and all(line.startswith("OK ") for line in out.splitlines())
     config_text = site.config.replace("MaxArraySize            = 1001",
                                       "MaxArraySize            = 64")
     assert main(["admin", "check", "--json", "--config", str(cfg)]) == 1
@@ -315,6 +320,16 @@ def test_the_hole_margin_follows_the_backfill_step():
     low = check_hole_margin("bf_interval=30", 30.0)  # Slurm's default step: 60 s
     assert not low.ok and "bf_resolution=60" in low.detail
     assert "slurm.hole_margin_s = 91" in low.fix
+
+
+def test_the_epilog_margin_follows_the_node_epilog():
+    assert (epilog_margin_for(0), epilog_margin_for(5), epilog_margin_for(4.2)) == (0, 35, 35)
+    assert check_epilog_margin("(null)", 0.0).ok
+    low = check_epilog_margin("/etc/slurm/healthcheck.sh", 0.0)
+    assert not low.ok and "Epilog=/etc/slurm/healthcheck.sh" in low.detail
+    assert "slurm.epilog_margin_s" in low.fix and "35 for a 5-s" in low.fix
+    ok = check_epilog_margin("/etc/slurm/healthcheck.sh", 40.0)
+    assert ok.ok and "up to 10 s" in ok.detail
 
 
 def test_the_grant_timeout_covers_a_backfill_cycle_and_killwait():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain_core.backends.slurm.backend import SlurmBackend
+from malletrain_core.backends.slurm.backend import SlurmBackend, epilog_margin_for
 from malletrain_core.backends.slurm.parse import SQUEUE_FORMAT, parse_plan
 from malletrain_core.errors import CommandError, CommandNotFound, ValidationError
 from malletrain_core.events import (
@@ -204,6 +204,26 @@ def test_grow_batches_one_update_per_task_and_one_release(slurm: FakeSlurm,
          "TimeLimit=4320"],
         ["scontrol", "release", "7_[0-1],9_0"],
     ]
+
+
+def test_the_epilog_margin_shortens_a_planned_task(slurm: FakeSlurm) -> None:
+    """With a node Epilog the task's limit leaves hole_margin_s + epilog_margin_s of the hole:
+    a 123.5 s hole takes two minutes at the local cluster's 3 s margin, one with a 5-s
+    Epilog's 35 s on top, and none once fewer than 60 + 38 s remain."""
+    plain = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=0, hole_margin_s=3)
+    backend = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=0, hole_margin_s=3,
+                           epilog_margin_s=epilog_margin_for(5))
+    assert backend.margin_s == 38
+    assert (plain._minutes(123.5), backend._minutes(123.5)) == (2, 1)
+    assert backend.fits(T + 98, T) and not backend.fits(T + 97.9, T)
+    slurm.squeue = held_array(7, 1)
+    slurm.sinfo = nodes(n01="idle")
+    backend.poll(T)
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01",), 123.5)], T) == []
+    assert slurm.commands()[0][-1] == "TimeLimit=1"
+    with pytest.raises(ValidationError, match="epilog_margin_s"):
+        SlurmBackend(slurm, epilog_margin_s=-1)
 
 
 def test_grow_failures_come_back_as_worker_stopped(slurm: FakeSlurm,

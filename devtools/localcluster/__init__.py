@@ -111,13 +111,17 @@ class LocalCluster:
     def __init__(self, nodes: int = 16, mode: str = "partition", site_defaults: bool = False,
                  root: str | Path | None = None, port_base: int | None = None,
                  cpus_per_node: int = 2, hook_socket: str | Path | None = None,
-                 slurm: str | Release | None = None, extra_conf: Sequence[str] = ()) -> None:
+                 slurm: str | Release | None = None, extra_conf: Sequence[str] = (),
+                 node_epilog_s: float = 0.0) -> None:
         if not 1 <= nodes <= 512:
             raise ConfigError(f"nodes={nodes}: give between 1 and 512 virtual nodes")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
         if cpus_per_node < 1:
             raise ConfigError(f"cpus_per_node={cpus_per_node}: give at least 1")
+        if not 0 <= node_epilog_s <= 600:
+            raise ConfigError(f"node_epilog_s={node_epilog_s!r}: give between 0 (no node "
+                              "Epilog) and 600 seconds")
         self.nodes = nodes
         self.mode = mode
         self.site_defaults = site_defaults
@@ -127,6 +131,9 @@ class LocalCluster:
         self.cpus_per_node = cpus_per_node
         self.release = slurm if isinstance(slurm, Release) else release(slurm)
         self.extra_conf = tuple(extra_conf)  # slurm.conf lines added at the end
+        self.node_epilog_s = float(node_epilog_s)
+        """Seconds of the node ``Epilog`` (a sleep, as a site's health check takes) slurmd runs
+        at every job's end on each of its nodes; 0: none, Slurm's default."""
         self.run_dir = self.root / "run"
         self.conf_path = self.root / "etc" / "slurm.conf"
         self.hook_socket = Path(hook_socket) if hook_socket else self.run_dir / "hook.sock"
@@ -300,6 +307,8 @@ class LocalCluster:
             **{k: v for k, v in asdict(self.timings).items()})
         extra = self.release.conf_lines()
         text = f"{text}# Slurm {self.release.name}\n{extra}\n" if extra else text
+        if self.node_epilog_s > 0:
+            text += f"Epilog={self.root / 'etc' / 'node_epilog'}\n"
         return text + "".join(f"{line}\n" for line in self.extra_conf)
 
     def _write_config(self) -> None:
@@ -313,6 +322,10 @@ class LocalCluster:
         epilog.write_text(f"#!/bin/sh\nMALLETRAIN_HOOK_SOCKET={self.hook_socket} "
                           f"exec {EPILOG}\n")
         epilog.chmod(0o755)
+        if self.node_epilog_s > 0:
+            node_epilog = etc / "node_epilog"
+            node_epilog.write_text(f"#!/bin/sh\nexec sleep {self.node_epilog_s:g}\n")
+            node_epilog.chmod(0o755)
 
     # ------------------------------------------------------------------ waiting, dumping
     def wait_for(self, what: str, check: Callable[[], bool], timeout_s: float,

@@ -28,6 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slurm", default=None, metavar="RELEASE",
                    help="22.05 (the host's), 24.11 or 25.11 (scripts/setup-slurm-matrix.sh); "
                    "default: $MALLETRAIN_SLURM or 22.05")
+    p.add_argument("--node-epilog-s", type=float, default=0.0, metavar="S",
+                   help="give every node an Epilog that sleeps S seconds (a site's health "
+                   "check); default: none")
     args = p.parse_args(argv)
     env_base = os.environ.get("MALLETRAIN_PORT_BASE")
     if args.port_base is None and env_base:
@@ -37,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cluster = LocalCluster(nodes=args.nodes, mode="accounting" if args.accounting else
                                "partition", site_defaults=args.site_defaults, root=args.root,
-                               port_base=args.port_base, slurm=args.slurm)
+                               port_base=args.port_base, slurm=args.slurm,
+                               node_epilog_s=args.node_epilog_s)
         if args.action == "start":
             rep = cluster.start()
             if rep.already_running:

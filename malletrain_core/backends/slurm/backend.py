@@ -145,6 +145,21 @@ def hole_margin_for(bf_resolution_s: int, bf_interval_s: int) -> int:
     return bf_resolution_s + bf_interval_s + 1
 
 
+TIME_LIMIT_CHECK_S = 30
+"""How often slurmctld enforces time limits (its PERIODIC_TIMEOUT, not a setting): a task runs
+up to this long past its TimeLimit before Slurm ends it."""
+
+
+def epilog_margin_for(epilog_s: float) -> int:
+    """The ``slurm.epilog_margin_s`` a node Epilog of ``epilog_s`` seconds (its longest run)
+    calls for: a task fitted to a hole ends at its time limit, up to one time-limit check
+    late, and its node stays COMPLETING until the Epilog is done; the waiting job's planned
+    start must find it done. 0 without an Epilog."""
+    if not epilog_s > 0:
+        return 0
+    return math.ceil(epilog_s) + TIME_LIMIT_CHECK_S
+
+
 @dataclass
 class _PollEvents(PollEvents):
     to_hold: list[str] = field(default_factory=list)
@@ -163,6 +178,7 @@ class SlurmBackend(TaskBackend):
                  default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  grant_timeout_s: float = SlurmOptions.grant_timeout_s,
                  hole_margin_s: float = HOLE_MARGIN_S, source: Any = None,
+                 epilog_margin_s: float = SlurmOptions.epilog_margin_s,
                  unplanned_wait_s: float = UNPLANNED_WAIT_S,
                  task_failures_max: int = TASK_FAILURES_MAX,
                  task_failure_window_s: float = TASK_FAILURE_WINDOW_S) -> None:
@@ -172,6 +188,9 @@ class SlurmBackend(TaskBackend):
         if not grant_timeout_s > 0:
             raise ValidationError("SlurmBackend", "grant_timeout_s",
                                   f"{grant_timeout_s!r} must be a positive number of seconds")
+        if not epilog_margin_s >= 0:
+            raise ValidationError("SlurmBackend", "epilog_margin_s",
+                                  f"{epilog_margin_s!r} must be ≥ 0 seconds")
         if task_failures_max < 1:
             raise ValidationError("SlurmBackend", "task_failures_max",
                                   f"{task_failures_max!r} must be at least 1")
@@ -186,6 +205,7 @@ class SlurmBackend(TaskBackend):
         self.default_time_limit_s = float(default_time_limit_s)
         self.grant_timeout_s = float(grant_timeout_s)
         self.hole_margin_s = float(hole_margin_s)
+        self.epilog_margin_s = float(epilog_margin_s)
         self._rows: dict[str, sp.TaskRow] = {}           # task key (A_i) -> last seen row
         self._dropped: list[tuple[str, str]] = []         # workers lost, not stopped by us
         self._to_cancel: set[str] = set()                 # finished, scancel not yet done
@@ -480,9 +500,10 @@ class SlurmBackend(TaskBackend):
                 short[name] = self._short.get(name, now)
                 if name not in self._short:
                     log.info("node %s: its hole ends in %.0f s, under the %.0f s a task needs "
-                             "(Slurm's one-minute time limits plus slurm.hole_margin_s): not "
+                             "(Slurm's one-minute time limits plus slurm.hole_margin_s%s): not "
                              "offered while it stays so", name, hole - now,
-                             60 + self.hole_margin_s)
+                             60 + self.margin_s, " and slurm.epilog_margin_s"
+                             if self.epilog_margin_s else "")
                 if name not in launching or name not in self._offered:
                     if name in self._offered:
                         del self._offered[name]
@@ -539,9 +560,16 @@ class SlurmBackend(TaskBackend):
             limit_s = self.default_time_limit_s
         elif limit_s < self.default_time_limit_s:
             # A hole's end: the task starts at a later backfill cycle, and backfill plans
-            # in bf_resolution steps (60 s by default), so the limit keeps that margin.
-            limit_s -= self.hole_margin_s
+            # in bf_resolution steps (60 s by default), so the limit keeps that margin; and
+            # the node's Epilog must be done by the waiting job's planned start.
+            limit_s -= self.margin_s
         return sp.minutes_within(min(limit_s, self.default_time_limit_s))
+
+    @property
+    def margin_s(self) -> float:
+        """What a task's time limit leaves of a planned hole: ``slurm.hole_margin_s`` plus
+        ``slurm.epilog_margin_s``."""
+        return self.hole_margin_s + self.epilog_margin_s
 
     def fits(self, hole_end: float, now: float) -> bool:
         """Whether a task fits in a hole that ends at ``hole_end`` (see :meth:`_minutes`)."""

@@ -21,7 +21,7 @@ from ...errors import CommandError
 from ...hostlist import expand
 from ...runner import CommandRunner, with_bin_dir
 from ..checks import Check, missing, ok, wrong
-from .backend import grant_timeout_for, hole_margin_for
+from .backend import TIME_LIMIT_CHECK_S, epilog_margin_for, grant_timeout_for, hole_margin_for
 from .pyslurm_reader import choose
 from .release import TESTED, SlurmRelease
 from .settings import (
@@ -203,6 +203,24 @@ def check_hole_margin(params: str, margin_s: float) -> Check:
                               f"{resolution}, bf_interval={interval})")
 
 
+def check_epilog_margin(node_epilog: str, margin_s: float) -> Check:
+    """``slurm.epilog_margin_s`` against the node ``Epilog`` of slurm.conf: where there is
+    one, a task fitted to a hole keeps its node COMPLETING past its end for the Epilog's run,
+    and a margin under slurmctld's time-limit check lets that run into the planned start."""
+    name = "epilog margin"
+    if node_epilog in NULL:
+        return ok(name, f"no node Epilog; slurm.epilog_margin_s = {margin_s:g} s")
+    if margin_s < TIME_LIMIT_CHECK_S:
+        return wrong(name, f"Epilog={node_epilog} runs at every task's end but "
+                     f"slurm.epilog_margin_s = {margin_s:g} s: its run delays the jobs "
+                     "planned on the nodes MalleTrain harvests",
+                     "set slurm.epilog_margin_s to the Epilog's longest run + "
+                     f"{TIME_LIMIT_CHECK_S} in malletrain.toml (e.g. {epilog_margin_for(5)} "
+                     "for a 5-s health check)")
+    return ok(name, f"{margin_s:g} s off every planned hole for Epilog={node_epilog} "
+              f"(its longest run up to {margin_s - TIME_LIMIT_CHECK_S:g} s)")
+
+
 def check_grant_timeout(params: str, kill_wait: str, timeout_s: float) -> Check:
     """``slurm.grant_timeout_s`` against how long Slurm may take to start a released task: the
     next backfill cycle, batch_sched_delay and a preempted predecessor's KillWait. A shorter
@@ -300,6 +318,8 @@ class SlurmChecker:
         out.extend(self._headroom(conf, lua))
         out.append(check_hole_margin(conf.get("SchedulerParameters", ""),
                                      self.config.slurm.hole_margin_s))
+        out.append(check_epilog_margin(conf.get("Epilog", "(null)"),
+                                       self.config.slurm.epilog_margin_s))
         out.append(check_grant_timeout(conf.get("SchedulerParameters", ""),
                                        conf.get("KillWait", ""),
                                        self.config.slurm.grant_timeout_s))

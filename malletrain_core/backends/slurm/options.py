@@ -30,6 +30,11 @@ class SlurmOptions:
     hole_margin_s: float = 60.0
     """Taken off a planned hole: at least the backfill's bf_resolution (Slurm's default 60 s);
     a cluster that plans in finer steps fills shorter holes with a smaller margin."""
+    epilog_margin_s: float = 0.0
+    """Taken off a planned hole on top of ``hole_margin_s`` where the nodes run a node
+    ``Epilog``: a task's Epilog keeps its node COMPLETING, and the waiting job cannot have the
+    node until it ends. ``backends.slurm.backend.epilog_margin_for`` gives the figure (the
+    Epilog's longest run plus slurmctld's 30-s time-limit check); 0: no node Epilog."""
     grant_timeout_s: float = 90.0
     """A released task that is not running after this long is held again and its node given
     back to the allocator, which plans again at once: a grant must start at Slurm's next
@@ -50,6 +55,10 @@ class SlurmOptions:
         if not self.hole_margin_s >= 0 or not math.isfinite(self.hole_margin_s):
             raise ConfigError(f"slurm.hole_margin_s: {self.hole_margin_s!r} must be a "
                               "finite number ≥ 0 (bf_resolution + bf_interval of slurm.conf)")
+        if not self.epilog_margin_s >= 0 or not math.isfinite(self.epilog_margin_s):
+            raise ConfigError(f"slurm.epilog_margin_s: {self.epilog_margin_s!r} must be a "
+                              "finite number ≥ 0 (the node Epilog's longest run + 30; 0 "
+                              "without a node Epilog)")
         positive(("slurm.grant_timeout_s", self.grant_timeout_s),
                   ("slurm.task_failure_window_s", self.task_failure_window_s), unit="seconds")
         if self.task_failures_max < 1:

@@ -23,6 +23,7 @@ def from_config(config: Config) -> SlurmBackend:
                         default_time_limit_s=s.default_time_limit_s,
                         unplanned_wait_s=s.unplanned_wait_s,
                         hole_margin_s=s.hole_margin_s,
+                        epilog_margin_s=s.epilog_margin_s,
                         grant_timeout_s=s.grant_timeout_s,
                         task_failures_max=s.task_failures_max,
                         task_failure_window_s=s.task_failure_window_s,
