@@ -118,6 +118,32 @@ def prod_starts(cluster: LocalCluster, n: int, before: Any = None,
     return delays
 
 
+def prod_starts_on_workers(cluster: LocalCluster, idle: int, n: int, delays: list[float],
+                           regrow: list[float]) -> str:
+    """Stand-in workers (a sleeping script, under the running daemon) on the ``idle`` free
+    nodes, then ``n`` one-node prod jobs, each submitted once every free node has a worker
+    again, so that each preempts one; returns the stand-in job's id (left running)."""
+    standin = cluster.sbatch("--qos=malletrain", f"-N1-{idle}", "--comment=profile=no",
+                             "-o", "/dev/null", "--chdir=/tmp",
+                             script="#!/bin/sh\nexec sleep 100000\n")
+    ended: list[float] = []
+
+    def harvested() -> None:
+        t = wait("all idle nodes harvested",
+                 lambda: running_tasks(cluster, standin) == idle, 90, 0.05)
+        if ended:  # the node the last prod job used, training again
+            regrow.append(round(t - ended[-1], 2))
+
+    def done(p: str) -> bool:
+        if state_of(cluster, p) in ("", "COMPLETED"):
+            ended.append(time.monotonic())
+            return True
+        return False
+
+    prod_starts(cluster, n, before=harvested, delays=delays, ended=done)
+    return standin
+
+
 def clear_phase(cluster: LocalCluster, keep: str) -> None:
     """After a failed phase: cancel every job but ``keep`` (the blocker) and wait for them."""
     ids = set(cluster.run(["squeue", "-h", "-o", "%F"], check=False).stdout.split()) - {keep}
@@ -173,24 +199,7 @@ def run(nodes: int, submissions: int, rounds: int, path_rounds: int = 3) -> dict
 
         def phase2() -> None:
             say(f"phase 2: {submissions} prod jobs preempting stand-in workers")
-            standin = cluster.sbatch("--qos=malletrain", f"-N1-{idle}", "--comment=profile=no",
-                                     "-o", "/dev/null", "--chdir=/tmp",
-                                     script="#!/bin/sh\nexec sleep 100000\n")
-            ended: list[float] = []
-
-            def harvested() -> None:
-                t = wait("all idle nodes harvested",
-                         lambda: running_tasks(cluster, standin) == idle, 90, 0.05)
-                if ended:  # the node the last prod job used, training again
-                    regrow.append(round(t - ended[-1], 2))
-
-            def done(p: str) -> bool:
-                if state_of(cluster, p) in ("", "COMPLETED"):
-                    ended.append(time.monotonic())
-                    return True
-                return False
-
-            prod_starts(cluster, submissions, before=harvested, delays=with_mt, ended=done)
+            standin = prod_starts_on_workers(cluster, idle, submissions, with_mt, regrow)
             status.update(daemon.query("status"))
             lost.extend(lost_tasks(cluster, standin))
             cluster.run(["scancel", standin])

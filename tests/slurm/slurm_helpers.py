@@ -110,6 +110,18 @@ def cluster_root(name: str) -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def own_cluster(name: str, **kwargs: object) -> Iterator[LocalCluster]:
+    """A cluster of a test module's own (:func:`start_cluster` ``kwargs``) in a fresh root,
+    stopped afterwards."""
+    with cluster_root(name) as root:
+        cluster = start_cluster(root, **kwargs)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
 def cancel_all(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
     """Cancel every job and wait until every node is idle again and the queue is empty (a
     job still completing would be seen by the next test)."""

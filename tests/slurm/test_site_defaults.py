@@ -12,11 +12,10 @@ import pytest
 from slurm_helpers import (
     SCRIPT,
     after_test,
-    cluster_root,
     elastic,
     grow,
+    own_cluster,
     squeue,
-    start_cluster,
     task_state,
     wait_task,
 )
@@ -29,12 +28,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def site_cluster() -> Iterator[LocalCluster]:
-    with cluster_root("site") as root:
-        cluster = start_cluster(root, nodes=4, site_defaults=True)
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
+    with own_cluster("site", nodes=4, site_defaults=True) as cluster:
+        yield cluster
 
 
 @pytest.fixture
