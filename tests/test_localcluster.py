@@ -44,7 +44,7 @@ def test_partition_mode_config(tmp_path: Path) -> None:
     assert conf["AccountingStorageType"] == "accounting_storage/none"
     assert conf["JobSubmitPlugins"] == "lua"
     assert conf["EpilogSlurmctld"] == str(tmp_path.resolve() / "etc" / "epilog_slurmctld")
-    assert "PrologSlurmctld" not in conf
+    assert "PrologSlurmctld" not in conf and "Epilog" not in conf  # no node Epilog by default
     assert conf["SchedulerParameters"] == "bf_interval=1,bf_resolution=1,batch_sched_delay=0"
     assert conf["AuthInfo"].endswith(f",cred_expire={TEST_TIMINGS.cred_expire_s}")
     assert conf["KillWait"] == str(TEST_TIMINGS.kill_wait_s)
@@ -66,6 +66,13 @@ def test_site_defaults_and_accounting(tmp_path: Path) -> None:
     assert conf["AccountingStoragePort"] == "26001"
 
 
+def test_a_node_epilog_on_request(tmp_path: Path) -> None:
+    cluster = LocalCluster(nodes=2, root=tmp_path, port_base=27000, node_epilog_s=5)
+    assert conf_lines(cluster)["Epilog"] == str(tmp_path.resolve() / "etc" / "node_epilog")
+    assert cluster._settings()["node_epilog_s"] == 5.0  # a running cluster's own settings
+    assert "node_epilog_s" not in LocalCluster(nodes=2, root=tmp_path)._settings()
+
+
 def test_node_names_widen_with_count(tmp_path: Path) -> None:
     assert LocalCluster(nodes=9, root=tmp_path).node_names[-1] == "n09"
     assert LocalCluster(nodes=128, root=tmp_path).node_names[:2] == ["n001", "n002"]
@@ -75,6 +82,7 @@ def test_node_names_widen_with_count(tmp_path: Path) -> None:
     ({"nodes": 0}, "nodes=0"), ({"nodes": 600}, "nodes=600"),
     ({"mode": "qos"}, "choose one of partition, accounting"),
     ({"cpus_per_node": 0}, "cpus_per_node=0"),
+    ({"node_epilog_s": -1}, "node_epilog_s=-1"),
 ])
 def test_bad_settings_say_how_to_fix(tmp_path: Path, kwargs: dict[str, object],
                                      says: str) -> None:

@@ -179,8 +179,9 @@ class LocalCluster:
         return self.root / "cluster.json"
 
     def _settings(self) -> dict[str, object]:
+        epilog = {"node_epilog_s": self.node_epilog_s} if self.node_epilog_s else {}
         return {"nodes": self.nodes, "mode": self.mode, "site_defaults": self.site_defaults,
-                "cpus_per_node": self.cpus_per_node, "slurm": self.release.name}
+                "cpus_per_node": self.cpus_per_node, "slurm": self.release.name, **epilog}
 
     def _pidfiles(self) -> list[tuple[Path, str]]:
         """Every PID file this cluster may have written, with the marker that proves the
