@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from malletrain_core.backends.slurm.backend import epilog_margin_for
 from malletrain_core.errors import MalleTrainError
 
 from . import REPO, LocalCluster
@@ -109,7 +110,9 @@ class LocalDaemon:
             "munge": {"socket": str(cluster.munge_socket)},
             # The cluster's backfill plans in bf_resolution steps: a finer plan, a thinner
             # margin, and holes from about a minute on take a task.
+            # A node Epilog (LocalCluster(node_epilog_s=...)) must end before a planned start.
             "slurm": {"hole_margin_s": float(cluster.timings.hole_margin_s),
+                      "epilog_margin_s": float(epilog_margin_for(cluster.node_epilog_s)),
                       "grant_timeout_s": float(cluster.timings.grant_timeout_s)},
         }
         for name, table in (settings or {}).items():
