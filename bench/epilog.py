@@ -15,8 +15,10 @@ Epilog that sleeps ``--epilog-s`` seconds (a site's health check) at every job's
    job on (a, b) is planned at T and b is a hole ending at T. About 123.8 s before T the
    Slurm backend grants b to an elastic task, with ``slurm.epilog_margin_s`` = 0 ("off") and
    with :func:`~malletrain_core.backends.slurm.backend.epilog_margin_for` of the Epilog
-   ("on"), the pairs of both side by side; the prod job's start is timed against T, and each
-   task's end and its node leaving COMPLETING against T (polled every 0.1 s near T).
+   ("on"), one pair of each per T; the prod job's start is timed against T, and each task's
+   end and its node leaving COMPLETING against T (polled every 0.1 s near a T). The pairs of a
+   round have T 7 s apart, so that their tasks' ends fall at other moments of slurmctld's
+   30-s time-limit check.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ GRANT_BEFORE_S = 123.8
 """How long before the planned start the tasks are granted: with the local cluster's 3 s
 hole margin a two-minute limit still fits, so without the Epilog margin the task ends within
 seconds of the planned start, as a task fitted to a hole can."""
+STAGGER_S = 7
 
 
 def _poll_until(backend: SlurmBackend, done: Any, timeout_s: float) -> list[Event]:
@@ -79,7 +82,11 @@ def planned_round(cluster: LocalCluster, pairs: int, epilog_s: float,
     modes = {"off": 0.0, "on": float(epilog_margin_for(epilog_s))}
     plan = {m: [(names[4 * i + 2 * k], names[4 * i + 2 * k + 1]) for i in range(pairs)]
             for k, m in enumerate(modes)}
-    planned = int(time.time()) + 150
+    # Each pair's own planned start, STAGGER_S apart: its task's end meets slurmctld's
+    # 30-s time-limit check and the backfill cycle at another moment.
+    first = int(time.time()) + 150
+    planned = {b: float(first + STAGGER_S * i) for pp in plan.values()
+               for i, (_, b) in enumerate(pp)}
     prods: dict[str, str] = {}
     jobs: dict[str, str] = {}
     resvs: list[str] = []
@@ -88,7 +95,7 @@ def planned_round(cluster: LocalCluster, pairs: int, epilog_s: float,
             for i, (a, b) in enumerate(pp):
                 resvs.append(f"mt-{tag}-{m}{i}")
                 cluster.run(["scontrol", "create", "reservation", f"ReservationName={resvs[-1]}",
-                             "StartTime=now", f"EndTime={_stamp(planned)}", f"Nodes={a}",
+                             "StartTime=now", f"EndTime={_stamp(planned[b])}", f"Nodes={a}",
                              "Users=root", "Flags=maint,ignore_jobs"])
                 prods[b] = cluster.sbatch("-p", "prod", "-N", "2", "-w", f"{a},{b}", "-t", "5",
                                           "-o", "/dev/null", "--wrap", "sleep 5")
@@ -100,18 +107,19 @@ def planned_round(cluster: LocalCluster, pairs: int, epilog_s: float,
                                hole_margin_s=hole_margin)
         _poll_until(backend, lambda ev: {e.job.id for e in ev if isinstance(e, JobSubmitted)}
                     >= set(jobs.values()), 30)
-        stamp = _stamp(planned)
         wait("the prod jobs planned at the reservations' end", lambda: all(
             cluster.run(["squeue", "-h", "-j", p, "--start", "-o", "%S"]).stdout.strip()
-            == stamp for p in prods.values()), 60, 0.5)
-        while planned - time.time() > GRANT_BEFORE_S:
-            time.sleep(0.05)
-        for m, margin in modes.items():
-            backend.epilog_margin_s = margin
-            refused = backend.execute([Grow(jobs[m], tuple(b for _, b in plan[m]),
-                                            planned - time.time())], time.time())
-            if refused:
-                raise RuntimeError(f"grants refused ({m}): {refused}")
+            == _stamp(planned[b]) for b, p in prods.items()), 60, 0.5)
+        for i in range(pairs):
+            while planned[plan["off"][i][1]] - time.time() > GRANT_BEFORE_S:
+                time.sleep(0.05)
+            for m, margin in modes.items():
+                b = plan[m][i][1]
+                backend.epilog_margin_s = margin
+                refused = backend.execute([Grow(jobs[m], (b,), planned[b] - time.time())],
+                                          time.time())
+                if refused:
+                    raise RuntimeError(f"grant refused ({m}, {b}): {refused}")
         want = {(jobs[m], b) for m in modes for _, b in plan[m]}
         _poll_until(backend, lambda ev: {(e.job_id, e.node) for e in ev
                                          if isinstance(e, WorkerStarted)} >= want, 30)
@@ -133,13 +141,13 @@ def planned_round(cluster: LocalCluster, pairs: int, epilog_s: float,
 
 
 def _watch(cluster: LocalCluster, prods: dict[str, str],
-           planned: float) -> dict[str, dict[str, Any]]:
+           planned: dict[str, float]) -> dict[str, dict[str, Any]]:
     """Per hole node: its task's end, the node leaving COMPLETING and the prod job's start,
     each in seconds from the planned start (negative: before it)."""
     seen: dict[str, dict[str, Any]] = {b: {} for b in prods}
     while any("prod_start_s" not in s for s in seen.values()):
         now = time.time()
-        if now > planned + 120:
+        if now > max(planned.values()) + 120:
             raise TimeoutError(f"prod jobs not running 120 s after their planned start: {seen}")
         ours = set(cluster.run(["squeue", "-h", "-r", "-p", "preemptable", "-t", "R",
                                 "-o", "%N"]).stdout.split())
@@ -149,13 +157,14 @@ def _watch(cluster: LocalCluster, prods: dict[str, str],
                       .stdout.split())
         for b, s in seen.items():
             if b not in ours and "task_end_s" not in s:
-                s["task_end_s"] = round(now - planned, 2)
+                s["task_end_s"] = round(now - planned[b], 2)
             if "task_end_s" in s and "node_free_s" not in s and \
                     "completing" not in states.get(b, ""):
-                s["node_free_s"] = round(now - planned, 2)
+                s["node_free_s"] = round(now - planned[b], 2)
             if prods[b] in running and "prod_start_s" not in s:
-                s["prod_start_s"] = round(now - planned, 2)
-        time.sleep(0.1 if planned - now < 10 else 0.5)
+                s["prod_start_s"] = round(now - planned[b], 2)
+        near = any(abs(t - now) < 10 for t in planned.values())
+        time.sleep(0.1 if near else 0.5)
     return seen
 
 
