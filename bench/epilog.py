@@ -253,7 +253,7 @@ def section(r: dict[str, Any]) -> str:
         f"{r['nodes']}-node local cluster, test timings bf_interval=1, bf_resolution=1, "
         f"every node with `Epilog=` a script that sleeps {r['epilog_s']:g} s).",
         "",
-        "| prod job start | n | median | p95 / max |",
+        "| prod job start | n | median | p95 (unplanned) / max (planned) |",
         "|---|---|---|---|",
         f"| unplanned, MalleTrain's workers on the node (preempted) | {w['n']} | "
         f"{f(w['median'])} | {f(w['p95'])} |",
@@ -278,7 +278,13 @@ def section(r: dict[str, Any]) -> str:
         f"{on['epilog_done_before_start']}/{on['n']} on. A waiting job whose start is "
         "planned behind another job's end waits for that job's own Epilog as well, which "
         "hides the task's where the two overlap; the holes here end at a reservation's end "
-        "(no Epilog of their own), where nothing hides it.",
+        "(no Epilog of their own), where nothing hides it. The planned phase drives the Slurm "
+        "backend itself (the code malletraind runs for a grant), granting each hole about "
+        f"{GRANT_BEFORE_S:g} s before its end so that, without the margin, a two-minute task "
+        "ends within seconds of it; its holes' ends are 7 s apart, "
+        f"{r['rounds']} rounds of {r['pairs']} per margin. Times come from squeue and sinfo "
+        "polled every 0.1 s near each planned start, slower under this load. JSON: "
+        "`bench/results/epilog.json`.",
         END])
 
 
