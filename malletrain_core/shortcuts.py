@@ -3,7 +3,9 @@
 The engine and the allocator skip work where the answer is proven to be the one the full
 computation gives: the DP reuses its last answer when the jobs are the same (``dp.reuse``), the
 store-learning check skips a job whose full-window scales and model's stored scales are
-unchanged (``learning.unchanged``). With :data:`CHECKED` set, every place where a shortcut is
+unchanged (``learning.unchanged``), a believed curve reads its prior's values from a memo
+(``curves.prior_value``) and checks that the measured ratios agree on the smallest and the
+largest only (``curves.agree``). With :data:`CHECKED` set, every place where a shortcut is
 taken computes the full answer too and raises :class:`ShortcutMismatch` where they differ;
 :data:`counts` says how often each shortcut was taken (and so checked). ``bench.whatif
 --verify`` and the tests replay in this mode.

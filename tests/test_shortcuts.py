@@ -13,7 +13,7 @@ from test_allocator_dp import plain_solve, tables
 from malletrain_core import shortcuts
 from malletrain_core.allocator import dp
 from malletrain_core.model import Curve, Job, Problem
-from malletrain_core.sim.replay import replay
+from malletrain_core.sim.replay import RunResult, replay
 from malletrain_core.sim.sources import load_trace
 from malletrain_core.sim.workloads import make_workload
 
@@ -74,3 +74,30 @@ def test_a_small_replay_takes_the_shortcuts_and_the_checks_pass() -> None:
 def test_a_mismatch_is_refused_by_name() -> None:
     with pytest.raises(shortcuts.ShortcutMismatch, match="dp.reuse"):
         shortcuts.check("dp.reuse", ([1], 2.0), ([0], 2.0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cost", ["restart", "inplace"])
+def test_a_summit_day_decides_the_same_with_every_shortcut_checked(cost: str) -> None:
+    """A real trace window (the Summit idle-node trace, its first day after BFTrainer's
+    skipped events; MALLETRAIN_SHARED must point at the shared data): every shortcut the replay
+    takes is compared with the full computation, and the run's figures are those of the
+    replay without the checks."""
+    from malletrain_core.sim.perfmodel import PerfParams
+
+    trace = load_trace("summit", days=1.0)
+    jobs = make_workload("imagenet", 50, seed=0, start=trace.start, end=trace.end)
+    params = PerfParams(rescale_cost=cost)
+    shortcuts.CHECKED, shortcuts.counts = True, shortcuts.counts.__class__()
+    try:
+        checked = replay(trace, jobs, "malletrain", seed=0, params=params)
+    finally:
+        shortcuts.CHECKED = False
+    taken = dict(shortcuts.counts)
+    plain = replay(trace, jobs, "malletrain", seed=0, params=params)
+    assert taken.get("learning.unchanged", 0) > 1000 and taken.get("curves.agree", 0) > 100
+    def counters(run: RunResult) -> dict[str, object]:  # the solver's milliseconds vary
+        return {k: v for k, v in run.engine.items() if k != "solve_ms"}
+
+    assert (checked.net_samples, checked.rescales, checked.node_seconds, counters(checked)) == \
+        (plain.net_samples, plain.rescales, plain.node_seconds, counters(plain))

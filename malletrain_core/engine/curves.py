@@ -24,6 +24,7 @@ from statistics import median
 
 import numpy as np
 
+from .. import shortcuts
 from ..model import Curve
 
 ASSUMED_RATE_PER_NODE = 1.0
@@ -124,12 +125,19 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
         p = at.get(k)
         if p is None:
             p = at[k] = prior.at(k)
+        elif shortcuts.CHECKED:
+            shortcuts.check("curves.prior_value", p, prior.at(k))
         if p > 0:
             ratios.append(measured[k] / p)
     factor = float(median(ratios)) if ratios else 0.0  # numpy's median, without its overhead
     # |r / factor − 1| is monotone in r (rounding included), so every ratio is within AGREE
     # exactly when the smallest and the largest are.
-    if factor > 0 and all(abs(r / factor - 1.0) <= AGREE for r in (min(ratios), max(ratios))):
+    agree = factor > 0 and all(abs(r / factor - 1.0) <= AGREE
+                               for r in (min(ratios), max(ratios)))
+    if shortcuts.CHECKED and factor > 0:
+        shortcuts.check("curves.agree", agree,
+                        all(abs(r / factor - 1.0) <= AGREE for r in ratios))
+    if agree:
         points = {k: p * factor for k, p in zip(prior.nodes, prior.throughput)}
         points.update((k, measured[k]) for k in ks if k not in inside)
         nodes = sorted(points)
