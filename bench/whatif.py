@@ -6,19 +6,25 @@ at random (Poisson, sized for ``--load`` of the machine), ask for 1 to 1,024 nod
 for a log-normal run time (median 1 h), and each take the nodes that free up first, starting
 once all of them are free: the gaps a real machine leaves while a wide job waits. Then it
 times reading that file into a trace, and the what-if replays (one per cost model) with the
-real engine (in one process per cost model, at most one per core, unless ``--workers``),
+real engine (in one process per cost model on two cores or more, unless ``--workers``),
 with each replay's CPU seconds beside its wall time (the cores may be shared), and where one
 replay's time goes (the restart model over ``--profile-days`` under cProfile). It prints one
 JSON object (last line); ``--markdown`` rewrites the section of BENCHMARKS.md.
 
+``--verify`` then replays the same month again in the checked mode
+(:mod:`malletrain_core.shortcuts`: at every exact shortcut taken, the full computation too,
+refused at the first difference) and fails unless the report's figures are the same as the
+timed run's; it prints how many shortcuts were checked.
+
     python3 -m bench.whatif [--nodes 4000] [--days 30] [--jobs 50] [--workers N]
-                            [--profile-days 5] [--markdown]
+                            [--profile-days 5] [--markdown] [--verify]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -108,13 +114,25 @@ def profile_shares(path: Path, days: float, jobs: int, seed: int, cost: str) -> 
             "shares": shares}
 
 
-def makespan(cpu_s: list[float], workers: int) -> float:
-    """Wall seconds of replays taking ``cpu_s`` each on ``workers`` idle cores, handed out in
-    order to the first free process (as the process pool does)."""
+def makespan(cpu_s: list[float], workers: int, cores: int | None = None) -> float:
+    """Wall seconds of replays taking ``cpu_s`` each in ``workers`` processes on ``cores`` idle
+    cores (all of them when ``None``), handed out in order to the first free process (as the
+    process pool does); more processes than cores share the cores evenly."""
+    cores = cores or os.cpu_count() or 1
     loads = [0.0] * max(1, workers)
     for c in cpu_s:
         loads[loads.index(min(loads))] += c
-    return max(loads)
+    if workers <= cores:
+        return max(loads)
+    return max(max(loads), sum(loads) / cores)
+
+
+def figures(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without its timings: what must not change with the code's speed."""
+    return {k: v for k, v in report.items() if k != "timing_s"} | {
+        "cost_models": {c: {k: v for k, v in m.items()
+                            if k not in ("replay_wall_s", "replay_cpu_s", "shortcuts_checked")}
+                        for c, m in report["cost_models"].items()}}
 
 
 def _stamp(t: float) -> str:
@@ -128,15 +146,17 @@ def main() -> int:
     p.add_argument("--load", type=float, default=0.9, help="offered load (default 0.9)")
     p.add_argument("--jobs", type=int, default=50, help="saturated training jobs (default 50)")
     p.add_argument("--workers", type=int, default=None,
-                   help="processes for the replays (default: one per cost model, at most "
-                   "one per core)")
+                   help="processes for the replays (default: one per cost model on two "
+                   "cores or more)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--markdown", action="store_true", help="rewrite BENCHMARKS.md's section")
     p.add_argument("--profile-days", type=float, default=5.0,
                    help="also replay this many days of the restart model under cProfile, for "
                    "where the time goes (0: skip; default 5)")
+    p.add_argument("--verify", action="store_true",
+                   help="replay again with every exact shortcut checked against the full "
+                   "computation, and fail unless the figures are the same")
     args = p.parse_args()
-    import os
     os.environ["TZ"] = "UTC"  # the file's times are UTC
     time.tzset()
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,6 +172,16 @@ def main() -> int:
         size_mb = path.stat().st_size / 1e6
         profile = profile_shares(path, args.profile_days, args.jobs, args.seed, "restart") \
             if args.profile_days > 0 else None
+        verified = None
+        if args.verify:
+            checked = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed),
+                              workers=args.workers, checked=True).report
+            same = figures(checked) == figures(result.report)
+            verified = {"same_figures": same,
+                        "shortcuts_checked": {c: m["shortcuts_checked"]
+                                              for c, m in checked["cost_models"].items()}}
+            print(f"verify: figures {'the same' if same else 'DIFFER'}; shortcuts checked "
+                  f"{verified['shortcuts_checked']}", file=sys.stderr)
     report = result.report
     out = {"nodes": args.nodes, "days": args.days, "load": args.load, "sacct_jobs": jobs,
            "sacct_mb": round(size_mb, 1), "generate_s": round(gen_s, 1),
@@ -172,7 +202,7 @@ def main() -> int:
                                "replay_cpu_s": round(m["replay_cpu_s"], 1),
                                "replans": m["replans"]}
                            for c, m in report["cost_models"].items()},
-           "profile": profile}
+           "profile": profile, "verify": verified}
     print(format_report(report), file=sys.stderr)
     if args.markdown:
         models = report["cost_models"]
@@ -186,7 +216,7 @@ def main() -> int:
             "load, 1–1,024 nodes, log-normal run times with a 1-h median, each job on the "
             "nodes that free up first) read and replayed by `malletrain admin what-if`, the "
             f"cost models in {workers} process{'es' if workers != 1 else ''} (the default: one "
-            "per cost model, at most one per core).",
+            "per cost model on two cores or more).",
             "",
             "| step | wall s | CPU s |",
             "| --- | ---: | ---: |",
@@ -203,10 +233,9 @@ def main() -> int:
             f"CPU seconds each here (wall time above that is other processes on the same "
             f"cores), so {len(cpus)} cost models in {workers} process"
             f"{'es' if workers != 1 else ''} need about {makespan(cpus, workers):.0f} s on "
-            f"{workers} idle core{'s' if workers != 1 else ''}. The engine's work per event is "
-            "the daemon's own, so the shares below are where a faster month has to come from: "
-            "the allocator's solve at each re-plan, and the store-learning check that runs on "
-            "every report and for every job at every re-plan.",
+            f"{os.cpu_count()} idle core{'s' if os.cpu_count() != 1 else ''}. The engine's "
+            "work per event is the daemon's own, so the shares below are where a faster month "
+            "has to come from: above all the allocator's solve at each re-plan.",
             *([] if profile is None else [
                 "",
                 f"Where a replay's time goes (the restart model over the first "
@@ -224,7 +253,7 @@ def main() -> int:
         replace_section(REPO / "BENCHMARKS.md", BEGIN, END, body,
                         "What-if on a site's accounting")
     print(json.dumps(out))
-    return 0
+    return 1 if verified is not None and not verified["same_figures"] else 0
 
 
 if __name__ == "__main__":

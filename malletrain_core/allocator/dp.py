@@ -16,13 +16,15 @@ allocation). Three exact savings keep the same answer bit for bit:
 
 Counts are recovered by walking the stages back. Capacity is capped at min(|N|, Σ_j max_j).
 Value tables of unchanged jobs are reused between calls (keyed by the Job object, which the
-engine keeps while nothing the table depends on changes).
+engine keeps while nothing the table depends on changes), and so is the last answer where the
+jobs are the same and the capacity change cannot move it (:func:`reusable`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import shortcuts
 from ..errors import InfeasibleError
 from ..model import Job, Objective, Problem
 from .objective import job_values
@@ -36,6 +38,10 @@ _STALE_LIMIT = 256
 TAIL_STAGES = 2
 """The last stage is first computed on its top TAIL_STAGES × (largest useful count) columns."""
 _tables: dict[str, tuple[Job, float, Objective, int, np.ndarray]] = {}
+_last: list[tuple[tuple[Job, ...], float, Objective, list[np.ndarray], int,
+                  tuple[list[int], float]]] = []
+"""The last problem :func:`solve` answered: (jobs, look-ahead, objective, tables, capacity,
+answer)."""
 
 
 def useful_top(table: np.ndarray) -> int:
@@ -152,6 +158,25 @@ def cached_values(job: Job, capacity: int, lookahead_s: float, objective: Object
     return table
 
 
+def reusable(tables: list[np.ndarray], old_capacity: int, counts: list[int],
+             capacity: int) -> bool:
+    """Whether :func:`solve_counts` (``tables``, ``capacity``) answers ``counts`` again, given
+    that it answered ``counts`` for the same tables on ``old_capacity``.
+
+    The last stage V(m) and the walk back from a given m do not depend on the capacity (for
+    m within it); the answer is the first m where V reaches its maximum over [0, capacity].
+    So the old m* = Σ counts stays the answer when it is within the new capacity and either the
+    capacity did not grow (a first maximum over a range stays first over a sub-range holding
+    it) or the old capacity already held every job's useful top (V is at its overall maximum
+    from Σ tops on, so a larger range adds no better m).
+    """
+    top_sum = sum(len(t) - 1 for t in tables)
+    old_cap, cap = min(old_capacity, top_sum), min(capacity, top_sum)
+    if sum(counts) > cap:
+        return False
+    return cap <= old_cap or old_cap >= sum(useful_top(t) for t in tables)
+
+
 def solve(problem: Problem) -> tuple[dict[str, int], float]:
     """Exact optimum of the FreeTrain objective without side constraints."""
     tables = [cached_values(j, problem.nodes, problem.lookahead_s, problem.objective)
@@ -160,5 +185,20 @@ def solve(problem: Problem) -> tuple[dict[str, int], float]:
         live = {j.id for j in problem.jobs}
         for stale in [k for k in _tables if k not in live]:
             del _tables[stale]
-    counts, value = solve_counts(tables, problem.nodes)
+    answer: tuple[list[int], float] | None = None
+    if _last:
+        jobs, lookahead, objective, old_tables, old_cap, old = _last[0]
+        if (lookahead == problem.lookahead_s and objective is problem.objective
+                and len(jobs) == len(problem.jobs)
+                and all(a is b for a, b in zip(jobs, problem.jobs))
+                and all(a is b for a, b in zip(old_tables, tables))
+                and reusable(tables, old_cap, old[0], problem.nodes)):
+            answer = old
+            if shortcuts.CHECKED:
+                shortcuts.check("dp.reuse", answer, solve_counts(tables, problem.nodes))
+    if answer is None:
+        answer = solve_counts(tables, problem.nodes)
+    _last[:] = [(problem.jobs, problem.lookahead_s, problem.objective, tables, problem.nodes,
+                 answer)]
+    counts, value = answer
     return {j.id: k for j, k in zip(problem.jobs, counts)}, value

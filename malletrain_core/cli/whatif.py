@@ -47,7 +47,7 @@ def register_admin(sub: Any) -> None:
                    help=f"comma-separated (default: {','.join(COST_MODELS)})")
     p.add_argument("--workers", type=int, default=None,
                    help="replay the cost models in this many processes (default: one per "
-                   "cost model, at most one per core)")
+                   "cost model, on a machine with at least two cores)")
     p.add_argument("--out", type=Path, default=None,
                    help="write whatif.json, whatif.md, idle.png and share.png here")
     p.add_argument("--json", action="store_true", help="print whatif.json instead of a table")

@@ -24,6 +24,7 @@ from statistics import median
 
 import numpy as np
 
+from .. import shortcuts
 from ..model import Curve
 
 ASSUMED_RATE_PER_NODE = 1.0
@@ -118,9 +119,25 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
     if not ks:
         return prior
     inside = [k for k in ks if prior.nodes and prior.nodes[0] <= k <= prior.nodes[-1]]
-    ratios = [measured[k] / p for k in inside if (p := prior.at(k)) > 0]
+    at = _prior_values(prior)
+    ratios = []
+    for k in inside:
+        p = at.get(k)
+        if p is None:
+            p = at[k] = prior.at(k)
+        elif shortcuts.CHECKED:
+            shortcuts.check("curves.prior_value", p, prior.at(k))
+        if p > 0:
+            ratios.append(measured[k] / p)
     factor = float(median(ratios)) if ratios else 0.0  # numpy's median, without its overhead
-    if factor > 0 and all(abs(r / factor - 1.0) <= AGREE for r in ratios):
+    # |r / factor − 1| is monotone in r (rounding included), so every ratio is within AGREE
+    # exactly when the smallest and the largest are.
+    agree = factor > 0 and all(abs(r / factor - 1.0) <= AGREE
+                               for r in (min(ratios), max(ratios)))
+    if shortcuts.CHECKED and factor > 0:
+        shortcuts.check("curves.agree", agree,
+                        all(abs(r / factor - 1.0) <= AGREE for r in ratios))
+    if agree:
         points = {k: p * factor for k, p in zip(prior.nodes, prior.throughput)}
         points.update((k, measured[k]) for k in ks if k not in inside)
         nodes = sorted(points)
@@ -128,6 +145,23 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
     else:
         curve = _per_scale(prior, measured, ks)
     return extrapolated(curve) if extrapolate else curve
+
+
+_PRIOR_VALUES: dict[int, tuple[Curve, dict[int, float]]] = {}
+"""id(prior) -> (prior, scale -> prior.at(scale)): a job's prior is read at its measured
+scales at every report (corrected_curve), a few priors at a few dozen scales."""
+
+
+def _prior_values(prior: Curve) -> dict[int, float]:
+    """The memo of ``prior.at`` (the entry holds the curve, so its id is not reused)."""
+    hit = _PRIOR_VALUES.get(id(prior))
+    if hit is not None and hit[0] is prior:
+        return hit[1]
+    if len(_PRIOR_VALUES) >= 256:
+        _PRIOR_VALUES.clear()  # priors the store replaced: bounded for a daemon
+    values: dict[int, float] = {}
+    _PRIOR_VALUES[id(prior)] = (prior, values)
+    return values
 
 
 def _per_scale(prior: Curve, measured: Mapping[int, float], ks: list[int]) -> Curve:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 
+from .. import shortcuts
 from ..model import Curve
 from .config import JobPhase
 from .curves import corrected_curve, measured_curve, merge_curves
@@ -28,8 +29,9 @@ class StoreLearning:
     monitor: Monitor
     jobs: Mapping[str, JobRecord]
     store: MutableMapping[str, Curve]
-    seen: dict[str, int]
-    """Job -> the monitor version the store last found nothing new in."""
+    seen: dict[str, object]
+    """Job -> (its count of full-window scales, its model's stored scales) when the store
+    last found nothing new in it."""
     far_memo: dict[tuple[int, ...], dict[int, bool]]
     """Stored curve's scales -> scale -> :meth:`_is_far` (see :meth:`_far_from`)."""
 
@@ -55,10 +57,22 @@ class StoreLearning:
         if (job.phase is not JobPhase.RUNNING or not model or model not in self.store
                 or job.source not in (Source.PROFILED, Source.STORE)):
             return {}
-        version = self.monitor.version(job.id)
-        if self.seen.get(job.id) == version:
-            return {}
         stored = self.store[model].nodes
+        # Whether anything is new depends only on which scales have a full window (a set that
+        # only grows, so its size names it) and on the stored scales, not on the estimates:
+        # the job's next reports, which move its estimates, need not be looked at again.
+        key = (self.monitor.full_count(job.id), stored)
+        if self.seen.get(job.id) == key:
+            if shortcuts.CHECKED:
+                shortcuts.check("learning.unchanged", {}, self._far_points(job, stored))
+            return {}
+        new = self._far_points(job, stored)
+        if not new:
+            self.seen[job.id] = key  # nothing to learn until a scale or the store is new
+        return new
+
+    def _far_points(self, job: JobRecord, stored: tuple[int, ...]) -> dict[int, float]:
+        """The job's full-window estimates at scales :data:`GAP` away from ``stored``."""
         far = self._far_from(stored)
         new = {}
         for k, v in self.settled(job.id, full_only=True).items():
@@ -67,8 +81,6 @@ class StoreLearning:
                 ok = far[k] = self._is_far(k, stored)
             if ok:
                 new[k] = v
-        if not new:
-            self.seen[job.id] = version  # nothing to learn until the estimates change
         return new
 
     @staticmethod

@@ -183,6 +183,12 @@ class Monitor:
         track = self._tracks.get(job_id)
         return set(track.rates) - track.full if track else set()
 
+    def full_count(self, job_id: str) -> int:
+        """How many scales have an estimate over a full window (−1 for an unknown job); the
+        set of such scales only grows while the job is tracked, so the count names it."""
+        track = self._tracks.get(job_id)
+        return len(track.full) if track else -1
+
     def top_scale(self, job_id: str) -> int:
         """The largest scale with a throughput estimate (0 for none)."""
         track = self._tracks.get(job_id)

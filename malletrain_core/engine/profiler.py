@@ -156,7 +156,7 @@ class Advisor(StoreLearning):
         self.borrower: str | None = None
         self.sent_back: list[str] = []
         self.remeasured: set[tuple[str, int]] = set()  # (job, scale): measured again once
-        self.seen: dict[str, int] = {}  # job -> monitor version the store last learned from
+        self.seen: dict[str, object] = {}  # job -> (full scales, stored scales) found nothing new
         self.far_memo: dict[tuple[int, ...], dict[int, bool]] = {}
 
     # ------------------------------------------------------------- queries

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import shortcuts
 from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S, Curve
 from .accounting import AccountingFilter, load_accounting_trace
@@ -69,21 +70,29 @@ class WhatIf:
 
 
 def _replay_one(trace: Trace, jobs: Sequence[SimJob], catalogue: dict[str, Curve],
-                opts: WhatIfOptions, cost: str) -> RunResult:
-    return replay(trace, jobs, opts.policy, seed=opts.seed, lookahead_s=opts.lookahead_s,
-                  params=PerfParams(noise=opts.noise, rescale_cost=cost), catalogue=catalogue)
+                opts: WhatIfOptions, cost: str, checked: bool = False) -> RunResult:
+    shortcuts.CHECKED = checked
+    shortcuts.counts.clear()
+    run = replay(trace, jobs, opts.policy, seed=opts.seed, lookahead_s=opts.lookahead_s,
+                 params=PerfParams(noise=opts.noise, rescale_cost=cost), catalogue=catalogue)
+    if checked:
+        run.engine["shortcuts_checked"] = dict(shortcuts.counts)
+    return run
 
 
 def default_workers(cost_models: int) -> int:
-    """One process per cost model, at most one per core: the replays are independent and each
-    is single-threaded Python, so on two cores three cost models take the time of the slowest
-    plus one more, not of all three."""
-    return max(1, min(cost_models, os.cpu_count() or 1))
+    """One process per cost model wherever there are at least two cores: the replays are
+    independent and each is single-threaded Python. Three cost models on two cores then share
+    the cores and end together, after about 1.5 replays' time; in two processes (one per core)
+    the third waited for the first to end, after 2 replays' time. One core: one process."""
+    return max(1, cost_models if (os.cpu_count() or 1) >= 2 else 1)
 
 
-def what_if(opts: WhatIfOptions, workers: int | None = None) -> WhatIf:
+def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = False) -> WhatIf:
     """Read the trace, replay the job set under every cost model (in ``workers`` processes,
-    :func:`default_workers` when ``None``), and sum it up."""
+    :func:`default_workers` when ``None``), and sum it up. ``checked``: every exact shortcut
+    taken is compared with the full computation (:mod:`malletrain_core.shortcuts`; slower),
+    and each model's ``shortcuts_checked`` says how many were."""
     workers = default_workers(len(opts.cost_models)) if workers is None else \
         max(1, min(workers, len(opts.cost_models)))
     t0 = time.perf_counter()
@@ -98,11 +107,15 @@ def what_if(opts: WhatIfOptions, workers: int | None = None) -> WhatIf:
     t1 = time.perf_counter()
     if workers > 1 and len(opts.cost_models) > 1:
         with ProcessPoolExecutor(max_workers=min(workers, len(opts.cost_models))) as pool:
-            futures = [pool.submit(_replay_one, trace, jobs, catalogue, opts, c)
+            futures = [pool.submit(_replay_one, trace, jobs, catalogue, opts, c, checked)
                        for c in opts.cost_models]
             done = [f.result() for f in futures]
     else:
-        done = [_replay_one(trace, jobs, catalogue, opts, c) for c in opts.cost_models]
+        try:
+            done = [_replay_one(trace, jobs, catalogue, opts, c, checked)
+                    for c in opts.cost_models]
+        finally:
+            shortcuts.CHECKED = False
     runs = dict(zip(opts.cost_models, done))
     replay_s = time.perf_counter() - t1
     idle = trace.idle_node_seconds()
@@ -123,6 +136,8 @@ def what_if(opts: WhatIfOptions, workers: int | None = None) -> WhatIf:
             "replay_cpu_s": run.cpu_s,
             "replans": run.engine.get("replans"),
         }
+        if checked:
+            models[cost]["shortcuts_checked"] = run.engine.get("shortcuts_checked", {})
     report = {
         "trace": {"name": trace.name, "nodes": len(trace.node_names), "start": trace.start,
                   "end": trace.end, "days": span / 86400.0, "steps": trace.steps,

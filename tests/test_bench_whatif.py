@@ -1,0 +1,21 @@
+"""bench.whatif's arithmetic: the wall time the replays need on idle cores, and the figures
+that --verify compares (the report without its timings)."""
+
+from __future__ import annotations
+
+from bench.whatif import figures, makespan
+
+
+def test_three_replays_on_two_cores_share_them() -> None:
+    assert makespan([10.0, 10.0, 10.0], 2, cores=2) == 20.0  # the third waits for a process
+    assert makespan([10.0, 10.0, 10.0], 3, cores=2) == 15.0  # three processes share two cores
+    assert makespan([30.0, 1.0, 1.0], 3, cores=2) == 30.0  # never less than the longest
+    assert makespan([10.0, 10.0, 10.0], 1, cores=4) == 30.0
+
+
+def test_figures_leave_out_the_timings_only() -> None:
+    report = {"idle_node_hours": 5.0, "timing_s": {"total": 1.0},
+              "cost_models": {"restart": {"harvested_share": 0.5, "replay_wall_s": 2.0,
+                                          "replay_cpu_s": 1.5, "shortcuts_checked": {"x": 1}}}}
+    assert figures(report) == {"idle_node_hours": 5.0,
+                               "cost_models": {"restart": {"harvested_share": 0.5}}}
