@@ -52,7 +52,13 @@ from typing import Any
 if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
     sys.exit("run it as a module from the repository's root: python -m bench.campaign "
              + " ".join(sys.argv[1:]))
-from bench.campaign_report import StepReader, recovery, summarize, table  # noqa: E402
+from bench.campaign_report import (  # noqa: E402
+    MARKERS,
+    StepReader,
+    recovery,
+    section,
+    summarize,
+)
 from bench.campaign_rigs import (  # noqa: E402
     BATCH,
     LAUNCHER,
@@ -66,17 +72,14 @@ from bench.e2e_common import say  # noqa: E402
 from bench.sections import host, replace_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-MARKERS = {"slurm": ("<!-- campaign:begin -->", "<!-- campaign:end -->"),
-           "pbs": ("<!-- campaign-pbs:begin -->", "<!-- campaign-pbs:end -->")}
 TIMEOUT_S = 150.0
-HOW = {
-    "daemon_kill": "SIGKILL malletraind, started again 1-5 s later",
-    "launcher_kill": "SIGKILL one task's malletrain-run",
-    "train_kill": "SIGKILL one training process",
-    "slurmd_kill": "SIGKILL a node's slurmd, started again 3-10 s later",
-    "slurmctld_restart": "slurmctld stopped (SIGTERM), started 1-4 s later",
-    "ckpt_full": "the job's checkpoint tmpfs full (ENOSPC) for 12 s",
-    "sigstop": "SIGSTOP one training process for 30 s, then SIGCONT",
+PROCESS_FAULTS = ("launcher_kill", "train_kill", "sigstop")
+BY_DESIGN = {
+    ("pbs", "launcher_kill"): "by design on PBS: a subjob whose batch script ended (the "
+                              "launcher killed) has finished, and PBS never runs a finished "
+                              "subjob again; the job can grow to one node less",
+    ("any", "sigstop/1"): "by design: at world 1 no peer watches the process; it trains again "
+                          "once continued",
 }
 
 
@@ -192,12 +195,16 @@ class Campaign:
         steps = self.reader(job).poll()
         return bool(steps) and steps[-1].t > time.time() - within_s
 
-    def pick_job(self, timeout_s: float = 90.0) -> str:
+    def pick_job(self, fault: str, timeout_s: float = 90.0) -> str:
+        """A job that is training; for a fault in one process, one with peers where there is
+        such a job (at world 1 no peer can find a hung or dead process)."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            ready = [j for j in self.rig.jobs if self.training(j)]
+            ready = sorted(j for j in self.rig.jobs if self.training(j))
+            if ready and fault in PROCESS_FAULTS:
+                ready = [j for j in ready if len(self.rig.running(j)) > 1] or ready
             if ready:
-                return self.rng.choice(sorted(ready))
+                return self.rng.choice(ready)
             self.check_jobs(None)
             time.sleep(1.0)
         raise NotInjected(f"no job trained in the last {timeout_s:g} s")
@@ -243,7 +250,7 @@ class Campaign:
                                "reason": ""}
         undo: Undo | None = None
         try:
-            job = row["job"] = self.pick_job()
+            job = row["job"] = self.pick_job(fault)
             time.sleep(self.rng.uniform(0.5, 4.0))
             row["world"] = len(self.rig.running(job))
             t_fault = time.time()
@@ -283,6 +290,11 @@ class Campaign:
             self.check_jobs(row)
         except Exception as exc:
             row["reason"] += f"; checking the jobs failed: {exc}"
+        why = BY_DESIGN.get((self.rig.name, fault)) if row["tasks_lost"] else None
+        if fault == "sigstop" and row.get("world") == 1:
+            why = BY_DESIGN[("any", "sigstop/1")]
+        if why:
+            row["by_design"] = why
         return row
 
     def run(self) -> list[dict[str, Any]]:
@@ -335,29 +347,6 @@ def run_backend(name: str, faults: int, seed: int, quick: bool) -> dict[str, Any
             "classes": summary["classes"], "prod_jobs": churn.submitted,
             "nodes": rig.nodes, "jobs": rig.njobs, "wall_s": round(time.monotonic() - t0),
             "load_1min": load, "rows": rows}
-
-
-def section(r: dict[str, Any]) -> str:
-    begin, end = MARKERS[r["backend"]]
-    what = ("local Slurm cluster" if r["backend"] == "slurm" else "local OpenPBS complex")
-    return "\n".join([
-        begin,
-        f"Measured {r['date']} on {r['machine']}, with `{r['command']}` (seed {r['seed']}, "
-        f"{r['wall_s'] / 60:.0f} min, 1-min load {r['load_1min']:.2f} at the end, run under "
-        f"`nice -n 5` on a shared machine): a {r['nodes']}-node {what}, {r['jobs']} in-place "
-        f"jobs, {r['prod_jobs']} prod jobs preempting them meanwhile. {r['faults']} faults "
-        f"injected, {r['recovered']} recovered, {r['tasks_lost']} tasks lost, "
-        f"{r['stalled_nodes']} nodes idle past the grant deadline.",
-        "",
-        table(r, r["rows"], HOW),
-        "",
-        "Fault → training: from the injection to the end of the first of five consecutive "
-        "global steps of one epoch (a fault that does not stop training reads as one step); "
-        "the job must also train after the fault is undone. Samples rolled back: the steps "
-        "the job had trained beyond the step it went on from, × 8 samples × world size, from "
-        "the workers' step lines. A prod preemption that meets a fault's window is in its "
-        "figures.",
-        end])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,8 +19,19 @@ from typing import Any
 
 RUN = 5
 """Consecutive global steps, in one epoch, that say a job trains again."""
+MARKERS = {"slurm": ("<!-- campaign:begin -->", "<!-- campaign:end -->"),
+           "pbs": ("<!-- campaign-pbs:begin -->", "<!-- campaign-pbs:end -->")}
 GAP_S = 5.0
 """The largest gap between two of those steps (a step takes about 0.1-0.3 s here)."""
+HOW = {
+    "daemon_kill": "SIGKILL malletraind, started again 1-5 s later",
+    "launcher_kill": "SIGKILL one task's malletrain-run",
+    "train_kill": "SIGKILL one training process",
+    "slurmd_kill": "SIGKILL a node's slurmd, started again 3-10 s later",
+    "slurmctld_restart": "slurmctld stopped (SIGTERM), started 1-4 s later",
+    "ckpt_full": "the job's checkpoint tmpfs full (ENOSPC) for 12 s",
+    "sigstop": "SIGSTOP one training process for 30 s, then SIGCONT",
+}
 
 
 @dataclass(frozen=True)
@@ -158,13 +169,37 @@ def table(summary: dict[str, Any], rows: list[dict[str, Any]], what: dict[str, s
     out.append(f"| **all** | | {s['faults']} | {s['recovered']} | | {s['samples_lost']:,} | "
                f"{s['tasks_lost']} | {s['stalled_nodes']} |")
     odd = [r for r in rows if not r["injected"] or not r["recovered"] or r["tasks_lost"]
-           or r["stalled_nodes"]]
+           or r["stalled_nodes"] or r.get("by_design")]
     if odd:
-        out += ["", "Faults that did not recover, were not injected, lost a task or left a "
-                "node stalled:", ""]
+        out += ["", "Faults that did not recover, were not injected, lost a task, left a "
+                "node stalled or met a limit by design:", ""]
         out += [f"* #{r['n']} {r['fault']} on job {r.get('job', '?')} "
-                f"({r.get('target', '')}): {r.get('reason') or 'not recovered'}"
+                f"({r.get('target', '')}): "
+                f"{r.get('reason') or r.get('by_design') or 'not recovered'}"
                 f"{'; tasks lost: ' + ', '.join(r.get('lost', [])) if r['tasks_lost'] else ''}"
                 f"{'; stalled: ' + ', '.join(r.get('stalled', [])) if r['stalled_nodes'] else ''}"
                 for r in odd]
     return "\n".join(out)
+
+
+def section(r: dict[str, Any]) -> str:
+    begin, end = MARKERS[r["backend"]]
+    what = ("local Slurm cluster" if r["backend"] == "slurm" else "local OpenPBS complex")
+    return "\n".join([
+        begin,
+        f"Measured {r['date']} on {r['machine']}, with `{r['command']}` (seed {r['seed']}, "
+        f"{r['wall_s'] / 60:.0f} min, 1-min load {r['load_1min']:.2f} at the end, run under "
+        f"`nice -n 5` on a shared machine): a {r['nodes']}-node {what}, {r['jobs']} in-place "
+        f"jobs, {r['prod_jobs']} prod jobs preempting them meanwhile. {r['faults']} faults "
+        f"injected, {r['recovered']} recovered, {r['tasks_lost']} tasks lost, "
+        f"{r['stalled_nodes']} nodes idle past the grant deadline.",
+        "",
+        table(r, r["rows"], HOW),
+        "",
+        "Fault → training: from the injection to the end of the first of five consecutive "
+        "global steps of one epoch (a fault that does not stop training reads as one step); "
+        "the job must also train after the fault is undone. Samples rolled back: the steps "
+        "the job had trained beyond the step it went on from, × 8 samples × world size, from "
+        "the workers' step lines. A prod preemption that meets a fault's window is in its "
+        "figures.",
+        end])
