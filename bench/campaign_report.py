@@ -138,6 +138,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "to_training_s_median": round(statistics.median(times), 2) if times else None,
             "to_training_s_max": max(times) if times else None,
             "samples_lost": sum(lost), "samples_lost_max": max(lost) if lost else None,
+            "samples_kept": sum(r.get("samples_kept") or 0 for r in inj),
             "tasks_lost": sum(r["tasks_lost"] for r in mine),
             "stalled_nodes": sum(r["stalled_nodes"] for r in mine)}
     return {"faults": len(done), "not_injected": len(rows) - len(done),
@@ -156,18 +157,19 @@ def table(summary: dict[str, Any], rows: list[dict[str, Any]], what: dict[str, s
     """One markdown row per fault class (``what``: how each class was injected), then the
     faults that did not recover or were not injected, each with its reason."""
     out = ["| fault | how | injected | recovered | fault → training, median / max | samples "
-           "rolled back, total / max | tasks lost | stalled nodes |",
-           "|---|---|---|---|---|---|---|---|"]
+           "rolled back, total / max | samples kept | tasks lost | stalled nodes |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for name, c in summary["classes"].items():
         skipped = f" (+{c['not_injected']} not injected)" if c["not_injected"] else ""
         out.append(f"| {name} | {what.get(name, '')} | {c['faults']}{skipped} | "
                    f"{c['recovered']} | {_s(c['to_training_s_median'])} / "
                    f"{_s(c['to_training_s_max'])} | {c['samples_lost']:,} / "
                    f"{c['samples_lost_max'] if c['samples_lost_max'] is not None else '–'} | "
-                   f"{c['tasks_lost']} | {c['stalled_nodes']} |")
+                   f"{c['samples_kept']:,} | {c['tasks_lost']} | {c['stalled_nodes']} |")
     s = summary
+    kept = sum(c["samples_kept"] for c in s["classes"].values())
     out.append(f"| **all** | | {s['faults']} | {s['recovered']} | | {s['samples_lost']:,} | "
-               f"{s['tasks_lost']} | {s['stalled_nodes']} |")
+               f"{kept:,} | {s['tasks_lost']} | {s['stalled_nodes']} |")
     odd = [r for r in rows if not r["injected"] or not r["recovered"] or r["tasks_lost"]
            or r["stalled_nodes"] or r.get("by_design")]
     if odd:
@@ -188,18 +190,18 @@ def section(r: dict[str, Any]) -> str:
     return "\n".join([
         begin,
         f"Measured {r['date']} on {r['machine']}, with `{r['command']}` (seed {r['seed']}, "
-        f"{r['wall_s'] / 60:.0f} min, 1-min load {r['load_1min']:.2f} at the end, run under "
-        f"`nice -n 5` on a shared machine): a {r['nodes']}-node {what}, {r['jobs']} in-place "
+        f"{r['wall_s'] / 60:.0f} min, run under `nice -n 5` on a machine shared with others' "
+        f"tests): a {r['nodes']}-node {what}, {r['jobs']} in-place "
         f"jobs, {r['prod_jobs']} prod jobs preempting them meanwhile. {r['faults']} faults "
         f"injected, {r['recovered']} recovered, {r['tasks_lost']} tasks lost, "
         f"{r['stalled_nodes']} nodes idle past the grant deadline.",
         "",
-        table(r, r["rows"], HOW),
+        table(summarize(r["rows"]), r["rows"], HOW),
         "",
         "Fault → training: from the injection to the end of the first of five consecutive "
         "global steps of one epoch (a fault that does not stop training reads as one step); "
         "the job must also train after the fault is undone. Samples rolled back: the steps "
         "the job had trained beyond the step it went on from, × 8 samples × world size, from "
-        "the workers' step lines. A prod preemption that meets a fault's window is in its "
-        "figures.",
+        "the workers' step lines; samples kept: trained between the fault and that run and not "
+        "trained again. A prod preemption that meets a fault's window is in its figures.",
         end])

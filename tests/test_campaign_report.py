@@ -68,7 +68,8 @@ def test_reader_keeps_each_global_step_once_at_its_last_end(tmp_path):
 def row(n, fault, injected=True, recovered=True, took=1.0, lost=0, tasks=0, stalled=0, **kw):
     return {"n": n, "fault": fault, "injected": injected, "recovered": recovered,
             "to_training_s": took if injected and recovered else None,
-            "samples_lost": lost if injected and recovered else None, "tasks_lost": tasks,
+            "samples_lost": lost if injected and recovered else None,
+            "samples_kept": 8 if injected and recovered else None, "tasks_lost": tasks,
             "stalled_nodes": stalled, "job": "5", "target": "t", "reason": "", **kw}
 
 
@@ -91,9 +92,9 @@ def test_summary_and_table():
     text = table(s, rows, {"train_kill": "SIGKILL"})
     lines = text.splitlines()
     assert lines[2].startswith("| daemon_kill |") and "| 2 | 2 | 0.2 s / 0.3 s |" in lines[2]
-    assert "| train_kill | SIGKILL | 2 | 2 | 4.0 s / 6.0 s | 64 / 48 | 0 | 0 |" in text
-    assert "| sigstop |  | 1 (+1 not injected) | 0 | – / – | 0 / – |" in text
-    assert "| **all** | | 6 | 5 | | 64 | 1 | 1 |" in text
+    assert "| train_kill | SIGKILL | 2 | 2 | 4.0 s / 6.0 s | 64 / 48 | 16 | 0 | 0 |" in text
+    assert "| sigstop |  | 1 (+1 not injected) | 0 | – / – | 0 / – | 0 |" in text
+    assert "| **all** | | 6 | 5 | | 64 | 40 | 1 | 1 |" in text
     odd = [ln for ln in lines if ln.startswith("* #")]
     assert [ln.split()[1] for ln in odd] == ["#4", "#5", "#6", "#7"]
     assert "job 5 has no running task" in odd[1] and "PBS" in odd[2]
