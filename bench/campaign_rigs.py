@@ -105,6 +105,12 @@ class Rig:
         return self.add_job()
 
     def stop(self) -> None:
+        """The daemon, then the batch system (whichever started), then the tmpfs mounts."""
+        for name in ("daemon", "cluster", "cx"):
+            part = getattr(self, name, None)
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    part.stop()
         for path in self.mounts:
             umount(path)
 
@@ -166,13 +172,6 @@ class SlurmRig(Rig):
         self.daemon.start()
         for _ in range(self.njobs):
             self.add_job()
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self.daemon.stop()
-        with contextlib.suppress(Exception):
-            self.cluster.stop()
-        super().stop()
 
     def _submit(self, ckfs: Path) -> str:
         script = self.daemon.training_script(TRAIN, ckfs, inplace=True)
@@ -267,13 +266,6 @@ class PbsRig(Rig):
         self.arrays: dict[str, str] = {}
         for _ in range(self.njobs):
             self.add_job()
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self.daemon.stop()
-        with contextlib.suppress(Exception):
-            self.cx.stop()
-        super().stop()
 
     def _submit(self, ckfs: Path) -> str:
         from devtools.localcluster.pbs_helpers import job_number
