@@ -42,7 +42,6 @@ import random
 import shlex
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -63,6 +62,7 @@ from bench.campaign_rigs import (  # noqa: E402
     BATCH,
     LAUNCHER,
     TRAINER,
+    Churn,
     PbsRig,
     Rig,
     SlurmRig,
@@ -73,6 +73,8 @@ from bench.sections import host, replace_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 150.0
+TRIES = 3
+"""Tries per fault slot: one that could not be injected is tried again on another pick."""
 PROCESS_FAULTS = ("launcher_kill", "train_kill", "sigstop")
 BY_DESIGN = {
     ("pbs", "launcher_kill"): "by design on PBS: a subjob whose batch script ended (the "
@@ -149,25 +151,6 @@ def inject(rig: Rig, fault: str, job: str, rng: random.Random) -> tuple[str, flo
         ballast = fill(rig.ckfs[job])
         return f"{rig.ckfs[job].name} (tmpfs)", 12.0, lambda: ballast.unlink(missing_ok=True)
     raise NotInjected(f"{fault} does not apply to {rig.name}")
-
-
-class Churn(threading.Thread):
-    """Prod jobs of 1-2 nodes, 10-40 s each, every 4-10 s, at most two at a time."""
-
-    def __init__(self, rig: Rig, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.rig, self.rng, self.done = rig, random.Random(seed), threading.Event()
-        self.submitted = 0
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            try:
-                if self.rig.prods_active() < 2:
-                    self.rig.prod(self.rng.choice((1, 1, 2)), self.rng.randint(10, 40))
-                    self.submitted += 1
-            except Exception as exc:  # a controller being restarted: try again later
-                say(f"churn: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-            self.done.wait(self.rng.uniform(4, 10))
 
 
 class Campaign:
@@ -297,22 +280,30 @@ class Campaign:
             row["by_design"] = why
         return row
 
+    def progress(self, row: dict[str, Any], slot: int) -> None:
+        took = row["to_training_s"]
+        say(f"{self.rig.name} #{slot}/{len(self.order)} {row['fault']} {row.get('target', '')}: "
+            + ("recovered" if row["recovered"] else f"NOT recovered ({row['reason']})"
+               if row["injected"] else f"not injected ({row['reason']})")
+            + (f", training after {took:.1f} s, {row['samples_lost']} samples lost"
+               if took is not None else "")
+            + (f", tasks lost {row['lost']}" if row["tasks_lost"] else "")
+            + (f", stalled {row['stalled']}" if row["stalled_nodes"] else ""))
+
     def run(self) -> list[dict[str, Any]]:
         say(f"{self.rig.name}: waiting for the {len(self.rig.jobs)} jobs to train")
         deadline = time.time() + 300
         while time.time() < deadline and not all(self.training(j) for j in self.rig.jobs):
             time.sleep(1)
-        for n, fault in enumerate(self.order, 1):
-            row = self.one(n, fault)
-            self.rows.append(row)
-            took = row["to_training_s"]
-            say(f"{self.rig.name} #{n}/{len(self.order)} {fault} {row.get('target', '')}: "
-                + ("recovered" if row["recovered"] else f"NOT recovered ({row['reason']})"
-                   if row["injected"] else f"not injected ({row['reason']})")
-                + (f", training after {took:.1f} s, {row['samples_lost']} samples lost"
-                   if took is not None else "")
-                + (f", tasks lost {row['lost']}" if row["tasks_lost"] else "")
-                + (f", stalled {row['stalled']}" if row["stalled_nodes"] else ""))
+        n = 0
+        for slot, fault in enumerate(self.order, 1):
+            for _ in range(TRIES):  # a fault not injected (no process there yet) is tried
+                n += 1              # again, on another pick: each slot is one fault injected
+                row = self.one(n, fault)
+                self.rows.append(row)
+                self.progress(row, slot)
+                if row["injected"]:
+                    break
         return self.rows
 
 

@@ -7,16 +7,19 @@ daemon, prod jobs, the tasks a job lost and the grants the daemon timed out."""
 from __future__ import annotations
 
 import contextlib
+import random
 import re
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.e2e_common import say
 from bench.e2e_paths import lost_tasks
 from devtools.localcluster import LocalCluster
 from devtools.localcluster import faults as slurm_faults
@@ -335,3 +338,22 @@ class PbsRig(Rig):
         self.prods = [p for p in self.prods
                       if got.get(p, {}).get("job_state") not in ("F", "X", None)]
         return len(self.prods)
+
+
+class Churn(threading.Thread):
+    """Prod jobs of 1-2 nodes, 10-40 s each, every 4-10 s, at most two at a time."""
+
+    def __init__(self, rig: Rig, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.rig, self.rng, self.done = rig, random.Random(seed), threading.Event()
+        self.submitted = 0
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                if self.rig.prods_active() < 2:
+                    self.rig.prod(self.rng.choice((1, 1, 2)), self.rng.randint(10, 40))
+                    self.submitted += 1
+            except Exception as exc:  # a controller being restarted: try again later
+                say(f"churn: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            self.done.wait(self.rng.uniform(4, 10))
