@@ -377,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in result["runs"].values():
             begin, end = MARKERS[r["backend"]]
             replace_section(REPO / "BENCHMARKS.md", begin, end, section(r),
-                            f"Fault campaign on the in-place path ({r['backend']})")
+                            "Fault campaign on the in-place path, "
+                            + ("Slurm" if r["backend"] == "slurm" else "PBS"))
         say("BENCHMARKS.md updated")
     elif not args.json:
         for r in result["runs"].values():

@@ -175,8 +175,8 @@ def table(summary: dict[str, Any], rows: list[dict[str, Any]], what: dict[str, s
     if odd:
         out += ["", "Faults that did not recover, were not injected, lost a task, left a "
                 "node stalled or met a limit by design:", ""]
-        out += [f"* #{r['n']} {r['fault']} on job {r.get('job', '?')} "
-                f"({r.get('target', '')}): "
+        out += [f"* #{r['n']} {r['fault']} on job {r.get('job', '?')}"
+                f"{' (' + r['target'] + ')' if r.get('target') else ''}: "
                 f"{r.get('reason') or r.get('by_design') or 'not recovered'}"
                 f"{'; tasks lost: ' + ', '.join(r.get('lost', [])) if r['tasks_lost'] else ''}"
                 f"{'; stalled: ' + ', '.join(r.get('stalled', [])) if r['stalled_nodes'] else ''}"
@@ -191,7 +191,7 @@ def section(r: dict[str, Any]) -> str:
         begin,
         f"Measured {r['date']} on {r['machine']}, with `{r['command']}` (seed {r['seed']}, "
         f"{r['wall_s'] / 60:.0f} min, run under `nice -n 5` on a machine shared with others' "
-        f"tests): a {r['nodes']}-node {what}, {r['jobs']} in-place "
+        f"tests): a {what} of {r['nodes']} nodes, {r['jobs']} in-place "
         f"jobs, {r['prod_jobs']} prod jobs preempting them meanwhile. {r['faults']} faults "
         f"injected, {r['recovered']} recovered, {r['tasks_lost']} tasks lost, "
         f"{r['stalled_nodes']} nodes idle past the grant deadline.",
