@@ -40,6 +40,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -307,7 +308,8 @@ class Campaign:
         return self.rows
 
 
-def run_backend(name: str, faults: int, seed: int, quick: bool) -> dict[str, Any]:
+def run_backend(name: str, faults: int, seed: int, quick: bool,
+                keep: bool = False) -> dict[str, Any]:
     if name == "slurm":
         rig: Rig = SlurmRig(nodes=6 if quick else 10, jobs=2 if quick else 3,
                             max_nodes=3 if quick else 4)
@@ -331,6 +333,8 @@ def run_backend(name: str, faults: int, seed: int, quick: bool) -> dict[str, Any
         load = os.getloadavg()[0]
         say(f"{name}: stopping the cluster")
         rig.stop()
+        if not keep:  # the cluster, the daemon's state and the jobs' output
+            shutil.rmtree(getattr(rig, "root", rig.work), ignore_errors=True)
     summary = summarize(rows)
     return {"backend": name, **{k: summary[k] for k in ("faults", "recovered", "tasks_lost",
                                                         "stalled_nodes", "not_injected",
@@ -352,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print only the JSON (last line)")
     p.add_argument("--write", action="store_true", help="rewrite the campaign section(s) of "
                    "BENCHMARKS.md")
+    p.add_argument("--keep", action="store_true", help="keep the cluster's folder (logs, the "
+                   "jobs' output) after the run; it is said where on stderr")
     p.add_argument("--from-json", metavar="FILE", help="no run: the JSON of an earlier run")
     args = p.parse_args(argv)
     backends = ["pbs"] if args.pbs else ["slurm", "pbs"] if args.backend == "both" \
@@ -366,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {}
         for name in backends:
             r = run_backend(name, args.faults or (100 if name == "slurm" else 20), args.seed,
-                            args.quick)
+                            args.quick, args.keep)
             r.update(seed=args.seed, command=command, machine=host(),
                      date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
             runs[name] = r
