@@ -65,3 +65,32 @@ def test_nothing_happens_while_every_member_is_silent() -> None:
     co.tick(100.0)
     co.tick(200.0)  # none heard from: the daemon, not the members, may be the one cut off
     assert co.current("7").number == 0
+
+
+def test_a_hung_member_found_silent_is_stopped_before_it_is_named_again() -> None:
+    """n2's process hangs (SIGSTOP); n1's and n3's processes find it silent in epoch 0 and
+    say so. n2's launcher lives on and keeps checking in as running epoch 0 and ready. Before,
+    the coordinator took that check-in as a ready joiner and named n2 in the next epoch at once
+    (56 ms after the abandon, in bench/campaign.py's sigstop faults): the survivors waited 20 s
+    for it to form the group and exited, and the job restarted from disk. Now it is told to
+    stop, and joins again only with a process that checked in ready after leaving."""
+    co = restarted()
+    co.tick(10.0)
+    for n in ("n1", "n3"):
+        running(co, n, 0, 11.0)
+    co.checkin("7", "n1", 12.0, epoch=0, state="running", inplace=True, lost=(0, (1,)))
+    ep = co.current("7")
+    assert (ep.number, ep.members, ep.abandon) == (1, ("n1", "n3"), True)
+    o = running(co, "n2", 0, 12.1)  # the hung process's launcher, still calling it ready
+    assert o.kind == "stop", o
+    assert co.current("7").members == ("n1", "n3"), "the hung node was named again"
+    for n in ("n1", "n3"):
+        running(co, n, 1, 13.0)
+    co.tick(13.0)
+    assert co.current("7").number == 1
+    # its launcher stopped the process (SIGKILL) and started a new one, which got ready
+    assert co.checkin("7", "n2", 15.0, epoch=0, state="exited", rc=-9, inplace=True,
+                      ready=False).kind == "wait"
+    o = co.checkin("7", "n2", 20.0, inplace=True)
+    ep = co.current("7")
+    assert o.kind == "run" and ep.members == ("n1", "n3", "n2") and ep.path == "inplace"

@@ -95,6 +95,10 @@ class JobState:
     problem: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
     """The last ``HISTORY`` epochs: number, world size, path, abandon, start time."""
+    silent: dict[str, int] = field(default_factory=dict)
+    """In place: node → the epoch whose survivors found its process silent. Until that
+    node's launcher says the process has left, the node is not ready to join (see
+    :meth:`EpochCoordinator.checkin`)."""
 
 
 class EpochCoordinator:
@@ -214,6 +218,15 @@ class EpochCoordinator:
         st = self._get(job)
         known = st.launchers.get(node)
         addr = addr or (known.addr if known is not None else node)
+        lost_in = st.silent.get(node)
+        if lost_in is not None:
+            if state is LauncherState.RUNNING and (epoch is None or epoch <= lost_in):
+                # Still the process its peers found silent (hung: its launcher lives on and
+                # calls it ready): not ready, so it is told to stop instead of being named
+                # in the next epoch, where the others would wait for it to form the group.
+                ready = False
+            else:
+                del st.silent[node]  # that process is gone: the next one joins when ready
         ready_since = None
         if inplace and ready and state is not LauncherState.RUNNING:
             ready_since = known.ready_since if known is not None and known.ready \
@@ -258,6 +271,7 @@ class EpochCoordinator:
             return
         for n in gone:
             st.launchers.pop(n, None)
+            st.silent[n] = cur.number
         self._restart(st, now)
 
     # ----- queries -----------------------------------------------------------------------

@@ -14,6 +14,12 @@ Three calls per beat and rank, whatever the world size, so rank 0's store serves
 ``3 × world / PERIOD_S`` calls a second (15 per rank). The beat runs on a Python thread: a
 process whose main thread holds the GIL for longer than ``timeout_s`` (pickling a large state
 by hand) looks hung to its peers; ``MALLETRAIN_PEER_TIMEOUT_S`` raises the bound.
+
+The store calls run on a thread of their own, waited for at most :data:`IO_WAIT_S` per beat: a
+client's call to a store whose process hangs (SIGSTOP, a process stuck in the kernel) never
+returns — torch's TCPStore client has no timeout on ``add``, and the kernel still accepts
+connections for a stopped process — so a beat that made the calls itself hung with it and the
+survivors of a hung rank 0 never found it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ PEER_TIMEOUT_S = 1.25
 """The default silence after which a peer is lost: with :data:`PERIOD_S`, found within
 ``PEER_TIMEOUT_S + PERIOD_S`` (1.45 s) of its last beat."""
 ENV_PEER_TIMEOUT = "MALLETRAIN_PEER_TIMEOUT_S"
+IO_WAIT_S = PERIOD_S
+"""How long a beat waits for its store calls; a call that returns later still counts (at the
+next beat, as answered when it returned)."""
 
 
 def peer_timeout_s(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
@@ -62,6 +71,16 @@ class Lost:
     why: str
 
 
+@dataclass
+class _Exchange:
+    """One beat's store calls on their own thread: (the watched counter, the lost flag) and
+    when they returned, once they have."""
+
+    thread: threading.Thread | None = None
+    result: tuple[int, int] | None = None
+    done_at: float | None = None
+
+
 def _accepts(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=PERIOD_S):
@@ -88,6 +107,7 @@ class Heartbeat:
         self._moved_at = 0.0
         self._answered_at = 0.0            # the store's last answer
         self._done = False                 # this epoch's loss was reported
+        self._io: _Exchange | None = None  # store calls in flight (or done, not yet read)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(PERIOD_S):
@@ -106,19 +126,15 @@ class Heartbeat:
             self._epoch, self._client, self._watched = m.epoch, None, None
             self._moved_at = self._answered_at = now
             self._done = False
+            self._io = None  # calls stuck in an older epoch's store are left behind
         if self._done:
             return
         base = f"malletrain/{m.epoch}"
         watched = (m.rank + 1) % m.world
         value, flagged = self._watched, 0
-        try:
-            store = self._store(m)
-            store.add(f"{base}/hb/{m.rank}", 1)
-            value = int(store.add(f"{base}/hb/{watched}", 0))
-            flagged = int(store.add(f"{base}/lost", 0))
-            self._answered_at = now
-        except (RuntimeError, OSError, ValueError):
-            self._client = None  # made anew at the next beat
+        got = self._exchange(m, base, watched)
+        if got is not None:
+            (value, flagged), self._answered_at = got
         if value != self._watched:
             self._watched, self._moved_at = value, now
         if flagged:
@@ -138,6 +154,36 @@ class Heartbeat:
                     self._client = None
             self._lost(Lost(m.epoch, [watched], f"epoch {m.epoch}: rank {watched} has not "
                             f"beaten for {now - self._moved_at:.1f} s"))
+
+    def _exchange(self, m: Membership, base: str,
+                  watched: int) -> tuple[tuple[int, int], float] | None:
+        """This beat's store calls: ((the watched counter, the lost flag), when they
+        returned), or None when the store has not answered (yet). Calls still in flight from
+        an earlier beat are not doubled: a hung store holds one thread, not one per beat."""
+        io = self._io
+        if io is None:
+            io = self._io = _Exchange()
+            io.thread = threading.Thread(target=self._calls, args=(io, m, base, watched),
+                                         daemon=True, name="malletrain-heartbeat-store")
+            io.thread.start()
+            io.thread.join(IO_WAIT_S)
+        if io.thread is not None and io.thread.is_alive():
+            return None
+        self._io = None
+        if io.result is None or io.done_at is None:
+            return None
+        return io.result, io.done_at
+
+    def _calls(self, io: _Exchange, m: Membership, base: str, watched: int) -> None:
+        try:
+            store = self._store(m)
+            store.add(f"{base}/hb/{m.rank}", 1)
+            result = (int(store.add(f"{base}/hb/{watched}", 0)),
+                      int(store.add(f"{base}/lost", 0)))
+        except (RuntimeError, OSError, ValueError):
+            self._client = None  # made anew at the next beat
+            return
+        io.result, io.done_at = result, self.clock()
 
     def _store(self, m: Membership) -> Any:
         if self._client is None:
