@@ -10,12 +10,13 @@ counts once, at the last rank's end.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from devtools.runlogs.inplace_logs import json_line
 
 RUN = 5
 """Consecutive global steps, in one epoch, that say a job trains again."""
@@ -68,13 +69,8 @@ class StepReader:
 
     def add(self, lines: Iterable[str]) -> None:
         for line in lines:
-            if not line.startswith('{"t"'):
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("failed") or "step" not in rec:
+            rec = json_line(line)
+            if rec is None or "t" not in rec or rec.get("failed") or "step" not in rec:
                 continue
             key = (int(rec["epoch"]), int(rec["step"]))
             old = self.latest.get(key)

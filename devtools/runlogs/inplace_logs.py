@@ -44,16 +44,24 @@ class InplaceLog:
         return max((r["step"] for r in self.steps), default=0)
 
 
+def json_line(line: str) -> dict[str, Any] | None:
+    """A worker's JSON line as a dict; None for any other line, or one cut by a kill."""
+    if not line.startswith("{"):
+        return None
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def read(outdir: Path, job: str) -> InplaceLog:
     log = InplaceLog()
     for path in sorted(outdir.glob(f"task-{job}_*.out")):
         for line in path.read_text(errors="replace").splitlines():
-            if not line.startswith("{"):
+            rec = json_line(line)
+            if rec is None:
                 continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill
             # one process of the task: several per node share its output
             rec["task"] = f"{path.name}:{rec.get('local', 0)}"
             if "change" in rec:
