@@ -33,8 +33,11 @@ that part says why it was skipped):
    NCCL the same with the abort in a thread (``inplace._abort_group``).
 4. **Elastic's own re-form** (``elastic``) — one ``inplace.Elastic`` process at world 1 driven
    through membership files as the launcher does: start → ready, planned re-forms and
-   ``abandon`` re-forms; the pause is the gap between the last step timestamp in the old epoch
-   and the first in the new one (as in docs/inplace.md), with Elastic's own ``reform_s`` and
+   ``abandon`` re-forms, each epoch at least 1.5 s (longer than an NCCL abort, as re-forms
+   seconds apart are: a re-form that comes sooner waits for the last group's tear-down, at
+   most one being let go at a time; the leak check shows that case); the pause is the gap between the last step timestamp in the old epoch
+   and the first in the new one (as in docs/inplace.md), with Elastic's own ``reform_s`` (and
+   its pieces: the wait for the last group, the store, the init, the hand-over) and
    what letting go of each old group took in its thread (``Elastic.retired``).
 5. **joiner start-up** (``joiner``) — fresh processes timing ``import torch``, the first CUDA
    context, building the NAS example's model, the first optimizer, the first and second step:
@@ -42,8 +45,9 @@ that part says why it was skipped):
    a MalleTrain training process does (``worker.startup.defer_dynamo``: never imported),
    alternated.
 6. **leak check** (``leak``) — ``--leak-reforms`` (200) planned re-forms of one ``Elastic``
-   process: resident memory, threads and GPU memory (allocated and reserved) from the 10th
-   re-form to the last; any growth fails the part.
+   process: resident memory, threads and GPU memory (allocated and reserved) from a quarter
+   of them (the first NCCL re-forms warm up host memory) to the last, and the resident
+   memory at every 20th; any growth fails the part.
 7. **the examples** (``examples``) — examples/train_elastic.py and examples/nas_cell.py alone
    (world 1) on ``--device cuda`` and ``--device cpu``: the median step time after warm-up;
    examples/torchrun/after.py (and the Lightning and Hugging Face ones where installed) run on
@@ -66,7 +70,7 @@ import json
 import os
 import re
 import shlex
-import socket
+import signal
 import statistics
 import subprocess
 import sys
@@ -97,9 +101,18 @@ def say(msg: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """The next master port of 29500-29999 (the daemon's default range) that can be bound now
+    (``inplace.PortCycle``). A port bound to 0 and let go was taken on an H100 before the
+    training process bound it, and a TIME_WAIT kept its store from listening for 32 and 58 s."""
+    from malletrain_core.worker.inplace import PortCycle
+
+    global _ports
+    if _ports is None:
+        _ports = PortCycle(29500, 29999)
+    return _ports()
+
+
+_ports: Any = None
 
 
 def median(xs: list[float]) -> float | None:
@@ -288,8 +301,10 @@ def child_reform(spec: dict[str, Any]) -> dict[str, Any]:
         rows["first_allreduce_s"].append(t3 - t2)
         rows["pause_s"].append(t3 - t0)
     # The way Elastic re-forms now: the old group forgotten, shut down in a thread, the new
-    # one formed beside it and trained on at once; all-reduces are counted until the old
-    # group's shut-down returns.
+    # one formed beside it and trained on at once; all-reduces are counted until every
+    # rank's old group has shut down (each round all-reduces a "mine is done" flag too, so
+    # that the ranks stop together: a rank that stopped alone left its peer's all-reduce
+    # without a partner, 1 run in 1 at a load of 3 on the 2-core machine).
     for key in ("side_pause_s", "side_teardown_s", "side_overlap_ops"):
         rows[key] = []
     for i in range(spec["rounds"]):
@@ -300,10 +315,14 @@ def child_reform(spec: dict[str, Any]) -> dict[str, Any]:
         _sync(dev)
         rows["side_pause_s"].append(time.perf_counter() - t0)
         ops = 0
-        while not side.done.is_set():
+        while True:  # until every rank's old group is shut down (they must stop together)
             dist.all_reduce(x)
+            flag = torch.tensor([1.0 if side.done.is_set() else 0.0], device=dev)
+            dist.all_reduce(flag)
             _sync(dev)
             ops += 1
+            if int(flag.item()) == spec["world"]:
+                break
         rows["side_teardown_s"].append(side.seconds)
         rows["side_overlap_ops"].append(float(ops))
     action = inplace.abandon_action(dist.get_backend())
@@ -665,8 +684,12 @@ def pauses(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def part_elastic(backend: str, reforms: int, abandons: int, steps_per_epoch: int
-                 ) -> dict[str, Any]:
+def part_elastic(backend: str, reforms: int, abandons: int, steps_per_epoch: int,
+                 min_epoch_s: float = 0.0, settle_epoch: int = 10) -> dict[str, Any]:
+    """One Elastic process re-formed ``reforms`` times as planned, then ``abandons`` times
+    abandoning; each epoch lasts ``steps_per_epoch`` steps and at least ``min_epoch_s``
+    (0: back to back, the next re-form may come while the last group is still being let go,
+    and then waits for it: at most one old group is let go at a time)."""
     from malletrain_core.worker import inplace, training
 
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
@@ -700,6 +723,8 @@ def part_elastic(backend: str, reforms: int, abandons: int, steps_per_epoch: int
 
                 _wait(enough, BUDGET.cap(120), f"{steps_per_epoch} steps in epoch {epoch}",
                       proc)
+                while time.time() - told < min_epoch_s:
+                    time.sleep(0.01)
                 if epoch == 0:
                     first = next(r for r in lines.records() if r.get("epoch") == 0)
                     first_step_s = first["t"] - told
@@ -727,10 +752,24 @@ def part_elastic(backend: str, reforms: int, abandons: int, steps_per_epoch: int
                                          if c.get("epoch") in {g["epoch"] for g in mine}
                                          and "reform_s" in c]),
                      "step_interval_s": median([g["step_interval_s"] for g in mine
-                                               if g["step_interval_s"] is not None])}
+                                               if g["step_interval_s"] is not None]),
+                     # where Elastic's reform_s went (inplace.Elastic._apply's phases)
+                     "phases": {ph: spread([c[ph] for c in changes
+                                            if c.get("epoch") in {g["epoch"] for g in mine}
+                                            and ph in c])
+                                for ph in ("wait_retiring_s", "store_s", "form_s",
+                                           "hand_over_s")}}
     for kind in ("shutdown", "abort"):
         out[f"let_go_{kind}_s"] = spread([r["seconds"] for r in retired if r["kind"] == kind])
-    out["footprint"] = footprint(records, settle_epoch=min(10, reforms))
+    out["min_epoch_s"] = min_epoch_s
+    out["footprint"] = footprint(records, settle_epoch=min(settle_epoch, reforms))
+    # resident memory at the first step of every 20th epoch: growth that goes on, or settles
+    firsts: dict[int, float] = {}
+    for r in records:
+        if "step" in r and "rss_mb" in r and isinstance(r.get("epoch"), int):
+            firsts.setdefault(r["epoch"], r["rss_mb"])
+    out["rss_mb_by_epoch"] = {str(e): round(v, 1) for e, v in sorted(firsts.items())
+                              if e % 20 == 0 or e == max(firsts)}
     return out
 
 
@@ -750,8 +789,11 @@ def footprint(records: list[dict[str, Any]], settle_epoch: int) -> dict[str, Any
 
 def part_leak(backend: str, reforms: int) -> dict[str, Any]:
     """``reforms`` planned re-forms of one Elastic process (world 1, two steps each): its
-    memory, threads and GPU memory from the 10th to the last, and what letting go took."""
-    out = part_elastic(backend, reforms, 0, 2)
+    memory, threads and GPU memory from a quarter of them (at least the 10th) to the last,
+    and what letting go took. On an H100 the resident memory grew 115 MB over the first 40
+    NCCL re-forms (where, not traced), then 0.2 MB over the next 80: growth measured from
+    the 10th re-form is that warm-up, which settles, not a leak that goes on."""
+    out = part_elastic(backend, reforms, 0, 2, settle_epoch=max(10, reforms // 4))
     grew = {k: v["growth"] for k, v in out["footprint"].items() if isinstance(v, dict)}
     # the allocator's and the interpreter's noise: a few MiB of RSS; nothing else may grow
     out["leaked"] = bool(grew.get("rss_mb", 0) > 16 or grew.get("threads", 0) > 0
@@ -821,6 +863,25 @@ def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> 
                 **step_times([s for s, _ in spans] + [e for _, e in spans[-1:]], 10),
                 "compute_s": median([e - s for s, e in spans[10:]]),
                 **({"error": last} if code else {})}
+    if "cuda" in devices and budget.left() >= 90:
+        # a script that compiles (inductor, Triton kernels on the GPU): it must still train
+        # now that a training process starts without torch._dynamo
+        with tempfile.TemporaryDirectory(prefix="bench-gpu-ex-") as tmp:
+            env = _env(None, {"MALLETRAIN_CHECKPOINT_DIR": tmp, "SLURMD_NODENAME": "bench"})
+            code, wall, last, _ = run_example(
+                [py, "examples/nas_cell.py", "--cell-seed", "3", "--steps", "30", "--batch",
+                 "16", "--log-every", "31", "--checkpoint-every-s", "3600", "--device", "cuda",
+                 "--compile", "inductor"], env, budget.cap(240))
+            log = Path(tmp) / "steps" / "bench.log"
+            spans = []
+            if log.exists():
+                spans = [(float(ln.split()[0]), float(ln.split()[1]))
+                         for ln in log.read_text().splitlines() if ln.strip()]
+            out["nas_cell/cuda-inductor"] = {
+                "exit_code": code, "wall_s": round(wall, 2),
+                **step_times([s for s, _ in spans] + [e for _, e in spans[-1:]], 10),
+                "compute_s": median([e - s for s, e in spans[10:]]),
+                **({"error": last} if code else {})}
     if "cuda" in devices:
         byo = {"torchrun": ([py, "-m", "torch.distributed.run", "--standalone",
                              "--nproc-per-node=1", "examples/torchrun/after.py", "--epochs", "2",
@@ -846,6 +907,27 @@ def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> 
 
 # ----- the whole run --------------------------------------------------------------------------
 
+class Interrupted(Exception):
+    """SIGTERM (``timeout``, a lease's end) while a part ran."""
+
+
+def _kill_children() -> None:
+    """Kill this bench's child processes (a part left them when it was interrupted)."""
+    try:
+        import psutil
+    except ImportError:
+        return
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise Interrupted(f"interrupted by signal {signal.Signals(signum).name}")
+
+
 def run(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     backend = "gloo" if args.cpu_check else "nccl"
     gpus = len(info.get("gpus") or [])
@@ -853,12 +935,18 @@ def run(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     no_world2 = {"skipped": f"{gpus} GPU visible: world 2 needs 2"}
     global BUDGET
     budget = BUDGET = Budget(args.budget_s)
+    signal.signal(signal.SIGTERM, _interrupt)
     result: dict[str, Any] = {"backend": backend, "failed": []}
     trials = args.trials
     numel = args.numel if not args.cpu_check else min(args.numel, 1 << 20)
 
+    stopped: list[str] = []
+
     def attempt(key: str, fn: Any, need_s: float) -> None:
         if key.split("/")[0] not in args.parts:
+            return
+        if stopped:
+            result[key] = {"skipped": stopped[0]}
             return
         if budget.left() < need_s:
             result[key] = {"skipped": f"out of --budget-s ({args.budget_s:g} s): "
@@ -873,6 +961,14 @@ def run(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
             result[key] = {"error": str(exc)}
             result["failed"].append(key)
             say(f"{key}: FAILED {exc}")
+        except Interrupted as exc:
+            # the figures of the parts done so far are still printed
+            stopped.append(f"not run: {exc}")
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the bench
+            _kill_children()
+            result[key] = {"error": f"{exc} after {time.monotonic() - t0:.0f} s in this part"}
+            result["failed"].append(key)
+            say(f"{key}: {exc}; printing what the parts before it measured")
         else:
             say(f"{key}: {time.monotonic() - t0:.1f} s")
 
@@ -894,7 +990,12 @@ def run(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
                 backend, w, args.reforms, args.abandons), 40)
         elif "reform" in args.parts:
             result[f"reform/world{world}"] = no_world2
-    attempt("elastic/world1", lambda: part_elastic(backend, args.reforms, args.abandons, 20), 60)
+    # epochs of 1.5 s at least: longer than an NCCL abort (1.0 s on an H100), so that each
+    # re-form finds the last group let go, as re-forms seconds apart do; the leak check
+    # re-forms back to back (each waits for the last group's tear-down, the bound)
+    attempt("elastic/world1", lambda: part_elastic(backend, args.reforms, args.abandons, 20,
+                                                   min_epoch_s=1.5),
+            60 + 1.5 * (args.reforms + args.abandons))
     attempt("joiner", lambda: part_joiner(backend, args.joiners), 20 * args.joiners)
     attempt("leak", lambda: part_leak(backend, args.leak_reforms), 0.5 * args.leak_reforms)
     if isinstance(result.get("leak"), dict) and result["leak"].get("leaked"):
@@ -1009,9 +1110,22 @@ def section(r: dict[str, Any], command: str) -> str:
                   f"{_s(el['planned']['pause_s'])}, Elastic's reform_s "
                   f"{_s(el['planned']['reform_s'])}; abandon re-form: pause "
                   f"{_s(el['abandon']['pause_s'])}, reform_s {_s(el['abandon']['reform_s'])} "
-                  f"(a step every {el['planned']['step_interval_s'] or 0:.3f} s). The old "
+                  f"(a step every {el['planned']['step_interval_s'] or 0:.3f} s, "
+                  + (f"epochs of at least {el['min_epoch_s']:g} s" if el.get("min_epoch_s")
+                     else "epochs back to back: a re-form may wait for the last group's "
+                     "let-go") + "). The old "
                   f"group, let go in a thread: shut-down {_s(el.get('let_go_shutdown_s'))}, "
                   f"abort {_s(el.get('let_go_abort_s'))}.", ""]
+        for kind in ("planned", "abandon"):
+            ph = el[kind].get("phases") or {}
+            if any((v or {}).get("median") is not None for v in ph.values()):
+                article = "an" if kind == "abandon" else "a"
+                lines += [f"Where {article} {kind} re-form's reform_s goes: " + "; ".join(
+                    f"{name} {_s(ph.get(key))}" for name, key in (
+                        ("waiting for the last group's let-go", "wait_retiring_s"),
+                        ("meeting at the store", "store_s"),
+                        ("store and group init", "form_s"),
+                        ("hand-over", "hand_over_s"))) + ".", ""]
     lk: Any = r.get("leak")
     why = _why(lk)
     if why:
@@ -1023,7 +1137,13 @@ def section(r: dict[str, Any], command: str) -> str:
         lines += [f"Leak check, {fp.get('to_epoch', '?')} planned re-forms of one Elastic "
                   f"process, from epoch {fp.get('from_epoch', '?')} to the last: {grew} "
                   f"({'GROWTH' if lk.get('leaked') else 'no growth'}); planned pause "
-                  f"{_s(lk['planned']['pause_s'])}.", ""]
+                  f"{_s(lk['planned']['pause_s'])}, back to back (two steps apart), so each "
+                  "re-form first waits for the last group's let-go"
+                  + (f": waiting {_s(lk['planned']['phases'].get('wait_retiring_s'))}"
+                     if lk["planned"].get("phases") else "") + ".", ""]
+        if lk.get("rss_mb_by_epoch"):
+            lines += ["Resident memory (MB) at the first step of every 20th epoch: " + ", ".join(
+                f"{e}: {v:g}" for e, v in lk["rss_mb_by_epoch"].items()) + ".", ""]
     j: Any = r.get("joiner")
     why = _why(j)
     if why:

@@ -31,10 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "workers" / "inplace_train.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# master ports below the ephemeral range, in turn, as the daemon hands them out (a port bound
+# to 0 and let go can be taken by a connection, whose TIME_WAIT then blocks the store 60 s)
+free_port = inplace.PortCycle(27000, 27999, start=27000 + os.getpid() % 1000)
 
 
 class Proc:
@@ -380,6 +379,31 @@ def test_repeated_reforms_leak_nothing(driver):
     gaps = [pause(a, e, e - 1)[0] for e in range(first + 1, d.epoch + 1)]
     print(f"\n{REFORM_LEAK_ROUNDS} re-forms: re-form median {statistics.median(reform):.3f} s, "
           f"pause median {statistics.median(gaps):.3f} s, max {max(gaps):.3f} s")
+
+
+def test_a_store_port_taken_is_reported_and_waited_out(driver):
+    """Rank 0 cannot listen on the epoch's port (held here as a connection's TIME_WAIT would
+    hold it): after 5 s it says so in one line, naming the port and the fix, keeps trying, and
+    forms the group once the port is free."""
+    d = driver
+    a = d.start("a")
+    port = free_port()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    a.tell(inplace.Membership(epoch=1, rank=0, world=1, master="127.0.0.1", port=port))
+    d.members, d.epoch = [a], 1
+    try:
+        wait_for(lambda: f"cannot listen on port {port}" in a.log.read_text(), 30,
+                 "the port warning", [a])
+        assert not a.steps(), "trained without a group"
+    finally:
+        holder.close()
+    d.wait_trained(1, 2, timeout=30)
+    text = a.log.read_text()
+    assert text.count("cannot listen on port") == 1 and "port_min-port_max" in text
+    change = next(r["change"] for r in a.records() if "change" in r)
+    assert change["store_s"] >= 5.0
 
 
 def test_same_script_runs_without_malletrain(tmp_path):

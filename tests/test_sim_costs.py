@@ -58,21 +58,22 @@ def test_inplace_figures_are_the_measured_ones() -> None:
 
 
 def test_inplace_gpu_figures_are_sums_of_the_h100_measurements() -> None:
-    """One H100, world 1 (see costs.py): a side-group re-form with its first all-reduce
-    0.053 s, a joiner's first step 0.44 s, its start to ready 3.9 s without torch._dynamo."""
+    """inplace.Elastic on one H100, world 1 (see costs.py): a planned re-form 0.034 s, an
+    abandon 0.041 s, a joiner's first step 0.37 s, its start to ready 3.95 s."""
     c = INPLACE_GPU
-    assert (cost_models.GPU_SIDE_REFORM_S, cost_models.GPU_JOINER_FIRST_STEP_S,
-            cost_models.GPU_JOINER_READY_S) == (0.053, 0.44, 3.9)
-    assert (c.grow_pause_s, c.shrink_pause_s, c.preempt_pause_s) == (0.493, 0.053, 0.053)
-    assert (c.joiner_start_s, c.lost_step_s, c.first_report_s) == (3.9, 1.0, 2.0)
+    assert (cost_models.GPU_REFORM_S, cost_models.GPU_ABANDON_REFORM_S,
+            cost_models.GPU_JOINER_FIRST_STEP_S, cost_models.GPU_JOINER_READY_S) == (
+        0.034, 0.041, 0.37, 3.95)
+    assert (c.grow_pause_s, c.shrink_pause_s, c.preempt_pause_s) == (0.404, 0.034, 0.041)
+    assert (c.joiner_start_s, c.lost_step_s, c.first_report_s) == (3.95, 1.0, 2.0)
     assert c.inplace
     # the joiner's first step waits for the members: a GPU grow still pauses longer than a
     # CPU one; nothing waits for the old group's tear-down any more
     assert c.grow_pause_s > INPLACE.grow_pause_s
     assert c.shrink_pause_s < INPLACE.shrink_pause_s and c.preempt_pause_s < INPLACE.preempt_pause_s
     doc = cost_models.__doc__ or ""
-    for text in ("H100", "torch 2.11.0+cu130", "NCCL 2.28.9", "bench/gpu.py", "research/gpu.md",
-                 "0.015–0.053", "0.45–0.50", "4.1–5.6", "0.44", "3.9", "3.6", "11.5-s joiner"):
+    for text in ("H100", "torch 2.11.0+cu130", "NCCL 2.28.9", "bench.gpu", "0.034", "0.041",
+                 "0.37", "3.95", "0.018", "11.5-s joiner"):
         assert text in doc, text
 
 
@@ -87,7 +88,7 @@ def test_inplace_losses_per_change_by_hand(costs: RescaleCosts) -> None:
     # Grow 2→4: the joiners start for j s while the members train at 18/s, then g s of
     # pause, then 30/s. inplace: against an instant change, 30 × 7.43 − 131.4 = 91.5.
     grow = 30 * (j + g) - 18 * j
-    assert grow == pytest.approx({"inplace": 91.5, "inplace-gpu": 30 * 4.393 - 18 * 3.9}[
+    assert grow == pytest.approx({"inplace": 91.5, "inplace-gpu": 30 * 4.354 - 18 * 3.95}[
         costs.name])
     assert got[1] == pytest.approx((1800 + 18 * j + 30 * (100 - j - g), 4800 - grow, grow,
                                     0.0))
@@ -147,9 +148,9 @@ def test_cost_models_are_named_and_declared() -> None:
     assert INPLACE.declared(18.0, 12.0) == pytest.approx((7.43, 1.29))
     reqs = job_requests("freetrain-exact", [_job(18.0, 12.0)], 0, costs=INPLACE)
     assert (reqs[0].scale_up_s, reqs[0].scale_down_s) == pytest.approx((7.43, 1.29))
-    assert INPLACE_GPU.declared(18.0, 12.0) == pytest.approx((4.393, 1.053))
+    assert INPLACE_GPU.declared(18.0, 12.0) == pytest.approx((4.354, 1.041))
     reqs = job_requests("freetrain-exact", [_job(18.0, 12.0)], 0, costs=INPLACE_GPU)
-    assert (reqs[0].scale_up_s, reqs[0].scale_down_s) == pytest.approx((4.393, 1.053))
+    assert (reqs[0].scale_up_s, reqs[0].scale_down_s) == pytest.approx((4.354, 1.041))
 
 
 @pytest.mark.parametrize("costs", [INPLACE, INPLACE_GPU], ids=lambda c: c.name)
@@ -170,7 +171,7 @@ def test_first_report_comes_when_training_resumes_in_place(costs: RescaleCosts) 
     backend.execute([Grow(job.id, (names[1],))], first.time)  # joiners' start, then the pause
     second = _next_report(backend)
     assert second.world_size == 2
-    grow = {"inplace": 7.3 + 0.13, "inplace-gpu": 3.9 + 0.493}[costs.name]
+    grow = {"inplace": 7.3 + 0.13, "inplace-gpu": 3.95 + 0.404}[costs.name]
     assert second.time == pytest.approx(first.time + grow + 2.0)
 
 

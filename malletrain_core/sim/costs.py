@@ -35,33 +35,30 @@ torch 2.13 CPU, gloo, 2 shared cores, medians of the members' pauses):
 
 ``inplace-gpu`` — the same in-place path on GPU nodes (``Elastic(..., backend="nccl")``), as it
 is now: the old group let go in a thread beside the next one (``inplace._Retiring``) and a
-joiner that never imports ``torch._dynamo`` (``worker.startup``). The figures come from one
-H100 (torch 2.11.0+cu130, NCCL 2.28.9, world 1; ``../shared/research/gpu.md``), where the
-side-group re-form and the joiner's start-up by piece were measured; the whole of the new
-``Elastic`` has not run on a GPU yet, so these are derived from those pieces, and
-``bench/gpu.py`` is the way to check or replace them. One GPU means world 1 only: re-forms of
-larger NCCL groups and a hand-over between GPUs were not measured:
+joiner that never imports ``torch._dynamo`` (``worker.startup``). The figures are what
+``python -m bench.gpu`` measured of ``inplace.Elastic`` itself on one H100 (torch 2.11.0+cu130,
+NCCL 2.28.9, world 1, 28 November 2026; BENCHMARKS.md, section GPU). One GPU means world 1
+only: re-forms of larger NCCL groups and a hand-over between GPUs were not measured:
 
-* ``grow_pause_s`` 0.50 s — a group formed beside the old one and its first all-reduce
-  0.053 s (the top of the measured 0.015–0.053 s; destroying the old group, 0.45–0.50 s, is
-  no longer waited for) + the joiner's first step 0.44 s (measured; the members wait for it in
-  that step's all-reduce);
-* ``shrink_pause_s`` 0.053 s — the side-group re-form, no joiner;
-* ``preempt_pause_s`` 0.053 s — an ``abandon`` re-form: the abort (1.0 s) runs in the old
-  group's thread too, so the survivors pay the side-group re-form only;
+* ``grow_pause_s`` 0.40 s — a planned re-form 0.034 s (the median pause of 120 re-forms less
+  their wait for the last group's let-go, which re-forms seconds apart do not meet) + the
+  joiner's first step 0.37 s (the members wait for it in that step's all-reduce);
+* ``shrink_pause_s`` 0.034 s — the same re-form, no joiner;
+* ``preempt_pause_s`` 0.041 s — an ``abandon`` re-form that found the last group let go (one
+  such re-form measured; the side-group primitive with the abort in a thread: 0.018 s);
 * ``lost_step_s`` 1.0 s — as under ``inplace`` (the profiles carry no step time);
-* ``joiner_start_s`` 3.9 s — a joiner's process from its start to ready as measured by piece
-  (interpreter 0.10, ``import torch`` 3.6, the CUDA context 0.16, the model 0.03 s) less the
-  ``import torch._dynamo`` (4.1–5.6 s) that a MalleTrain training process no longer does;
-  ``ready`` is written once model and optimizer exist, before any step, so the first step is
-  charged in the grow pause above; the batch system's start of the task (about 0.5 s under
-  Slurm here) is not in it;
+* ``joiner_start_s`` 3.95 s — a joiner's process from its start to ready (the median of three;
+  ``import torch`` 3.5-3.7 s of it), with no ``import torch._dynamo`` (4.1 s more when torch
+  starts it); ``ready`` is written once model and optimizer exist, before any step, so the
+  first step is charged in the grow pause above; the batch system's start of the task (about
+  0.5 s under Slurm here) is not in it;
 * ``first_report_s`` 2.0 s — the worker's report interval, as under ``inplace``.
 
-So the engine measures a grow at ≈ 6.4 s (3.9 + 0.50 + 2) and a shrink at ≈ 3.1 s
-(1.0 + 0.053 + 2). (The figures of the first GPU pass, with the old group destroyed on the
-critical path and the joiner importing ``torch._dynamo``: grow 1.56 s after an 11.5-s joiner,
-shrink 0.56 s, preemption 1.01 s.)
+So the engine measures a grow at ≈ 6.4 s (3.95 + 0.40 + 2) and a shrink at ≈ 3.0 s
+(1.0 + 0.041 + 2). (Before, derived from the pieces of a first GPU pass: grow 0.49 s after a
+3.9-s joiner, shrink and preemption 0.053 s; the first GPU pass itself, with the old group
+destroyed on the critical path and the joiner importing ``torch._dynamo``: grow 1.56 s after an
+11.5-s joiner, shrink 0.56 s, preemption 1.01 s.)
 
 Under ``inplace`` and ``inplace-gpu`` a change that leaves no process alive — a preemption that
 takes every node of a job, or a shrink to 0 — still costs a restart from the disk checkpoint,
@@ -108,14 +105,16 @@ RESTART = RescaleCosts("restart", inplace=False)
 INPLACE = RescaleCosts("inplace", inplace=True, grow_pause_s=0.13, shrink_pause_s=0.20,
                        preempt_pause_s=0.29, lost_step_s=1.0, joiner_start_s=7.3,
                        first_report_s=2.0)
-# One H100 (torch 2.11.0+cu130, NCCL 2.28.9), world 1; see the module docstring and bench/gpu.py.
-GPU_SIDE_REFORM_S = 0.053     # a group formed beside the old one + its first all-reduce
-GPU_JOINER_FIRST_STEP_S = 0.44  # a joiner's first step; the members wait for it
-GPU_JOINER_READY_S = 3.9      # process start -> ready without torch._dynamo (9.4 s with it)
+# inplace.Elastic on one H100 (torch 2.11.0+cu130, NCCL 2.28.9), world 1, by bench/gpu.py;
+# see the module docstring.
+GPU_REFORM_S = 0.034          # a planned re-form's pause (the old group let go beside it)
+GPU_ABANDON_REFORM_S = 0.041  # an abandon re-form's pause (the abort in a thread)
+GPU_JOINER_FIRST_STEP_S = 0.37  # a joiner's first step; the members wait for it
+GPU_JOINER_READY_S = 3.95     # process start -> ready without torch._dynamo (7.9 s with it)
 INPLACE_GPU = RescaleCosts(
     "inplace-gpu", inplace=True,
-    grow_pause_s=round(GPU_SIDE_REFORM_S + GPU_JOINER_FIRST_STEP_S, 3),
-    shrink_pause_s=GPU_SIDE_REFORM_S, preempt_pause_s=GPU_SIDE_REFORM_S,
+    grow_pause_s=round(GPU_REFORM_S + GPU_JOINER_FIRST_STEP_S, 3),
+    shrink_pause_s=GPU_REFORM_S, preempt_pause_s=GPU_ABANDON_REFORM_S,
     lost_step_s=1.0, joiner_start_s=GPU_JOINER_READY_S, first_report_s=2.0)
 COST_MODELS = {c.name: c for c in (RESTART, INPLACE, INPLACE_GPU)}
 DEFAULT_COST_MODEL = RESTART.name

@@ -276,6 +276,38 @@ class _Retiring:
                 "seconds": round(self.seconds or 0.0, 4), "error": self.error}
 
 
+class PortCycle:
+    """Master ports handed out in turn from ``lo``-``hi``, as the daemon hands them out from
+    ``[epochs] port_min-port_max``, skipping any that cannot be bound on ``host`` now: for
+    whatever stands in for the daemon (the benches, the tests). Keep the range below Linux's
+    ephemeral range (``net.ipv4.ip_local_port_range``, 32768- by default): a port bound to 0
+    and let go can be taken by a connection's local end, and its TIME_WAIT then keeps the
+    group's store from listening for up to 60 s."""
+
+    def __init__(self, lo: int, hi: int, start: int | None = None,
+                 host: str = "127.0.0.1") -> None:
+        self.lo, self.hi, self.host = lo, hi, host
+        self._next = lo if start is None else lo + (start - lo) % (hi - lo + 1)
+
+    def __call__(self) -> int:
+        span = self.hi - self.lo + 1
+        for _ in range(span):
+            port, self._next = self._next, self.lo + (self._next - self.lo + 1) % span
+            with socket.socket() as s:
+                try:
+                    s.bind((self.host, port))
+                except OSError:
+                    continue
+            return port
+        raise RuntimeError(f"no port of {self.lo}-{self.hi} can be bound on {self.host}")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's last line of text (c10d's errors run over several)."""
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
+
+
 def _shutdown_group(group: Any) -> None:
     """Shut a forgotten group down (what ``destroy_process_group`` does to it)."""
     group.shutdown()
@@ -488,6 +520,7 @@ class Elastic:
         self._retiring: _Retiring | None = None   # the last group, being let go in a thread
         self.retire_bound_s: float | None = None  # None: _bound(kind)
         self.retired: list[dict[str, Any]] = []   # what letting go of each old group took
+        self._phases: dict[str, float] = {}       # the current re-form's pieces (_apply)
         self._store: Any = None
         self._torch_hook: tuple[Any, Any] = (None, None)  # (what it wrapped, torch's hook)
         self._latest: Membership | None = None
@@ -635,7 +668,9 @@ class Elastic:
         # abort that hangs itself (a communicator stuck in the driver) is given up on after
         # retire_bound_s: the node's processes leave and restart (never a hung job).
         kind = "abort" if self._pending.reason is not None else "shutdown"
+        t0 = time.monotonic()
         self._settle_retiring(wait=True)   # at most one old group being let go at a time
+        self._phases["wait_retiring_s"] = time.monotonic() - t0
         group, store, self._store = dist.group.WORLD, self._store, None
         _forget_default_group()
         self._retiring = _Retiring(kind, self.epoch, backend, [old_net, group, store], works)
@@ -720,6 +755,7 @@ class Elastic:
         # keys of this epoch only: a restarted daemon may hand the same port to a new epoch
         keys = [f"malletrain/{m.epoch}/joined/{r}" for r in range(m.world)]
         store = None
+        warned = False
         while True:
             joined = self._joined(store, keys)
             if joined:
@@ -737,11 +773,21 @@ class Elastic:
                     store = dist.TCPStore(m.master, m.port, m.world, is_master=(m.rank == 0),
                                           timeout=timeout, wait_for_workers=False)
                     store.set(keys[m.rank], "1")
-            except (RuntimeError, OSError):  # the store went away (its host moved on)
+                    continue  # look at once: alone (world 1), or the last to come, all are in
+            except (RuntimeError, OSError) as exc:  # the store went away (its host moved on)
                 store = None
+                if m.rank == 0 and not warned and time.monotonic() > deadline - self.timeout_s + 5:
+                    # rank 0 cannot make the store: its port is taken, often by a connection's
+                    # TIME_WAIT (up to 60 s), which a master port in the ephemeral range risks
+                    warned = True
+                    print(f"malletrain: epoch {m.epoch}: the group's store cannot listen on "
+                          f"port {m.port} for 5 s ({_one_line(exc)}); still trying until "
+                          f"{self.timeout_s:g} s: keep [epochs] port_min-port_max below "
+                          "net.ipv4.ip_local_port_range", file=sys.stderr, flush=True)
             time.sleep(self.poll_s / 4)
         assert store is not None
         self._store = store
+        self._phases["store_s"] = time.monotonic() - (deadline - self.timeout_s)
         if sys.excepthook is self._torch_hook[1]:
             # torch wraps sys.excepthook at every init_process_group to prefix "[rankN]: ";
             # unwrapped, twenty re-forms would prefix a traceback's lines twenty times
@@ -962,18 +1008,26 @@ class Elastic:
     # ----- changes ------------------------------------------------------------------------
     def _apply(self, m: Membership, kind: str) -> None:
         t0 = time.monotonic()
+        # where a re-form's time goes (the last try's, in the change record): the wait for
+        # the group let go before (at most one at a time), meeting at the store, the new
+        # group's init, and the hand-over of the state
+        self._phases = {}
         while True:
             if m.leave:
                 self._leave(0, f"epoch {m.epoch}: this node leaves the job")
             self._teardown()
             self._pending.reset()
+            t_form = time.monotonic()
             if not self._form(m):
                 m = self._await_epoch(m.epoch + 1)  # replaced before it formed: the newer
                 continue
+            self._phases["form_s"] = time.monotonic() - t_form
             self.epoch, self.rank, self.world = m.epoch, m.rank, m.world
             self.session.set_membership(m.epoch, m.rank, m.world)
             try:
+                t_hand = time.monotonic()
                 handed = self._hand_over()
+                self._phases["hand_over_s"] = time.monotonic() - t_hand
                 break
             except Exception as exc:  # a member lost during the hand-over: the next epoch
                 if not self._is_peer_failure(exc):
@@ -987,7 +1041,7 @@ class Elastic:
                 group["lr"] = lr
         self.changes.append({"epoch": m.epoch, "kind": kind, "world": m.world, "rank": m.rank,
                              "step": self.step, "reform_s": round(time.monotonic() - t0, 4),
-                             **handed})
+                             **{k: round(v, 4) for k, v in self._phases.items()}, **handed})
 
     def _agree(self) -> int:
         """The newest epoch any member has been told about (all members call it each step)."""
