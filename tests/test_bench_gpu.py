@@ -184,3 +184,46 @@ def test_cpu_check_runs_every_part_on_gloo() -> None:
     ex = out["examples"]
     assert ex["train_elastic/cpu"]["exit_code"] == 0 and ex["train_elastic/cpu"]["step_s"] > 0
     assert ex["nas_cell/cpu"]["exit_code"] == 0 and ex["nas_cell/cpu"]["compute_s"] > 0
+    # where Elastic's re-forms went, and the leak check's series
+    phases = el["planned"]["phases"]
+    assert set(phases) == {"wait_retiring_s", "store_s", "form_s", "hand_over_s"}
+    assert len(phases["form_s"]["all"]) == 2 and el["min_epoch_s"] == 1.5
+    assert list(leak["rss_mb_by_epoch"]) == ["0", "12"]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_an_interrupted_run_prints_what_it_measured() -> None:
+    """SIGTERM (``timeout``, a lease's end) during a part: the parts before it are printed, the
+    interrupted one is failed with the signal's name, the rest are not run, no child is left."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen([sys.executable, "-m", "bench.gpu", "--cpu-check", "--json",
+                             "--parts", "joiner,leak,examples", "--joiners", "1",
+                             "--leak-reforms", "1000", "--budget-s", "3600"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    import psutil
+
+    def elastic_child() -> bool:
+        for k in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "elastic" in " ".join(k.cmdline()):
+                    return True
+            except psutil.Error:  # a child of an earlier part, ending
+                pass
+        return False
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not elastic_child():  # the leak part is running
+        time.sleep(0.2)
+    time.sleep(2)
+    kids = psutil.Process(proc.pid).children(recursive=True)
+    proc.terminate()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err[-2000:]
+    res = json.loads(out)
+    assert res["failed"] == ["leak"], res["failed"]
+    assert "interrupted by signal SIGTERM" in res["leak"]["error"]
+    assert res["examples"] == {"skipped": "not run: interrupted by signal SIGTERM"}
+    assert len(res["joiner"]["ready_s"]["all"]) == 1
+    psutil.wait_procs(kids, timeout=10)
+    assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
