@@ -246,28 +246,31 @@ def _gap_verdict(runs: list[dict[str, Any]]) -> list[str]:
             + " / ".join(f"{g:.2f}" for g in per) + " (section Profiler: where it went).", ""]
 
 
-INPLACE_GPU_NOTE = """**`--rescale-cost inplace-gpu`** (27 November 2026, `malletrain_core/sim/costs.py`): the in-place
-path on GPU nodes as it is now, re-forming beside the old group and starting joiners without
-`torch._dynamo`, priced from the pieces one H100 measured (`../shared/research/gpu.md`; the whole
-path not yet run on a GPU): a grow pauses the members 0.49 s (a group formed beside the old one
-with its first all-reduce 0.053 s + the joiner's first step 0.44 s) after a 3.9-s joiner start;
-a shrink and a preemption 0.053 s. 14 days, 5 seeds, the same setup as the section's other rows
-(`malletrain simulate --trace summit --workload imagenet --jobs 50 --policies
-malletrain,freetrain-exact,oracle --seeds 5 --seed 0 --rescale-cost inplace-gpu --workers 1`,
-2,562 s on this 2-core machine beside other work):
+INPLACE_GPU_NOTE = """**`--rescale-cost inplace-gpu`** (28 November 2026, `malletrain_core/sim/costs.py`): the in-place
+path on GPU nodes as `python -m bench.gpu` measured `inplace.Elastic` on one H100 (section GPU):
+a grow pauses the members 0.40 s (a re-form 0.034 s + the joiner's first step 0.37 s) after a
+3.95-s joiner start; a shrink 0.034 s, a preemption 0.041 s. 14 days, 5 seeds, the same setup
+as the section's other rows (`malletrain simulate --trace summit --workload imagenet --jobs 50
+--policies malletrain,freetrain-exact,oracle --seeds 5 --seed 0 --rescale-cost inplace-gpu
+--workers 1 --json`, 999 s on this 2-core machine beside other work; its results:
+`bench/results/sim/summit14-inplace-gpu/results.json`):
 
 | policy | rescale cost | share of UB_oracle | per-seed shares (%) | rescales | rescale loss | preemptions | preemption loss | rest of the gap |
 |---|---|---|---|---|---|---|---|---|
-| malletrain | inplace-gpu | 98.5 ± 0.1 % | 98.51 / 98.23 / 98.50 / 98.60 / 98.46 | 39,399 | 0.43 % | 38,421 | 0.63 % | 0.48 % |
-| freetrain-exact | inplace-gpu | 98.6 ± 0.0 % | 98.57 / 98.59 / 98.60 / 98.62 / 98.67 | 37,645 | 0.42 % | 37,892 | 0.64 % | 0.33 % |
+| malletrain | inplace-gpu | 98.5 ± 0.1 % | 98.49 / 98.26 / 98.53 / 98.63 / 98.50 | 39,005 | 0.42 % | 38,123 | 0.63 % | 0.47 % |
+| freetrain-exact | inplace-gpu | 98.6 ± 0.0 % | 98.61 / 98.56 / 98.63 / 98.63 / 98.68 | 37,721 | 0.41 % | 37,909 | 0.64 % | 0.33 % |
 
-Under the figures of the first GPU pass (the old group destroyed on the critical path, a joiner
-importing `torch._dynamo`: a grow 1.56 s after an 11.5-s joiner start, a shrink 0.56 s, a
-preemption 1.01 s), made before the profiler changes of section Profiler, the same setup gave
-`malletrain` 96.3 ± 0.1 % (96.30 / 96.04 / 96.33 / 96.34 / 96.45; rescale loss 1.23 %,
-preemption loss 0.66 %) and `freetrain-exact` 97.5 ± 0.1 % (rescale loss 1.06 %). The new GPU
-figures take 2.2 points of UB_oracle more for `malletrain`, most of it the rescale loss (1.23 →
-0.43 %), and put it 0.15 point behind FreeTrain given every job's true curve."""
+The figures derived the day before from the pieces of a first GPU pass (a grow 0.49 s after a
+3.9-s joiner, a shrink and a preemption 0.053 s) gave `malletrain` 98.5 ± 0.1 % (98.51 / 98.23 /
+98.50 / 98.60 / 98.46) and `freetrain-exact` 98.6 ± 0.0 %: the measured figures move no share by
+more than 0.06 point. Under the figures of that first pass itself (the old group destroyed on
+the critical path, a joiner importing `torch._dynamo`: a grow 1.56 s after an 11.5-s joiner
+start, a shrink 0.56 s, a preemption 1.01 s), made before the profiler changes of section
+Profiler, the same setup gave `malletrain` 96.3 ± 0.1 % (rescale loss 1.23 %) and
+`freetrain-exact` 97.5 ± 0.1 % (rescale loss 1.06 %): not waiting for the tear-down and not
+importing `torch._dynamo` take 2.2 points of UB_oracle more for `malletrain`, most of it the
+rescale loss (1.23 → 0.42 %); it stays 0.14 point behind FreeTrain given every job's true
+curve."""
 """Hand-measured rows kept in the section (not rebuilt from results files)."""
 
 
