@@ -24,7 +24,9 @@ Events, in this order within one poll: JobSubmitted (a new tagged array), NodesR
 (a node the engine could use was taken back: a worker preempted or requeued by Slurm, or an
 idle node given to another job, drained or gone), WorkerStopped (a worker ended for any other
 reason: our own shrink, its time limit, exit, scancel of the task), JobEnded, NodesIdle
-(nodes new to the pool, or whose hole end changed), WorkerStarted.
+(nodes new to the pool, or whose hole end changed), WorkerStarted. A task we stopped that
+leaves a node the engine has granted to the same job again since sends no WorkerStopped: the
+engine would read it as the loss of the task granted there.
 
 A grow that cannot be carried out (no held task left, a hole shorter than a minute, a
 refused scontrol call, a task that has not started within ``grant_timeout_s``) comes back as
