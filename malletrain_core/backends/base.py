@@ -168,15 +168,20 @@ class TaskBackend(Backend):
                 del table[task]
         self._stopping = {t for t in self._stopping if self._job_of(t) != job_id}
 
-    def _task_on(self, job_id: str, node: str) -> str | None:
-        """The task of ``job_id`` running or starting on ``node``."""
-        for task, (jid, where) in sorted(self._workers.items()):
-            if jid == job_id and where == node:
-                return task
-        for task, launch in sorted(self._launching.items()):
-            if launch.job_id == job_id and launch.node == node:
-                return task
-        return None
+    def _task_on(self, job_id: str, node: str, exclude: str | None = None) -> str | None:
+        """The task of ``job_id`` running or starting on ``node`` (other than ``exclude``).
+
+        One we are stopping comes last: it may still be leaving a node that the engine has
+        granted to the same job again since (a shrink whose requeue Slurm has not finished, as
+        after a restart without state, which shrinks every worker), and the engine's next
+        order for that node is about the task granted there, not the one leaving."""
+        found = [task for task, (jid, where) in sorted(self._workers.items())
+                 if jid == job_id and where == node]
+        found += [task for task, launch in sorted(self._launching.items())
+                  if launch.job_id == job_id and launch.node == node]
+        found = [task for task in found if task != exclude]
+        live = [task for task in found if task not in self._stopping]
+        return next(iter(live or found), None)
 
     def _pick(self, free: list[str], node: str, now: float) -> str | None:
         """The first of ``free`` that did not leave ``node`` within :data:`REUSE_SETTLE_S`

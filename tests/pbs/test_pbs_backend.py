@@ -409,3 +409,27 @@ def test_a_subjob_is_not_started_again_on_the_vnode_it_just_left(runner, caplog)
     free = ["123[1].pbs-server"]
     assert one._pick(free, "n05", 1003.0) is None and free == ["123[1].pbs-server"]
     assert one._pick(free, "n05", 1005.5) == "123[1].pbs-server"
+
+
+def test_a_vnode_granted_again_while_the_shrunk_subjob_leaves_it(runner):
+    """Shrunk off n01 and granted n01 again before PBS is done with the shrunk subjob: the
+    engine's next order for n01 is about the subjob granted there since, and the shrunk one's
+    leaving is not reported as the loss of the new one (the engine would grant the vnode a
+    third time, to a subjob that could never start there)."""
+    be = PbsBackend(runner)
+    runner.golden("pbsnodes_1.json", "qstat_1.json")
+    be.poll(1000.0)
+    assert be.execute([Shrink(A, ("n01",))], 1001.0) == []
+    assert be.execute([Grow(A, ("n01",))], 1001.0) == []
+    assert be.launching == {"123[3].pbs-server": "n01"}
+    runner.argv.clear()
+    assert be.execute([Shrink(A, ("n01",))], 1001.5) == [WorkerStopped(1001.5, A, "n01")]
+    assert runner.argv == [] and be.launching == {}
+    assert be.execute([Grow(A, ("n01",))], 1002.0) == []  # 123[3] is unwanted until it runs
+    runner.set("qstat", qstat_with({
+        "123[1].pbs-server": {"job_state": "Q", "exec_vnode": None, "exec_host": None},
+        "123[4].pbs-server": {"job_state": "R", "exec_vnode": "(n01:ncpus=64:ngpus=4)",
+                              "exec_host": "n01/0*64", "run_count": 1}}))
+    events = be.poll(1003.0)
+    assert WorkerStarted(1003.0, A, "n01") in events
+    assert WorkerStopped(1003.0, A, "n01") not in events

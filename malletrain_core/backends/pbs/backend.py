@@ -238,7 +238,9 @@ class PbsBackend(TaskBackend):
                                 and j.state is not TaskState.DONE))
             if sid in self._stopping:
                 self._stopping.discard(sid)
-                out.stopped.append(WorkerStopped(now, aid, node))
+                since = self._task_on(aid, node)
+                if since is None or since in self._stopping:  # else granted again since
+                    out.stopped.append(WorkerStopped(now, aid, node))
             elif seen is not None and seen.state in (TaskState.PENDING, TaskState.HELD):
                 out.reclaimed.append(node)  # requeued by PBS: preempted
                 self._offered.pop(node, None)
@@ -344,17 +346,14 @@ class PbsBackend(TaskBackend):
 
     def _shrink_one(self, action: Shrink, now: float, events: list[Event]) -> None:
         for node in action.nodes:
-            sid = next((s for s, (a, n) in sorted(self._workers.items())
-                        if a == action.job_id and n == node), None)
+            sid = self._task_on(action.job_id, node)  # the one granted since, if any
             if sid is None:
-                launching = next((s for s, la in sorted(self._launching.items())
-                                  if la.job_id == action.job_id and la.node == node), None)
-                if launching is not None:  # qrun sent, not running yet: requeue it once it is
-                    del self._launching[launching]
-                    self._unwanted[launching] = now + self.grant_timeout_s
-                    events.append(WorkerStopped(now, action.job_id, node))
-                else:
-                    log.warning("shrink of job %s on %s: no worker there", action.job_id, node)
+                log.warning("shrink of job %s on %s: no worker there", action.job_id, node)
+                continue
+            if sid in self._launching:  # qrun sent, not running yet: requeue it once it is
+                del self._launching[sid]
+                self._unwanted[sid] = now + self.grant_timeout_s
+                events.append(WorkerStopped(now, action.job_id, node))
                 continue
             if sid in self._stopping:
                 continue

@@ -24,7 +24,9 @@ Events, in this order within one poll: JobSubmitted (a new tagged array), NodesR
 (a node the engine could use was taken back: a worker preempted or requeued by Slurm, or an
 idle node given to another job, drained or gone), WorkerStopped (a worker ended for any other
 reason: our own shrink, its time limit, exit, scancel of the task), JobEnded, NodesIdle
-(nodes new to the pool, or whose hole end changed), WorkerStarted.
+(nodes new to the pool, or whose hole end changed), WorkerStarted. A task we stopped that
+leaves a node the engine has granted to the same job again since sends no WorkerStopped: the
+engine would read it as the loss of the task granted there.
 
 A grow that cannot be carried out (no held task left, a hole shorter than a minute, a
 refused scontrol call, a task that has not started within ``grant_timeout_s``) comes back as
@@ -361,7 +363,12 @@ class SlurmBackend(TaskBackend):
             aid, node = self._workers.pop(key)
             if key in self._stopping:
                 self._left[key] = (node, now)
-                out.stopped.append(WorkerStopped(now, aid, node))
+                since = self._task_on(aid, node)
+                if since is None or since in self._stopping:
+                    out.stopped.append(WorkerStopped(now, aid, node))
+                # else the engine granted the node to the job again while this task was
+                # leaving it: the stop it asked for (or, after a restart without state, never
+                # knew of) would read as the loss of the task granted there since.
             elif seen is not None and (seen.state in (TaskState.PENDING, TaskState.HELD)
                                        or _code(seen) in _REQUEUED_BY_SLURM):
                 # Preempted: the node is free again only once the job that took it is done
@@ -743,6 +750,15 @@ class SlurmBackend(TaskBackend):
             minutes = self._minutes(action.time_limit_s)
             free = self._free_tasks(action.job_id)
             for node in action.nodes:
+                there = self._task_on(action.job_id, node)
+                if there is not None and there not in self._stopping:
+                    # The job has a task there already: a second one released onto the node
+                    # would wait for it (Resources) for ever. The grant is that task's.
+                    log.warning("grow of job %s on %s: its task %s is there already",
+                                action.job_id, node, there)
+                    if there in self._workers:
+                        events.append(WorkerStarted(now, action.job_id, node))
+                    continue
                 key = self._pick(free, node, now) if minutes >= 1 else None
                 if key is None and free and minutes >= 1:
                     # Every free task just left this node: give the node back for now.
