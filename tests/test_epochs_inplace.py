@@ -366,3 +366,27 @@ def test_a_loss_right_after_a_restart_stays_in_place():
     back.set_target("7", ["n1", "n2"], 12.0, lost=["n3"])
     ep = back.current("7")
     assert (ep.number, ep.members, ep.path, ep.abandon) == (2, ("n1", "n2"), "inplace", True)
+
+
+def test_survivors_that_abandoned_while_the_daemon_was_away_stay_in_place():
+    """The daemon is down; n3's process dies; n1's and n2's processes find it silent and
+    abandon epoch 0, and their launchers (check-ins refused meanwhile) then say they are idle
+    and ready. The daemon comes back, those check-ins land, and Slurm reports n3 lost: the
+    survivors hold the state in memory, so their epoch is in place (abandon). Before, it went
+    through the disk ("no member that stays runs a process"), seen on Slurm 22.05 to 26.05."""
+    co = start(("n1", "n2", "n3"))
+    back = EpochCoordinator.from_dict(json.loads(json.dumps(co.to_dict())))
+    for n in ("n1", "n2"):
+        back.checkin("7", n, 20.0, inplace=True)  # idle, ready: the process waits
+    back.set_target("7", ["n1", "n2"], 20.0, lost=["n3"])
+    ep = back.current("7")
+    assert (ep.number, ep.members, ep.path, ep.abandon) == (1, ("n1", "n2"), "inplace", True)
+
+
+def test_a_restart_path_survivor_still_goes_through_the_disk():
+    """The same with launchers that do not rescale in place: the disk path, as before."""
+    co = start(("n1", "n2", "n3"), inplace=False)
+    for n in ("n1", "n2"):
+        co.checkin("7", n, 20.0, inplace=False)
+    co.set_target("7", ["n1", "n2"], 20.0, lost=["n3"])
+    assert co.current("7").path == "disk"

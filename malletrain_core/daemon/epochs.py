@@ -31,6 +31,7 @@ on one per-job state.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,8 @@ from typing import Any
 from ..errors import ValidationError
 from ..wire.checkin import LauncherState
 from ..wire.orders import EpochError, Order, OrderKind
+
+log = logging.getLogger(__name__)
 
 KEY_BYTES = 32
 LAUNCHER_STATES = tuple(state.value for state in LauncherState)
@@ -382,17 +385,31 @@ class EpochCoordinator:
     def _in_place(st: JobState, cur: Epoch, nodes: list[str]) -> bool:
         """Can the change to ``nodes`` happen in place? Every launcher involved keeps its
         process alive, and some member of ``cur`` that stays runs it now (holds the state)."""
-        if not all(n in st.launchers for n in nodes):
-            return False
+        return EpochCoordinator._not_in_place(st, cur, nodes) is None
+
+    @staticmethod
+    def _not_in_place(st: JobState, cur: Epoch, nodes: list[str]) -> str | None:
+        """Why the change to ``nodes`` cannot happen in place (None: it can)."""
+        unknown = [n for n in nodes if n not in st.launchers]
+        if unknown:
+            return f"no launcher known on {','.join(unknown)}"
         involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
-        if not all(la.inplace for n, la in st.launchers.items() if n in involved):
-            return False
+        restart = [n for n, la in st.launchers.items() if n in involved and not la.inplace]
+        if restart:
+            return f"the launcher on {','.join(restart)} runs the restart path"
         # Any epoch: a running in-place process holds the job's state (or takes it in its
         # epoch's hand-over). Asking for ``cur``'s own number failed after a restart: the
         # state saved before ``cur``'s order went out (see LauncherService.persist) still
         # has the members running the epoch before, and a loss then went through the disk.
-        return any(la.state is LauncherState.RUNNING and la.epoch is not None
-                   for la in (st.launchers[n] for n in nodes if n in cur.members))
+        # A member whose process abandoned ``cur`` (a peer went silent while the daemon was
+        # away) waits, ready, for the next membership with the state in memory: it counts
+        # too. (Were every such process new, the hand-over resumes from the checkpoint.)
+        staying = [st.launchers[n] for n in nodes if n in cur.members]
+        if any((la.state is LauncherState.RUNNING and la.epoch is not None)
+               or (la.state is LauncherState.IDLE and la.ready) for la in staying):
+            return None
+        return "no member that stays runs a process: " + ", ".join(
+            f"{la.node} {la.state.value} epoch {la.epoch}" for la in staying)
 
     @staticmethod
     def _ahead(st: JobState, cur: Epoch) -> bool:
@@ -440,7 +457,10 @@ class EpochCoordinator:
             return
         st.problem = ""
         master = st.launchers[nodes[0]].addr
-        inplace = previous is not None and self._in_place(st, previous, nodes)
+        why = self._not_in_place(st, previous, nodes) if previous is not None else "first"
+        inplace = why is None
+        if previous is not None and why is not None:
+            log.info("job=%s epoch %d on the disk path: %s", st.job, number, why)
         st.epoch = Epoch(number=number, members=tuple(nodes), master=master, port=port,
                          rdzv_id=f"mt-{st.job}-{number}-{self._random(4).hex()}",
                          started=now, path="inplace" if inplace else "disk",
