@@ -35,8 +35,9 @@ that part says why it was skipped):
    through membership files as the launcher does: start → ready, planned re-forms and
    ``abandon`` re-forms, each epoch at least 1.5 s (longer than an NCCL abort, as re-forms
    seconds apart are: a re-form that comes sooner waits for the last group's tear-down, at
-   most one being let go at a time; the leak check shows that case); the pause is the gap between the last step timestamp in the old epoch
-   and the first in the new one (as in docs/inplace.md), with Elastic's own ``reform_s`` (and
+   most one being let go at a time; the leak check shows that case); the pause is the gap
+   between the last step timestamp in the old epoch and the first in the new one (as in
+   docs/inplace.md), with Elastic's own ``reform_s`` (and
    its pieces: the wait for the last group, the store, the init, the hand-over) and
    what letting go of each old group took in its thread (``Elastic.retired``).
 5. **joiner start-up** (``joiner``) — fresh processes timing ``import torch``, the first CUDA
@@ -829,6 +830,26 @@ def run_example(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple
     return proc.returncode, time.time() - t0, _last_line("\n".join(x for _, x in got)), steps
 
 
+def nas_cell_run(device: str, steps: int, budget: Budget, *extra: str) -> dict[str, Any]:
+    """examples/nas_cell.py alone on ``device``: its step times from its own step log."""
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-ex-") as tmp:
+        env = _env(None, {"MALLETRAIN_CHECKPOINT_DIR": tmp, "SLURMD_NODENAME": "bench"})
+        code, wall, last, _ = run_example(
+            [sys.executable, "examples/nas_cell.py", "--cell-seed", "3", "--steps", str(steps),
+             "--batch", "16", "--log-every", str(steps + 1), "--checkpoint-every-s", "3600",
+             "--device", device, *extra], env, budget.cap(240))
+        log = Path(tmp) / "steps" / "bench.log"
+        spans = []
+        if log.exists():
+            # a line is: start end step epoch
+            spans = [(float(ln.split()[0]), float(ln.split()[1]))
+                     for ln in log.read_text().splitlines() if ln.strip()]
+    return {"exit_code": code, "wall_s": round(wall, 2),
+            **step_times([s for s, _ in spans] + [e for _, e in spans[-1:]], 10),
+            "compute_s": median([e - s for s, e in spans[10:]]),
+            **({"error": last} if code else {})}
+
+
 def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> dict[str, Any]:
     """The examples alone (world 1): step times per device, and the BYO scripts on cuda."""
     import importlib.util
@@ -846,42 +867,11 @@ def part_examples(devices: list[str], steps: dict[str, int], budget: Budget) -> 
             out[f"train_elastic/{device}"] = {"exit_code": code, "wall_s": round(wall, 2),
                                               **step_times(arrivals, 10),
                                               **({"error": last} if code else {})}
-        with tempfile.TemporaryDirectory(prefix="bench-gpu-ex-") as tmp:
-            env = _env(None, {"MALLETRAIN_CHECKPOINT_DIR": tmp, "SLURMD_NODENAME": "bench"})
-            code, wall, last, _ = run_example(
-                [py, "examples/nas_cell.py", "--cell-seed", "3", "--steps", str(n), "--batch",
-                 "16", "--log-every", str(n + 1), "--checkpoint-every-s", "3600", "--device",
-                 device], env, budget.cap(240))
-            log = Path(tmp) / "steps" / "bench.log"
-            spans = []
-            if log.exists():
-                # a line is: start end step epoch
-                spans = [(float(ln.split()[0]), float(ln.split()[1]))
-                         for ln in log.read_text().splitlines() if ln.strip()]
-            out[f"nas_cell/{device}"] = {
-                "exit_code": code, "wall_s": round(wall, 2),
-                **step_times([s for s, _ in spans] + [e for _, e in spans[-1:]], 10),
-                "compute_s": median([e - s for s, e in spans[10:]]),
-                **({"error": last} if code else {})}
+        out[f"nas_cell/{device}"] = nas_cell_run(device, n, budget)
     if "cuda" in devices and budget.left() >= 90:
         # a script that compiles (inductor, Triton kernels on the GPU): it must still train
         # now that a training process starts without torch._dynamo
-        with tempfile.TemporaryDirectory(prefix="bench-gpu-ex-") as tmp:
-            env = _env(None, {"MALLETRAIN_CHECKPOINT_DIR": tmp, "SLURMD_NODENAME": "bench"})
-            code, wall, last, _ = run_example(
-                [py, "examples/nas_cell.py", "--cell-seed", "3", "--steps", "30", "--batch",
-                 "16", "--log-every", "31", "--checkpoint-every-s", "3600", "--device", "cuda",
-                 "--compile", "inductor"], env, budget.cap(240))
-            log = Path(tmp) / "steps" / "bench.log"
-            spans = []
-            if log.exists():
-                spans = [(float(ln.split()[0]), float(ln.split()[1]))
-                         for ln in log.read_text().splitlines() if ln.strip()]
-            out["nas_cell/cuda-inductor"] = {
-                "exit_code": code, "wall_s": round(wall, 2),
-                **step_times([s for s, _ in spans] + [e for _, e in spans[-1:]], 10),
-                "compute_s": median([e - s for s, e in spans[10:]]),
-                **({"error": last} if code else {})}
+        out["nas_cell/cuda-inductor"] = nas_cell_run("cuda", 30, budget, "--compile", "inductor")
     if "cuda" in devices:
         byo = {"torchrun": ([py, "-m", "torch.distributed.run", "--standalone",
                              "--nproc-per-node=1", "examples/torchrun/after.py", "--epochs", "2",

@@ -199,8 +199,8 @@ def test_an_interrupted_run_prints_what_it_measured() -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.Popen([sys.executable, "-m", "bench.gpu", "--cpu-check", "--json",
                              "--parts", "joiner,leak,examples", "--joiners", "1",
-                             "--leak-reforms", "1000", "--budget-s", "3600"], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--leak-reforms", "1000", "--budget-s", "3600"], cwd=ROOT,
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     import psutil
 
     def elastic_child() -> bool:

@@ -168,8 +168,8 @@ class TaskBackend(Backend):
                 del table[task]
         self._stopping = {t for t in self._stopping if self._job_of(t) != job_id}
 
-    def _task_on(self, job_id: str, node: str, exclude: str | None = None) -> str | None:
-        """The task of ``job_id`` running or starting on ``node`` (other than ``exclude``).
+    def _task_on(self, job_id: str, node: str) -> str | None:
+        """The task of ``job_id`` running or starting on ``node``.
 
         One we are stopping comes last: it may still be leaving a node that the engine has
         granted to the same job again since (a shrink whose requeue Slurm has not finished, as
@@ -179,9 +179,16 @@ class TaskBackend(Backend):
                  if jid == job_id and where == node]
         found += [task for task, launch in sorted(self._launching.items())
                   if launch.job_id == job_id and launch.node == node]
-        found = [task for task in found if task != exclude]
         live = [task for task in found if task not in self._stopping]
         return next(iter(live or found), None)
+
+    def _granted_again(self, job_id: str, node: str) -> bool:
+        """Has the engine granted ``node`` to ``job_id`` again while a task we stopped was
+        leaving it? Then that task's stop sends no WorkerStopped: the engine would read it as
+        the loss of the task granted there since. (Call it once the leaving task is off the
+        books.)"""
+        since = self._task_on(job_id, node)
+        return since is not None and since not in self._stopping
 
     def _pick(self, free: list[str], node: str, now: float) -> str | None:
         """The first of ``free`` that did not leave ``node`` within :data:`REUSE_SETTLE_S`

@@ -457,9 +457,9 @@ class EpochCoordinator:
             return
         st.problem = ""
         master = st.launchers[nodes[0]].addr
-        why = self._not_in_place(st, previous, nodes) if previous is not None else "first"
-        inplace = why is None
-        if previous is not None and why is not None:
+        why = self._not_in_place(st, previous, nodes) if previous is not None else None
+        inplace = previous is not None and why is None
+        if why is not None:
             log.info("job=%s epoch %d on the disk path: %s", st.job, number, why)
         st.epoch = Epoch(number=number, members=tuple(nodes), master=master, port=port,
                          rdzv_id=f"mt-{st.job}-{number}-{self._random(4).hex()}",

@@ -238,8 +238,7 @@ class PbsBackend(TaskBackend):
                                 and j.state is not TaskState.DONE))
             if sid in self._stopping:
                 self._stopping.discard(sid)
-                since = self._task_on(aid, node)
-                if since is None or since in self._stopping:  # else granted again since
+                if not self._granted_again(aid, node):
                     out.stopped.append(WorkerStopped(now, aid, node))
             elif seen is not None and seen.state in (TaskState.PENDING, TaskState.HELD):
                 out.reclaimed.append(node)  # requeued by PBS: preempted

@@ -363,12 +363,8 @@ class SlurmBackend(TaskBackend):
             aid, node = self._workers.pop(key)
             if key in self._stopping:
                 self._left[key] = (node, now)
-                since = self._task_on(aid, node)
-                if since is None or since in self._stopping:
+                if not self._granted_again(aid, node):
                     out.stopped.append(WorkerStopped(now, aid, node))
-                # else the engine granted the node to the job again while this task was
-                # leaving it: the stop it asked for (or, after a restart without state, never
-                # knew of) would read as the loss of the task granted there since.
             elif seen is not None and (seen.state in (TaskState.PENDING, TaskState.HELD)
                                        or _code(seen) in _REQUEUED_BY_SLURM):
                 # Preempted: the node is free again only once the job that took it is done
