@@ -18,7 +18,7 @@ setup-pbs:
 
 ## Whole suite: unit, property, simulator, PBS (fake and real), real-Slurm and real-torch tests.
 test: setup-full
-	$(PYTEST) -q || [ $$? -eq 5 ]
+	$(PYTEST) -q --durations=30 || [ $$? -eq 5 ]
 
 ## The real-PBS tier alone: a local OpenPBS complex (server + 8 moms in network namespaces).
 test-pbs: setup-pbs

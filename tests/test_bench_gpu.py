@@ -180,7 +180,8 @@ def test_cpu_check_runs_every_part_on_gloo() -> None:
     assert out["elastic/world1"]["let_go_shutdown_s"]["median"] is not None  # in a thread
     leak = out["leak"]
     assert leak["leaked"] is False and leak["footprint"]["to_epoch"] == 12
-    assert leak["footprint"]["threads"]["growth"] == 0
+    # none more at the end; fewer is fine (a let-go thread may still be live when counting starts)
+    assert leak["footprint"]["threads"]["growth"] <= 0
     ex = out["examples"]
     assert ex["train_elastic/cpu"]["exit_code"] == 0 and ex["train_elastic/cpu"]["step_s"] > 0
     assert ex["nas_cell/cpu"]["exit_code"] == 0 and ex["nas_cell/cpu"]["compute_s"] > 0
