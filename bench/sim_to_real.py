@@ -59,7 +59,13 @@ if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a
     sys.exit("run it as a module from the repository's root: python -m bench.sim_to_real "
              + " ".join(sys.argv[1:]))
 from bench.sections import host, replace_section  # noqa: E402
-from bench.sim_to_real_costs import BATCH, measure_costs, step_samples, step_stats  # noqa: E402
+from bench.sim_to_real_costs import (  # noqa: E402
+    BATCH,
+    measure_costs,
+    start_quantiles,
+    step_samples,
+    step_stats,
+)
 from devtools.demo import summary  # noqa: E402
 from malletrain_core.model import Curve  # noqa: E402
 from malletrain_core.sim import costs as cost_models  # noqa: E402
@@ -151,14 +157,25 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
     stats = measured["step_stats"]
     rate = stats["rate_per_node"]
     delays, startups = measured["grant_delays_s"], measured["startups_s"]
+    censored = measured.get("startups_censored_s")  # None: saved before it was recorded
     grant_s = statistics.mean(delays) if delays else 0.0
-    startup_s = statistics.mean(startups) if startups else 0.0
+    # Each start draws a grant delay and a start-up from the run's own: a job that loses every
+    # node soon after a short start has trained by then, after a long one it has not. The
+    # start-ups that never reached a step are the long ones; the draws come from the
+    # Kaplan-Meier estimate over both. Runs saved without them charge the means, as before.
+    drawn = start_quantiles(startups, censored) if censored is not None else ()
+    startup_s = (statistics.mean(drawn) if drawn else
+                 statistics.mean(startups) if startups else 0.0)
+    handovers = measured.get("handovers_s") or []
+    handover_s = statistics.mean(handovers) if handovers else 0.0
     inplace = cost_models.INPLACE
     model = cost_models.RescaleCosts(
         "measured", inplace=True, grow_pause_s=inplace.grow_pause_s,
         shrink_pause_s=inplace.shrink_pause_s, preempt_pause_s=inplace.preempt_pause_s,
         lost_step_s=stats["step_s_median"], joiner_start_s=grant_s + startup_s,
-        first_report_s=inplace.first_report_s, cold_start_s=grant_s + startup_s)
+        first_report_s=inplace.first_report_s, cold_start_s=grant_s + startup_s,
+        start_parts_s=(tuple(float(x) for x in delays or [0.0]), drawn) if drawn else (),
+        handover_s=handover_s)
     max_nodes = int(measured["max_nodes"])
     jobs = [SimJob(id=f"nas-{i}", model="nas-standin",
                    curve=Curve.of([1, max_nodes], [rate, rate * max_nodes]), min_nodes=1,
@@ -226,6 +243,9 @@ def predict(out: Path, measured: dict[str, Any]) -> dict[str, Any]:
                   "task_start_to_first_step_s": round(startup_s, 3),
                   "startups_seen": len(startups), "checkpoint_every_s": CHECKPOINT_EVERY_S,
                   "joiner_start_s": round(model.joiner_start_s, 2),
+                  "starts_drawn": bool(model.start_parts_s),
+                  "startups_censored": None if censored is None else len(censored),
+                  "handover_s": round(model.handover_s, 3),
                   "grow_pause_s": model.grow_pause_s, "shrink_pause_s": model.shrink_pause_s,
                   "preempt_pause_s": model.preempt_pause_s},
         "rescales": {"predicted": run.rescales, "measured": measured.get("rescales")},
@@ -272,6 +292,20 @@ def rollback_note(cmp: dict[str, Any]) -> str:
             "harvest's difference and this one.")
 
 
+def start_and_handover_note(c: dict[str, Any]) -> str:
+    """How this replay charged starts and hand-overs (runs saved before either was kept: the
+    mean start, no hand-over)."""
+    start = (f"each start drew a grant delay and a start-up from the run's own (the start-ups "
+             f"from {c['startups_seen']} seen and {c['startups_censored']} that never reached "
+             "a step, by their Kaplan-Meier estimate; the means above are its means)"
+             if c.get("starts_drawn") else
+             "each start was charged the means above (this run kept no record of the starts "
+             "that never reached a step)")
+    return (f"In the replay {start}, and each node taken back stopped training "
+            f"{c.get('handover_s', 0.0):.2f} s before its prod job started (the run's mean "
+            "hand-over: the step in flight, then the kill).")
+
+
 def pbs_lines(cmp: dict[str, Any], wall_s: float | None) -> list[str]:
     """The section's paragraph and table for the run on the local OpenPBS complex."""
     c = cmp["costs"]
@@ -313,7 +347,7 @@ def pbs_lines(cmp: dict[str, Any], wall_s: float | None) -> list[str]:
         f"run ended → a subjob started there {c['grant_delay_s']:.2f} s (mean of "
         f"{c['grant_delays_seen']} in the accounting log, whole seconds) + task start → first "
         f"step {c['task_start_to_first_step_s']:.2f} s (mean of {c['startups_seen']} workers). "
-        f"The complex left {real['idle_no_task_node_s']:.0f} idle node-seconds with no subjob "
+        + start_and_handover_note(c) + f" The complex left {real['idle_no_task_node_s']:.0f} idle node-seconds with no subjob "
         f"on them and held {real['held_not_in_a_step_node_s']:.0f} outside completed steps "
         f"({real['elastic_task_starts']} subjob starts; running workers paused "
         f"{real['member_stalls']} times, {real['member_stalls_node_s']:.0f} node-seconds; "
@@ -375,7 +409,7 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
         f"launcher, torch import, joining the group); re-form pauses {c['grow_pause_s']} / "
         f"{c['shrink_pause_s']} / {c['preempt_pause_s']} s (grow / shrink / preemption, "
         f"`bench/e2e.py`'s in-place figures); checkpoints every {c['checkpoint_every_s']:g} s "
-        "(what a job that loses every node rolls back to).",
+        "(what a job that loses every node rolls back to). " + start_and_handover_note(c),
         "",
         f"Where they differ, as this run measured it. The real cluster left "
         f"{real['idle_no_task_node_s']:.0f} idle node-seconds with no task on them "
@@ -391,8 +425,8 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
         "where the model charges 0.13–0.29 s a change), and a preemption's hand-over — the "
         "last completed step to the prod job's start: the step in flight, Slurm's kill, the "
         f"prod job's start — cost {real['handover_node_s']:.0f} node-seconds over "
-        f"{real['handovers']} preemptions, where the model charges one step only when the job "
-        "keeps other nodes. The simulator, which holds every idle node at once, lost "
+        f"{real['handovers']} preemptions, which the replay charges at their mean. The "
+        "simulator, which holds every idle node at once, lost "
         f"{sim['held_not_training_node_s']:.0f} node-seconds to joiners' starts and pauses. "
         + rollback_note(cmp) + " Rescales are "
         "counted differently (the real figure is a change of the RUNNING task count between "

@@ -92,10 +92,61 @@ def measure_costs(out: Path, window: tuple[float, float]) -> dict[str, Any]:
     starts = elastic_starts(text)
     started = sum(window[0] <= t <= window[1] for ts in starts.values() for t in ts)
     steps = summary.read_step_logs(sorted(out.glob("jobs/checkpoints-*/steps/*.log")))
-    stalls, handovers = step_gaps(steps, summary.prod_busy_from_log(text), starts, window)
+    prod = summary.prod_busy_from_log(text)
+    stalls, handovers = step_gaps(steps, prod, starts, window)
     return {"grant_delays_s": [round(d, 3) for d in delays],
             "startups_s": [round(s, 3) for s in startups], "elastic_task_starts": started,
+            "startups_censored_s": censored_starts(steps, prod, starts, window),
             "member_stalls_s": stalls, "handovers_s": handovers}
+
+
+def censored_starts(steps: dict[str, list[tuple[float, float]]], prod: dict[str, list[Span]],
+                    starts: dict[str, list[float]], window: tuple[float, float]) -> list[float]:
+    """Task starts inside the window that never reached a completed step: for each, the time
+    the task had (its start to the node's next prod job, next task or the window's end), a
+    lower bound on its start-up. The workers' own start-ups leave these out, and they are the
+    long ones, so a mean of what was seen alone is too short."""
+    out = []
+    for node, times in starts.items():
+        times = sorted(times)
+        busy = sorted(s for s, _ in prod.get(node, []))
+        spans = steps.get(node, [])
+        for i, t in enumerate(times):
+            if not window[0] <= t < window[1]:
+                continue
+            ends = [window[1]] + [x for x in busy if x > t] + times[i + 1:i + 2]
+            until = min(ends)
+            if not any(t <= a and b <= until for a, b in spans):
+                out.append(round(until - t, 3))
+    return out
+
+
+def start_quantiles(seen: list[float], censored: list[float], n: int = 200
+                    ) -> tuple[float, ...]:
+    """``n`` equally likely start-ups (the quantiles of the Kaplan-Meier estimate) from the
+    start-ups ``seen`` and the ``censored`` ones (known only to exceed the value). The mass the
+    estimate leaves beyond the longest one seen goes to the longest censored value above it, a
+    lower bound; with nothing censored, the quantiles of what was seen."""
+    if not seen:
+        return ()
+    points = sorted([(x, True) for x in seen] + [(x, False) for x in censored])
+    survival, at_risk = 1.0, len(points)
+    mass: list[tuple[float, float]] = []
+    for x, event in points:
+        if event:
+            mass.append((x, survival / at_risk))
+            survival -= survival / at_risk
+        at_risk -= 1
+    if survival > 1e-12:
+        mass.append((max(x for x, _ in points), survival))
+    out, acc, i = [], 0.0, 0
+    for k in range(n):
+        q = (k + 0.5) / n
+        while i < len(mass) - 1 and acc + mass[i][1] < q:
+            acc += mass[i][1]
+            i += 1
+        out.append(round(mass[i][0], 3))
+    return tuple(out)
 
 
 def step_gaps(steps: dict[str, list[tuple[float, float]]], prod: dict[str, list[Span]],

@@ -35,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 from bench.sections import host  # noqa: E402
-from bench.sim_to_real_costs import step_gaps, step_samples, step_stats  # noqa: E402
+from bench.sim_to_real_costs import censored_starts, step_gaps, step_samples, step_stats  # noqa: E402
 from devtools.demo import summary, workload  # noqa: E402
 from devtools.localcluster.pbs import PbsComplex  # noqa: E402
 from malletrain_core.sim.accounting import JobRun, read_accounting  # noqa: E402
@@ -196,6 +196,7 @@ def measure(out: Path, window: tuple[float, float], node_names: list[str],
             "startups_s": [round(s["total"], 3) for s in startups],
             "elastic_task_starts": sum(window[0] <= t <= window[1]
                                        for ts in starts.values() for t in ts),
+            "startups_censored_s": censored_starts(steps, prod, starts, window),
             "member_stalls_s": stalls, "handovers_s": handovers,
             "preemptions": len(requeued), "rescales": None,
             "idle_counted_from": "the PBS server's accounting log (prod queue, whole seconds)"}

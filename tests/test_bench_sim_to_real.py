@@ -110,3 +110,24 @@ def test_pbs_spans_keep_one_queue_and_close_open_runs() -> None:
     assert pbs.spans(runs, "prod", (0.0, 50.0)) == {"n01": [(5.0, 8.0), (10.0, 20.0)],
                                                     "n02": [(10.0, 20.0)]}
     assert pbs.spans(runs, "mt_preemptable", (0.0, 50.0)) == {"n01": [(21.0, 50.0)]}
+
+
+def test_starts_that_never_reached_a_step_are_censored_at_what_they_had() -> None:
+    steps = {"n01": [(T0 + 12, T0 + 12.4)], "n02": [(T0 + 1, T0 + 1.4)]}
+    prod = {"n01": [(T0, T0 + 10), (T0 + 40, T0 + 50)], "n02": [(T0 + 25, T0 + 30)]}
+    starts = {"n01": [T0 + 10.5, T0 + 20.0], "n02": [T0 + 31.25]}
+    # n01's first task stepped; its second had until the prod job at 40; n02's until the end
+    got = costs.censored_starts(steps, prod, starts, (T0, T0 + 60))
+    assert sorted(got) == [20.0, 28.75]
+
+
+def test_start_quantiles_follow_kaplan_meier() -> None:
+    assert costs.start_quantiles([1.0, 2.0, 3.0, 4.0], [], n=4) == (1.0, 2.0, 3.0, 4.0)
+    # censored at 5 (above every start seen): half the mass stays there, as a lower bound
+    assert costs.start_quantiles([1.0], [5.0], n=4) == (1.0, 1.0, 5.0, 5.0)
+    # censored at 0.5 (below): it says nothing about the longer one seen
+    assert costs.start_quantiles([1.0], [0.5], n=2) == (1.0, 1.0)
+    # 2 seen of 4 at risk at 3: the survivor past 3 is the censored 8
+    assert costs.start_quantiles([1.0, 3.0], [2.0, 8.0], n=8) == (
+        1.0, 1.0, 3.0, 3.0, 3.0, 8.0, 8.0, 8.0)
+    assert costs.start_quantiles([], [3.0]) == ()

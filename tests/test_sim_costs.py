@@ -223,3 +223,33 @@ def test_a_cold_start_costs_only_when_the_model_says(monkeypatch: pytest.MonkeyP
     free.rescale(0.0, 2)
     free.advance(10.0)
     assert free.progress == pytest.approx(10 * 18.0)
+
+
+def test_measured_starts_are_drawn_and_a_node_taken_back_stops_before_it_goes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/sim_to_real.py's model: a start costs one draw from each measured part (here one
+    value each, so 2 + 6 s), and each node the batch system takes back stops ``handover_s``
+    before it goes, less the step in flight the survivors' re-form already drops."""
+    assert all(not c.start_parts_s and c.handover_s == 0
+               for c in cost_models.COST_MODELS.values())
+    measured = RescaleCosts("drawn", inplace=True, lost_step_s=0.5, joiner_start_s=99.0,
+                            cold_start_s=99.0, start_parts_s=((2.0,), (6.0,)), handover_s=1.5)
+    monkeypatch.setitem(cost_models.COST_MODELS, "drawn", measured)
+    m = _model("drawn")
+    m.rescale(0.0, 2)
+    m.advance(10.0)
+    assert m.progress == pytest.approx(2 * 18.0)  # trained from 8 s, not 99
+    m.rescale(10.0, 4)  # a joiner's start: 8 s at the old size, then 4 nodes
+    m.advance(20.0)
+    assert m.progress == pytest.approx(36.0 + 8 * 18.0 + 2 * 30.0)
+    before = m.progress
+    m.preempt(20.0, 3)  # one node taken back: (1.5 - 0.5) s of its quarter of 30/s lost
+    assert before - m.progress == pytest.approx(1.0 * 30.0 / 4 + 0.5 * 30.0)
+    assert m.net == pytest.approx(m.ideal - m.charged - m.rolled_back)
+    m.advance(30.0)
+    kept = m.progress
+    m.preempt(30.0, 0)  # every node: each stopped 1.5 s early (checkpoints continuous here,
+    # so nothing more rolls back)
+    assert m.progress == pytest.approx(kept - 3 * 1.5 * 24.0 / 3) and m.restored_loss == 0
+    with pytest.raises(ValueError, match="start part"):
+        RescaleCosts("bad", inplace=True, start_parts_s=((),))

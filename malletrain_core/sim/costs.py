@@ -90,6 +90,21 @@ class RescaleCosts:
     """A start from 0 nodes: seconds before the first process trains (0: free, as in the
     FreeTrain prototype and every named model here; ``bench/sim_to_real.py`` sets the start-up
     it measured, since a job that lost every node restarts its processes)."""
+    start_parts_s: tuple[tuple[float, ...], ...] = ()
+    """Measured starts instead of the two fixed figures above: a joiner's start and a start
+    from 0 nodes each cost one draw (from the job's random stream) from every tuple, summed.
+    ``bench/sim_to_real.py`` gives the run's grant delays and its workers' start-ups, since a
+    job that loses every node soon after a short start has trained by then and one after a
+    long start has not. Empty (every named model): the fixed figures."""
+    handover_s: float = 0.0
+    """A node the batch system takes back stops training this long before it goes (the step in
+    flight, then the kill before the next job starts); the survivors' step in flight is
+    ``lost_step_s``. 0 in every named model; ``bench/sim_to_real.py`` gives the run's mean."""
+
+    def __post_init__(self) -> None:
+        if any(not part or min(part) < 0 for part in self.start_parts_s) or self.handover_s < 0:
+            raise ValueError(f"cost model {self.name!r}: every start part needs at least one "
+                             "draw, none negative, and handover_s must be >= 0")
 
     def declared(self, scale_up_s: float, scale_down_s: float) -> tuple[float, float]:
         """(scale-up, scale-down) seconds a user who knows this model declares for a job whose

@@ -210,7 +210,29 @@ class JobModel:
             self.stall_until = t + (1 - w) * cost_s
             self.warm_until = self.stall_until + 2 * w * cost_s
         else:
-            self.stall_until = self.warm_until = t + (self.costs.cold_start_s if world else 0.0)
+            self.stall_until = self.warm_until = t + (
+                self._start_s(self.costs.cold_start_s) if world else 0.0)
+
+    def _start_s(self, fixed: float) -> float:
+        """A start's seconds: ``fixed``, or one draw from each measured part (:mod:`.costs`)."""
+        parts = self.costs.start_parts_s
+        if not parts:
+            return fixed
+        return float(sum(part[int(self.rng.integers(len(part)))] for part in parts))
+
+    def _hand_over(self, nodes: int, steps_charged: float) -> None:
+        """``nodes`` taken back stop training ``handover_s`` before they go; ``steps_charged``
+        seconds of that are already dropped as the step in flight. What the nodes trained in
+        the rest is undone and never counted as trained (their step logs never had it)."""
+        extra_s = self.costs.handover_s - steps_charged
+        if nodes <= 0 or extra_s <= 0 or self.world <= 0:
+            return
+        per_node = self._rate_now() * self.factor / self.world
+        lost = min(self.progress, per_node * nodes * extra_s)
+        self.progress -= lost
+        self.ckpt = min(self.ckpt, self.progress)
+        self.charged += lost
+        self.preemption_loss += lost
 
     def _charge(self, samples: float, kind: str) -> None:
         """Charge ``samples`` lost to an in-place change to the net ledger."""
@@ -237,7 +259,7 @@ class JobModel:
         c = self.costs
         if kind == "up":
             self.prev_rate = self._rate_now()
-            self.join_until = t + c.joiner_start_s
+            self.join_until = t + self._start_s(c.joiner_start_s)
             self.stall_until = self.join_until + c.grow_pause_s
         else:
             self._lose_step(kind)
@@ -277,8 +299,10 @@ class JobModel:
         self.advance(t)
         if self.costs.inplace and world > 0:
             self.preemptions += 1
+            self._hand_over(self.world - world, self.costs.lost_step_s)
             self._in_place(t, world, "preempt")
             return
+        self._hand_over(self.world - world, 0.0)
         r_before = self.rate()
         lost = self.progress - self.ckpt
         self.progress = self.ckpt
