@@ -25,7 +25,8 @@ test-pbs: setup-pbs
 	$(PYTEST) -q -m pbs_real || [ $$? -eq 5 ]
 
 ## Long loops (not in `make test`): 200 cancellations during rescale churn on real Slurm, the
-## two slowest fault scenarios (a hung slurmd, the checkpoint folder full and read-only), 200
+## two slowest fault scenarios (a hung slurmd, the checkpoint folder full and read-only), the
+## restart path's Lightning and HF runs under real Slurm, 200
 ## re-forms of two processes (threads, fds and memory flat), and
 ## 40 pairs of processes re-formed in place 21 times each beside two busy processes.
 test-long: setup-full
@@ -33,6 +34,7 @@ test-long: setup-full
 	MALLETRAIN_REFORM_LEAK_ROUNDS=200 $(PYTEST) -q -s tests/test_inplace.py -k leak_nothing
 	MALLETRAIN_REVIVAL_CANCELS=200 $(PYTEST) -q -s tests/slurm/test_revival.py
 	MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q tests/slurm/test_faults_site.py -k "slurmd_hung or checkpoint_folder"
+	MALLETRAIN_BYO_RESTART_ALL=1 $(PYTEST) -q tests/slurm/test_byo_e2e.py -k "lightning or hf"
 
 ## The fault scenarios that change an epoch under the fault, on the in-place path
 ## (malletrain-run --inplace; the others are skipped with why): about 3 minutes.
@@ -54,7 +56,7 @@ MATRIX_RELEASES ?= 24.11 25.11 26.05
 MATRIX_TESTS ?= tests/slurm --ignore=tests/slurm/test_accounting.py
 test-matrix: setup setup-matrix
 	@failed=""; for r in $(MATRIX_RELEASES); do echo "== Slurm $$r"; start=$$(date +%s); \
-	  MALLETRAIN_REQUIRE_PYSLURM=1 $(PYTEST) -q -m slurm --slurm-release=$$r $(MATRIX_TESTS) \
+	  MALLETRAIN_REQUIRE_PYSLURM=1 MALLETRAIN_BYO_RESTART_ALL=1 $(PYTEST) -q -m slurm --slurm-release=$$r $(MATRIX_TESTS) \
 	    || failed="$$failed $$r"; \
 	  echo "== Slurm $$r: $$(( $$(date +%s) - start )) s"; done; \
 	  if [ -n "$$failed" ]; then echo "test-matrix failed on:$$failed"; exit 1; fi
