@@ -367,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
     else:
-        command = "nice -n 5 python -m bench.campaign " + shlex.join(
-            argv if argv is not None else sys.argv[1:])
+        niceness = os.nice(0)  # say how it ran, as it ran
+        command = (f"nice -n {niceness} " if niceness else "") + "python -m bench.campaign " \
+            + shlex.join(argv if argv is not None else sys.argv[1:])
         runs = {}
         for name in backends:
             r = run_backend(name, args.faults or (100 if name == "slurm" else 20), args.seed,

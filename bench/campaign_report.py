@@ -186,8 +186,7 @@ def section(r: dict[str, Any]) -> str:
     return "\n".join([
         begin,
         f"Measured {r['date']} on {r['machine']}, with `{r['command']}` (seed {r['seed']}, "
-        f"{r['wall_s'] / 60:.0f} min, run under `nice -n 5` on a machine shared with others' "
-        f"tests): a {what} of {r['nodes']} nodes, {r['jobs']} in-place "
+        f"{r['wall_s'] / 60:.0f} min): a {what} of {r['nodes']} nodes, {r['jobs']} in-place "
         f"jobs, {r['prod_jobs']} prod jobs preempting them meanwhile. {r['faults']} faults "
         f"injected, {r['recovered']} recovered, {r['tasks_lost']} tasks lost, "
         f"{r['stalled_nodes']} nodes idle past the grant deadline.",
