@@ -347,8 +347,9 @@ def pbs_lines(cmp: dict[str, Any], wall_s: float | None) -> list[str]:
         f"run ended → a subjob started there {c['grant_delay_s']:.2f} s (mean of "
         f"{c['grant_delays_seen']} in the accounting log, whole seconds) + task start → first "
         f"step {c['task_start_to_first_step_s']:.2f} s (mean of {c['startups_seen']} workers). "
-        + start_and_handover_note(c) + f" The complex left {real['idle_no_task_node_s']:.0f} idle node-seconds with no subjob "
-        f"on them and held {real['held_not_in_a_step_node_s']:.0f} outside completed steps "
+        + start_and_handover_note(c)
+        + f" The complex left {real['idle_no_task_node_s']:.0f} idle node-seconds with no "
+        f"subjob on them and held {real['held_not_in_a_step_node_s']:.0f} outside completed steps "
         f"({real['elastic_task_starts']} subjob starts; running workers paused "
         f"{real['member_stalls']} times, {real['member_stalls_node_s']:.0f} node-seconds; "
         f"hand-overs at preemption {real['handover_node_s']:.0f} node-seconds over "
