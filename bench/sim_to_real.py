@@ -293,8 +293,8 @@ def rollback_note(cmp: dict[str, Any]) -> str:
 
 
 def start_and_handover_note(c: dict[str, Any]) -> str:
-    """How this replay charged starts and hand-overs (runs saved before either was kept: the
-    mean start, no hand-over)."""
+    """How this replay charged starts (drawn, or the means for runs saved before the starts
+    that never reached a step were kept) and hand-overs."""
     start = (f"each start drew a grant delay and a start-up from the run's own (the start-ups "
              f"from {c['startups_seen']} seen and {c['startups_censored']} that never reached "
              "a step, by their Kaplan-Meier estimate; the means above are its means)"

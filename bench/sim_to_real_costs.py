@@ -109,13 +109,12 @@ def censored_starts(steps: dict[str, list[tuple[float, float]]], prod: dict[str,
     out = []
     for node, times in starts.items():
         times = sorted(times)
-        busy = sorted(s for s, _ in prod.get(node, []))
+        busy = [s for s, _ in prod.get(node, [])]
         spans = steps.get(node, [])
         for i, t in enumerate(times):
             if not window[0] <= t < window[1]:
                 continue
-            ends = [window[1]] + [x for x in busy if x > t] + times[i + 1:i + 2]
-            until = min(ends)
+            until = min([window[1], *(x for x in busy if x > t), *times[i + 1:i + 2]])
             if not any(t <= a and b <= until for a, b in spans):
                 out.append(round(until - t, 3))
     return out
