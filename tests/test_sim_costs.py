@@ -253,3 +253,104 @@ def test_measured_starts_are_drawn_and_a_node_taken_back_stops_before_it_goes(
     assert m.progress == pytest.approx(kept - 3 * 1.5 * 24.0 / 3) and m.restored_loss == 0
     with pytest.raises(ValueError, match="start part"):
         RescaleCosts("bad", inplace=True, start_parts_s=((),))
+
+
+def _timed(monkeypatch: pytest.MonkeyPatch, checkpoint_s: float = 0.0) -> JobModel:
+    """In place with fixed, round starts: a start from 0 nodes 4 s, a joiner's 6 s."""
+    costs = RescaleCosts("timed", inplace=True, grow_pause_s=0.5, shrink_pause_s=0.5,
+                         preempt_pause_s=1.0, lost_step_s=1.0, joiner_start_s=6.0,
+                         cold_start_s=4.0)
+    monkeypatch.setitem(cost_models.COST_MODELS, "timed", costs)
+    params = PerfParams(noise=0.0, warmup_share=0.0, rescale_cost="timed",
+                        checkpoint_interval_s=checkpoint_s)
+    return JobModel(_job(), params, np.random.default_rng(0))
+
+
+def test_a_joiner_lost_before_it_joined_costs_the_members_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A joiner holds no state and is not in the group yet: taken back while it starts, the
+    members neither drop a step nor pause (they were never told of it)."""
+    m = _timed(monkeypatch)
+    m.rescale(0.0, 2)
+    m.advance(10.0)                        # 6 s at 18/s after the 4-s start
+    m.rescale(10.0, 3)                     # a joiner starts until 16; 2 members train on
+    assert m.joiners() == 1
+    m.preempt(12.0, 2, joiners_gone=1)
+    assert m.joiners() == 0 and m.rolled_back == 0.0
+    m.advance(20.0)
+    assert m.progress == pytest.approx(16 * 18.0)
+    # the same node lost after the join is a member: a step in flight and a pause
+    m.rescale(20.0, 3)
+    m.advance(30.0)                        # joined at 26, paused until 26.5, then 3 nodes
+    m.preempt(30.0, 2)
+    assert m.rolled_back == pytest.approx(CURVE.at(3))
+
+
+def test_losing_every_member_while_joiners_start_rolls_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon changes in place only while a member stays: with every member gone the
+    joiners, once started, resume from the checkpoint (the job's state was in the members'
+    memory), as after a loss of every node; nothing trains until their start is over."""
+    m = _timed(monkeypatch, checkpoint_s=10.0)
+    m.rescale(0.0, 1)                      # trains from 4; the period starts there: 14, 24
+    m.advance(20.0)
+    assert m.ckpt == pytest.approx(10 * 10.0)
+    m.rescale(20.0, 2)                     # a joiner starts until 26
+    m.preempt(22.0, 1)                     # the member goes: back to the checkpoint
+    assert m.progress == pytest.approx(100.0) and m.restores == 1
+    assert m.restored_loss == pytest.approx(8 * 10.0)
+    assert m.world == 1 and m.joiners() == 0
+    m.advance(26.0)
+    assert m.progress == pytest.approx(100.0)  # the joiner's start was not cut short
+    m.advance(30.0)
+    assert m.progress == pytest.approx(100.0 + 4 * 10.0)
+    # a planned shrink that keeps only joiners saves first: nothing rolls back
+    m.rescale(30.0, 2)
+    m.rescale(31.0, 1, joiners_gone=0)
+    assert m.restores == 1 and m.ckpt == pytest.approx(m.progress)
+
+
+def test_a_change_does_not_cut_a_start_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node lost while a job starts from 0 leaves the others starting (their start is not
+    replaced by a re-form's pause); a grow while joiners start extends the join, and the
+    members train at their size meanwhile."""
+    m = _timed(monkeypatch)
+    m.rescale(0.0, 2)
+    m.preempt(1.0, 1)
+    m.advance(4.0)
+    assert m.progress == 0.0
+    m.advance(10.0)
+    assert m.progress == pytest.approx(6 * 10.0)
+    m.rescale(10.0, 2)                     # a joiner until 16
+    m.rescale(12.0, 3)                     # another until 18: one join at 18
+    m.advance(18.0)
+    assert m.progress == pytest.approx(60.0 + 8 * 10.0)
+    m.advance(20.0)
+    assert m.progress == pytest.approx(140.0 + 1.5 * CURVE.at(3))
+
+
+def test_the_backend_tells_which_lost_nodes_were_joining(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SimBackend passes the joiners among the nodes that go; in place an engine's
+    Checkpoint order saves nothing (the epoch coordinator saves only before a change that
+    cannot be in place)."""
+    from malletrain_core.events import Checkpoint, Shrink
+    _timed(monkeypatch)
+    trace = synthetic(nodes=4, days=0.05, seed=1, idle_fraction=0.99,
+                      fragments=np.array([100000.0]))
+    backend = SimBackend(trace, [_job()], job_requests("freetrain-exact", [_job()], 0,
+                                                         costs=INPLACE),
+                         PerfParams(noise=0.0, rescale_cost="timed", checkpoint_interval_s=60.0))
+    t = backend.next_time()
+    assert t is not None
+    backend.poll(t)
+    names = sorted(backend.idle)[:3]
+    backend.execute([Grow("j", (names[0],))], t)
+    backend.execute([Grow("j", (names[1], names[2]))], t + 10.0)
+    m = backend.models["j"]
+    assert m.joiners() == 2 and backend.joining["j"] == {names[1], names[2]}
+    backend.execute([Shrink("j", (names[1],))], t + 11.0)
+    assert m.rolled_back == 0.0 and m.world == 2 and m.joiners() == 1
+    before = m.ckpt
+    backend.execute([Checkpoint("j")], t + 12.0)
+    assert m.ckpt == before

@@ -68,6 +68,8 @@ class SimBackend(Backend):
         self.idle: set[str] = set()
         self.owner: dict[str, str] = {}
         self.held: dict[str, set[str]] = {}
+        self.joining: dict[str, set[str]] = defaultdict(set)
+        """In place: a job's nodes whose processes are still starting to join its group."""
         self.models: dict[str, JobModel] = {}
         self._version: dict[str, int] = {}
         self._heap: list[tuple[float, int, int, str, int]] = []
@@ -188,7 +190,10 @@ class SimBackend(Backend):
                     self.invalid_actions += 1
                 continue
             if isinstance(action, Checkpoint):
-                model.checkpoint(now)
+                # In place the epoch coordinator saves only before a change that cannot be
+                # in place (the model's rescale does); the engine's order changes nothing.
+                if not model.costs.inplace:
+                    model.checkpoint(now)
             elif isinstance(action, Finish):
                 model.finish(now)
                 self._release(job)
@@ -215,31 +220,67 @@ class SimBackend(Backend):
         for job in dict.fromkeys([*stopped, *started]):
             model = self.models[job]
             if len(self.held[job]) != model.world:
-                model.rescale(now, len(self.held[job]))
+                if model.costs.inplace:
+                    self._change_in_place(job, now, stopped.get(job, []),
+                                          started.get(job, []))
+                else:
+                    model.rescale(now, len(self.held[job]))
                 self._reschedule(job, now, first=True)
             if self.confirmations:
                 confirmations.extend(WorkerStopped(now, job, n) for n in stopped.get(job, ()))
                 confirmations.extend(WorkerStarted(now, job, n) for n in started.get(job, ()))
         return confirmations
 
+    def _joiners(self, job: str, t: float) -> set[str]:
+        """``job``'s nodes still starting to join at ``t`` (none once its join is over)."""
+        joining = self.joining[job]
+        if joining and self.models[job].join_until <= t:
+            joining.clear()
+        return joining
+
+    def _change_in_place(self, job: str, t: float, stopped: list[str],
+                         started: list[str]) -> None:
+        """A planned change of an in-place job: the nodes let go (saying which had not
+        joined), then the nodes added, which join the group if it is running."""
+        model = self.models[job]
+        joining = self._joiners(job, t)
+        if stopped:
+            gone = joining.intersection(stopped)
+            joining -= gone
+            model.rescale(t, model.world - len(stopped), joiners_gone=len(gone))
+        if started:
+            joiners = model.world > 0
+            model.rescale(t, model.world + len(started))
+            if joiners:
+                joining.update(started)
+        if not model.joiners():
+            joining.clear()
+
     # -- what the trace and the jobs do ------------------------------------------------------
 
     def _reclaim(self, t: float, names: list[str]) -> None:
-        lost: dict[str, int] = defaultdict(int)
+        lost: dict[str, list[str]] = defaultdict(list)
         for name in names:
             self.idle.discard(name)
             job = self.owner.pop(name, None)
             if job is not None:
                 self.held[job].discard(name)
-                lost[job] += 1
-        for job in lost:
-            self.models[job].preempt(t, len(self.held[job]))
+                lost[job].append(name)
+        for job, gone in lost.items():
+            model = self.models[job]
+            joining = self._joiners(job, t)
+            joiners_gone = len(joining.intersection(gone))
+            joining.difference_update(gone)
+            model.preempt(t, len(self.held[job]), joiners_gone=joiners_gone)
+            if not model.joiners():
+                joining.clear()
             self._reschedule(job, t, first=True)
 
     def _release(self, job: str) -> None:
         for name in self.held[job]:
             self.owner.pop(name, None)
         self.held[job] = set()
+        self.joining[job].clear()
 
     def _report(self, t: float, job: str) -> Event | None:
         m = self.models[job]

@@ -63,7 +63,9 @@ destroyed on the critical path and the joiner importing ``torch._dynamo``: grow 
 Under ``inplace`` and ``inplace-gpu`` a change that leaves no process alive — a preemption that
 takes every node of a job, or a shrink to 0 — still costs a restart from the disk checkpoint,
 charged as under ``restart`` (``Tcdw`` at the rate before, plus what rolls back to the
-checkpoint). Starting a job from 0 nodes is free under every model.
+checkpoint). Starting a job from 0 nodes is free under every model. A joiner holds no state
+until it joins: losing every member while joiners start is such a change too (see
+:mod:`.perfmodel`).
 """
 
 from __future__ import annotations

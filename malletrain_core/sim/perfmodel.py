@@ -20,6 +20,14 @@ leaves survivors loses the step in flight (``lost_step_s`` at the rate before) a
 (``shrink_pause_s``/``preempt_pause_s``); no warm-up. Net samples are then charged exactly what
 the change lost against an instant change, so net and trained samples agree; a change that
 leaves no process alive is charged as under ``restart``.
+
+In place, a joiner holds no state until its join: the model keeps the **members** (processes
+that hold the job's state, or load it together at a start from the checkpoint) apart from the
+joiners still starting, as the daemon does (a change is in place only while a member stays).
+Losing a joiner before it joined costs the members nothing; losing every member while joiners
+start rolls the job back to its checkpoint, and the joiners, once started, resume from it; a
+grow while joiners start extends the join; a change does not cut short a start or a pause in
+progress. The backend says which of the nodes that went were joiners.
 """
 
 from __future__ import annotations
@@ -85,6 +93,11 @@ class JobModel:
         self.warm_until = self.t
         self.join_until = self.t
         self.prev_rate = 0.0
+        self.members = 0
+        """In place: the nodes whose processes hold the state (or load it together at a start);
+        the other ``world − members`` are joiners, starting until ``join_until``."""
+        self.members_from = self.t
+        """While joiners start, the members train at ``prev_rate`` from here (after a pause)."""
         self._window = ""
         self.ckpt = 0.0
         self.ckpt_t = self.t
@@ -136,14 +149,15 @@ class JobModel:
     def _trained(self, t0: float, t1: float, r: float) -> float:
         """Samples trained between ``t0`` and ``t1`` at rate ``r`` after the change, plus the
         old size's rate while in-place joiners start (until ``join_until``)."""
-        old = max(0.0, min(t1, self.join_until) - t0) * self.prev_rate * self.factor
+        old = max(0.0, min(t1, self.join_until) - max(t0, self.members_from)) * \
+            self.prev_rate * self.factor
         return r * self._effective_s(t0, t1) + old
 
     def _rate_now(self) -> float:
         """The true rate (noise aside) the job trains at this instant: the old size's while
         joiners start, 0 in a pause, else the current size's."""
         if self.t < self.join_until:
-            return self.prev_rate
+            return self.prev_rate if self.t >= self.members_from else 0.0
         if self.t < self.stall_until:
             return 0.0
         return self.true_rate()
@@ -205,6 +219,8 @@ class JobModel:
         self.ckpt_t = t
         self.join_until = t
         self.prev_rate = 0.0
+        self.members = world
+        self.members_from = t
         if was_running and world > 0:
             w = self.params.warmup_share
             self.stall_until = t + (1 - w) * cost_s
@@ -212,6 +228,8 @@ class JobModel:
         else:
             self.stall_until = self.warm_until = t + (
                 self._start_s(self.costs.cold_start_s) if world else 0.0)
+        if self.costs.inplace:  # a new process's checkpoint period starts as it trains
+            self.ckpt_t = self.stall_until
 
     def _start_s(self, fixed: float) -> float:
         """A start's seconds: ``fixed``, or one draw from each measured part (:mod:`.costs`)."""
@@ -225,9 +243,10 @@ class JobModel:
         seconds of that are already dropped as the step in flight. What the nodes trained in
         the rest is undone and never counted as trained (their step logs never had it)."""
         extra_s = self.costs.handover_s - steps_charged
-        if nodes <= 0 or extra_s <= 0 or self.world <= 0:
+        training = self._members() if self.costs.inplace else self.world
+        if nodes <= 0 or extra_s <= 0 or training <= 0:
             return
-        per_node = self._rate_now() * self.factor / self.world
+        per_node = self._rate_now() * self.factor / training
         lost = min(self.progress, per_node * nodes * extra_s)
         self.progress -= lost
         self.ckpt = min(self.ckpt, self.progress)
@@ -253,34 +272,99 @@ class JobModel:
         else:
             self.rescale_loss += lost
 
-    def _in_place(self, t: float, world: int, kind: str) -> None:
-        """An in-place change to ``world`` > 0 nodes while ``self.world`` > 0 (see
-        :mod:`.costs`): survivors keep their state; joiners start while members train."""
+    def _members(self) -> int:
+        """In place: the members now (every node once the joiners have joined)."""
+        return self.members if self.t < self.join_until else self.world
+
+    def joiners(self) -> int:
+        """In place: the nodes still starting to join (no state yet)."""
+        return self.world - self._members()
+
+    def _in_place(self, t: float, world: int, kind: str, joiners_gone: int = 0) -> None:
+        """An in-place change to ``world`` > 0 nodes while ``self.world`` > 0 and a member
+        stays (see :mod:`.costs`): survivors keep their state; joiners start while members
+        train; ``joiners_gone`` of the nodes that go had not joined yet."""
         c = self.costs
+        joining = t < self.join_until
+        members = self.members if joining else self.world
         if kind == "up":
-            self.prev_rate = self._rate_now()
-            self.join_until = t + self._start_s(c.joiner_start_s)
+            if not joining:  # the members train at their size, after a start or pause ends
+                self.members = self.world
+                self.prev_rate = self.true_rate(self.world)
+                self.members_from = max(t, self.stall_until)
+                self.join_until = self.members_from
+            self.join_until = max(self.join_until, t + self._start_s(c.joiner_start_s))
             self.stall_until = self.join_until + c.grow_pause_s
         else:
-            self._lose_step(kind)
-            self.prev_rate = 0.0
-            self.join_until = t
-            self.stall_until = t + (c.preempt_pause_s if kind == "preempt" else
-                                    c.shrink_pause_s)
+            members_gone = self.world - world - (joiners_gone if joining else 0)
+            left = members - members_gone
+            # the members re-form; a start or a pause in progress is not cut short
+            resume = max(t + (c.preempt_pause_s if kind == "preempt" else c.shrink_pause_s),
+                         self.members_from if joining else self.stall_until)
+            if members_gone > 0:
+                self._lose_step(kind)
+            else:  # only joiners went: the members go on as they were
+                resume = self.members_from if joining else self.stall_until
+            if joining and world > left:  # joiners still starting
+                self.members = left
+                self.prev_rate = self.true_rate(left)
+                self.members_from = resume
+            else:
+                self.prev_rate = 0.0
+                self.join_until = t
+                self.members = world
+                self.members_from = t
+                self.stall_until = resume
         self.warm_until = self.stall_until
         self._window = kind
         self.world = world
         self.epoch += 1
         self.restart_t = t
 
-    def rescale(self, t: float, world: int) -> None:
+    def _members_stay(self, world: int, joiners_gone: int) -> bool:
+        """Does a member stay when the nodes go down to ``world``, ``joiners_gone`` of those
+        that go being joiners?"""
+        members_gone = self.world - world - (joiners_gone if self.t < self.join_until else 0)
+        return members_gone < self._members()
+
+    def _from_joiners(self, t: float, world: int) -> None:
+        """Every member went while ``world`` joiners start: they start the job from its
+        checkpoint together once started (a start from 0 nodes already under way)."""
+        self.stall_until = self.warm_until = max(self.join_until, t)
+        self.world = self.members = world
+        self.members_from = self.join_until = self.restart_t = t
+        self.ckpt_t = self.stall_until
+        self.prev_rate = 0.0
+        self.epoch += 1
+
+    def _roll_back(self, r_before: float) -> None:
+        """Back to the checkpoint: what was trained since is undone; the prototype's
+        scale-down cost is charged at ``r_before``."""
+        lost = self.progress - self.ckpt
+        self.progress = self.ckpt
+        self.rolled_back += lost
+        self.restored_loss += lost
+        self.restores += int(lost > 0)
+        self.preemptions += 1
+        cost = self.spec.scale_down_s
+        self.charged += cost * r_before
+        self.preemption_loss += lost + cost * r_before
+
+    def rescale(self, t: float, world: int, joiners_gone: int = 0) -> None:
         """A planned change to ``world`` nodes: checkpoint, then restart at the new size (in
-        place: survivors keep training, see :mod:`.costs`)."""
+        place: survivors keep training, see :mod:`.costs`; ``joiners_gone`` of the nodes let
+        go had not joined yet)."""
         if self.costs.inplace and self.world > 0 and world > 0:
             self.advance(t)
-            if world != self.world:
-                self.rescales += 1
-                self._in_place(t, world, "up" if world > self.world else "down")
+            if world == self.world:
+                return
+            self.rescales += 1
+            if world > self.world or self._members_stay(world, joiners_gone):
+                self._in_place(t, world, "up" if world > self.world else "down",
+                               joiners_gone)
+            else:  # no member stays: saved first, then the joiners resume from it
+                self.checkpoint(t)
+                self._from_joiners(t, world)
             return
         self.checkpoint(t)
         if world == self.world:
@@ -293,27 +377,28 @@ class JobModel:
             self.rescales += 1
         self._restart(t, world, cost)
 
-    def preempt(self, t: float, world: int) -> None:
-        """The batch system took nodes back: roll back to the checkpoint, restart the
-        survivors (``world`` nodes, possibly 0)."""
+    def preempt(self, t: float, world: int, joiners_gone: int = 0) -> None:
+        """The batch system took nodes back (``joiners_gone`` of them had not joined yet):
+        roll back to the checkpoint, restart the survivors (``world`` nodes, possibly 0); in
+        place, the survivors go on while a member stays."""
         self.advance(t)
         if self.costs.inplace and world > 0:
-            self.preemptions += 1
-            self._hand_over(self.world - world, self.costs.lost_step_s)
-            self._in_place(t, world, "preempt")
+            members_gone = self.world - world - (
+                joiners_gone if self.t < self.join_until else 0)
+            if self._members_stay(world, joiners_gone):
+                self.preemptions += 1
+                self._hand_over(members_gone, self.costs.lost_step_s)
+                self._in_place(t, world, "preempt", joiners_gone)
+                return
+            self._hand_over(members_gone, 0.0)
+            self._roll_back(self._rate_now() * self.factor)
+            self._from_joiners(t, world)
             return
-        self._hand_over(self.world - world, 0.0)
+        self._hand_over(self._members() - world if self.costs.inplace else self.world - world,
+                        0.0)
         r_before = self.rate()
-        lost = self.progress - self.ckpt
-        self.progress = self.ckpt
-        self.rolled_back += lost
-        self.restored_loss += lost
-        self.restores += int(lost > 0)
-        self.preemptions += 1
-        cost = self.spec.scale_down_s
-        self.charged += cost * r_before
-        self.preemption_loss += lost + cost * r_before
-        self._restart(t, world, cost)
+        self._roll_back(r_before)
+        self._restart(t, world, self.spec.scale_down_s)
 
     def finish(self, t: float) -> None:
         self.advance(t)
