@@ -10,8 +10,9 @@ the store (``malletrain/<epoch>/lost``, read by every rank at each beat), and ea
 abandons the epoch's operations at once and tells its launcher which nodes went silent (the
 control folder's ``peers_lost``), which tells the daemon at its next check-in.
 
-Three calls per beat and rank, whatever the world size, so rank 0's store serves
-``3 × world / PERIOD_S`` calls a second (15 per rank). The beat runs on a Python thread: a
+Three calls per beat, rank and epoch watched, whatever the world size, so rank 0's store
+serves ``3 × world / PERIOD_S`` calls a second (15 per rank; for a moment, during a re-form,
+each rank's calls go to two stores). The beat runs on a Python thread: a
 process whose main thread holds the GIL for longer than ``timeout_s`` (pickling a large state
 by hand) looks hung to its peers; ``MALLETRAIN_PEER_TIMEOUT_S`` raises the bound.
 
@@ -20,6 +21,15 @@ client's call to a store whose process hangs (SIGSTOP, a process stuck in the ke
 returns — torch's TCPStore client has no timeout on ``add``, and the kernel still accepts
 connections for a stopped process — so a beat that made the calls itself hung with it and the
 survivors of a hung rank 0 never found it.
+
+A process may be in two epochs at once: the one its group was formed for, and, from the moment
+it is told, the one it re-forms into (its main thread may still be in a step of the first). The
+beat watches each on its own, in its own store (:mod:`.inplace` hosts the new epoch's store on
+its rank 0 as soon as that process is told), so a peer that stops during a re-form — before
+its main thread reaches the step boundary, while the members meet at the new store, or while
+the new group is made — is found within the same bound as in training. A peer that never beats
+in the new epoch is silent from the moment the watcher was told it: the daemon hands the
+epoch's orders to its launchers together.
 """
 
 from __future__ import annotations

@@ -786,6 +786,13 @@ class Elastic:
                 self._hosted = None
         self._store = None
 
+    def _let_go_hosted(self, epoch: int) -> None:
+        """Stop hosting the store of an epoch before ``epoch`` that was given up unformed:
+        left listening, it would hold its port, which the daemon hands out again later."""
+        with self._host_lock:
+            if self._hosted is not None and self._hosted[0] < epoch:
+                self._hosted = None
+
     def _host_coming(self, m: Membership) -> None:
         """The heartbeat's call before it meets the store of ``m``'s epoch, in which this
         process is rank 0: host it now if it is the epoch this process re-forms into, so that
@@ -1164,6 +1171,7 @@ class Elastic:
             if m.leave:
                 self._leave(0, f"epoch {m.epoch}: this node leaves the job")
             self._teardown()
+            self._let_go_hosted(m.epoch)
             self._pending.reset(m.epoch)
             t_form = time.monotonic()
             try:
