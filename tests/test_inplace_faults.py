@@ -200,8 +200,9 @@ def silent_in(p, epoch: int) -> list[int] | None:
 
 def found_and_replaced(d, survivors, victim, epoch: int, rank: int, t_stop: float) -> str:
     """Both survivors name ``rank`` silent in ``epoch`` (the epoch being formed, the one the
-    daemon holds current) within 2.5 s of the stop; the next membership, without the victim,
-    trains within 5 s with the same processes. Returns what was measured, for the output."""
+    daemon holds current) within 3 s of the stop (measured 1.6-2.0 s: the 1.25-s bound, a
+    beat or two, the new epoch's watch starting at a beat); the next membership, without the
+    victim, trains within 5 s with the same processes. Returns what was measured."""
     try:
         wait_for(lambda: all(silent_in(p, epoch) for p in survivors), 10,
                  f"both survivors naming rank {rank} silent in epoch {epoch}", survivors)
@@ -215,7 +216,7 @@ def found_and_replaced(d, survivors, victim, epoch: int, rank: int, t_stop: floa
         os.kill(victim.popen.pid, signal.SIGCONT)
     resumed = max(min(r["t"] for r in p.steps() if r["epoch"] == after)
                   for p in survivors) - t_order
-    assert max(found.values()) < 2.5, found
+    assert max(found.values()) < 3.0, found
     assert resumed < 5.0
     assert {r["pid"] for p in survivors for r in p.steps()} == {p.popen.pid for p in survivors}
     return (", ".join(f"{k} {v:.2f} s" for k, v in found.items())
