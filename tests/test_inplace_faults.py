@@ -7,6 +7,9 @@ loopback (a driver stands in for the daemon and the launchers, as in tests/test_
 * A peer that dies or hangs without an ``abandon`` order (the daemon down, or a planned
   shrink whose leaver the batch system killed first): the survivors find it by its missing
   heartbeat within 2 s instead of waiting for the collective timeout.
+* A peer that stops during a re-form (as the next epoch is told, or the new epoch's store
+  host while the others meet at its store): the survivors name it in the new epoch within
+  3 s instead of waiting for it for the whole stop.
 """
 
 from __future__ import annotations
