@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
+
+import pytest
 
 from malletrain_core.worker import inplace
 
@@ -50,3 +53,35 @@ def test_close_waits_for_the_completing_thread() -> None:
     p._thread.start()
     p.close()
     assert not p._thread.is_alive()
+
+
+def test_a_loss_in_an_epoch_left_does_not_fail_the_next_ones_operations() -> None:
+    """The heartbeat can find a peer of the epoch this process has just left (its group
+    already let go for the next one): that loss must not fail the next epoch's operations."""
+    p = inplace._Pending()
+    p.reset(4)
+    assert not p.abandon("epoch 3: rank 2 has not beaten for 1.3 s", 3)
+    assert p.reason is None
+    assert p.abandon("epoch 4: rank 1 has not beaten for 1.3 s", 4)
+    assert p.reason is not None and "epoch 4" in p.reason
+    p.reset(5)
+    assert p.reason is None
+    assert p.abandon("epoch 6 replaces epoch 5 (a peer was lost)")  # an order: any epoch's
+
+
+def test_a_store_call_that_hangs_is_given_up_and_the_next_one_runs() -> None:
+    """A call to the store of a stopped process never returns: it is waited for only while
+    the epoch is wanted, and the calls after it run on a new thread."""
+    calls = inplace._StoreCalls()
+    assert calls.call(lambda: 41 + 1, lambda: False) == 42
+    hang, wanted = threading.Event(), threading.Event()
+    wanted.set()
+    threading.Timer(0.1, wanted.clear).start()
+    t0 = time.monotonic()
+    with pytest.raises(inplace._GaveUp):
+        calls.call(hang.wait, lambda: not wanted.is_set())
+    assert time.monotonic() - t0 < 2.0
+    assert calls.call(lambda: "after", lambda: False) == "after"
+    with pytest.raises(KeyError):
+        calls.call(lambda: {}["missing"], lambda: False)  # the call's own error, raised here
+    hang.set()  # the thread left in the hung call ends

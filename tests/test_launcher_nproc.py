@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -380,5 +381,30 @@ def test_one_process_of_the_node_dying_is_the_node_exit(tmp_path):
         wait_for(lambda: (la._observe(), la.state)[1] == "exited", 20, "the node's exit")
         assert la.rc == 7 and la.workers is None
         assert all(gone(pid) for pid in pids), "the node's other processes were not stopped"
+    finally:
+        la.shutdown()
+
+
+def test_a_stopped_process_told_to_stop_is_killed_without_the_leave_grace(tmp_path):
+    """A node whose process its peers found silent because it was SIGSTOPped is told to stop
+    it: a stopped process never reaches a step boundary, so the launcher kills it at once
+    instead of after ``leave_grace_s`` (10 s here, 30 s by default); until it is gone its node
+    cannot join again. A process that runs still leaves by itself (the test above)."""
+    la, client, control = launcher(tmp_path, [
+        run_reply(0, 1, 2), {"order": {"kind": "stop", "epoch": 0, "reason": "silent"}},
+    ], nproc=2)
+    try:
+        la.prestart()
+        wait_for(lambda: inplace.is_ready(control, 2), 30, "both processes ready")
+        assert la.act(la.checkin()) is None and la.state == "running"
+        pids = [p.pid for p in la.workers.procs]
+        assert not la.workers.stopped()
+        os.kill(pids[1], signal.SIGSTOP)
+        wait_for(la.workers.stopped, 10, "the process seen stopped")
+        t0 = time.monotonic()
+        assert la.act(la.checkin()) is None
+        assert (la.state, la.epoch, la.workers) == ("idle", None, None)
+        assert time.monotonic() - t0 < 5, "waited the leave grace for a stopped process"
+        assert all(gone(pid) for pid in pids)
     finally:
         la.shutdown()

@@ -10,8 +10,9 @@ the store (``malletrain/<epoch>/lost``, read by every rank at each beat), and ea
 abandons the epoch's operations at once and tells its launcher which nodes went silent (the
 control folder's ``peers_lost``), which tells the daemon at its next check-in.
 
-Three calls per beat and rank, whatever the world size, so rank 0's store serves
-``3 × world / PERIOD_S`` calls a second (15 per rank). The beat runs on a Python thread: a
+Three calls per beat, rank and epoch watched, whatever the world size, so rank 0's store
+serves ``3 × world / PERIOD_S`` calls a second (15 per rank; for a moment, during a re-form,
+each rank's calls go to two stores). The beat runs on a Python thread: a
 process whose main thread holds the GIL for longer than ``timeout_s`` (pickling a large state
 by hand) looks hung to its peers; ``MALLETRAIN_PEER_TIMEOUT_S`` raises the bound.
 
@@ -20,6 +21,15 @@ client's call to a store whose process hangs (SIGSTOP, a process stuck in the ke
 returns — torch's TCPStore client has no timeout on ``add``, and the kernel still accepts
 connections for a stopped process — so a beat that made the calls itself hung with it and the
 survivors of a hung rank 0 never found it.
+
+A process may be in two epochs at once: the one its group was formed for, and, from the moment
+it is told, the one it re-forms into (its main thread may still be in a step of the first). The
+beat watches each on its own, in its own store (:mod:`.inplace` hosts the new epoch's store on
+its rank 0 as soon as that process is told), so a peer that stops during a re-form — before
+its main thread reaches the step boundary, while the members meet at the new store, or while
+the new group is made — is found within the same bound as in training. A peer that never beats
+in the new epoch is silent from the moment the watcher was told it: the daemon hands the
+epoch's orders to its launchers together.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +91,19 @@ class _Exchange:
     done_at: float | None = None
 
 
+@dataclass
+class _Watch:
+    """What the beat knows of one epoch it watches."""
+
+    m: Membership
+    moved_at: float                    # the watched counter's last move (or the watch's start)
+    answered_at: float                 # the store's last answer (or the watch's start)
+    client: Any = None
+    watched: int | None = None         # the next rank's counter, when it last moved
+    done: bool = False                 # this epoch's loss was reported
+    io: _Exchange | None = None        # store calls in flight (or done, not yet read)
+
+
 def _accepts(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=PERIOD_S):
@@ -89,117 +112,142 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
-class Heartbeat:
-    """One process's beat and watch, for the membership ``current()`` returns (None: none
-    formed, or alone); ``on_lost`` is called once per epoch in which a peer went silent.
-    :meth:`beat` is one round (the thread calls it every :data:`PERIOD_S`; tests call it)."""
+Current = Callable[[], "Membership | None | Sequence[Membership | None]"]
 
-    def __init__(self, current: Callable[[], Membership | None],
-                 on_lost: Callable[[Lost], None], timeout_s: float = PEER_TIMEOUT_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+
+class Heartbeat:
+    """One process's beat and watch, for the memberships ``current()`` returns: one (None:
+    none formed, or alone) or several, each watched on its own (the epoch a process trains in
+    and the one it re-forms into); ``on_lost`` is called once per epoch in which a peer went
+    silent. ``host(m)``, if given, is called before the first store call of an epoch in which
+    this process is rank 0: it makes the store listen (see :mod:`.inplace`, which hosts an
+    epoch's store from the moment it is told). :meth:`beat` is one round (the thread calls it
+    every :data:`PERIOD_S`; tests call it)."""
+
+    def __init__(self, current: Current, on_lost: Callable[[Lost], None],
+                 timeout_s: float = PEER_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
+                 host: Callable[[Membership], None] | None = None) -> None:
         self.current = current
         self.on_lost = on_lost
         self.timeout_s = timeout_s
         self.clock = clock
-        self._epoch: int | None = None
-        self._client: Any = None
-        self._watched: int | None = None   # the next rank's counter, when it last moved
-        self._moved_at = 0.0
-        self._answered_at = 0.0            # the store's last answer
-        self._done = False                 # this epoch's loss was reported
-        self._io: _Exchange | None = None  # store calls in flight (or done, not yet read)
+        self.host = host
+        self._watches: dict[int, _Watch] = {}  # by epoch
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(PERIOD_S):
             try:
                 self.beat()
             except Exception:  # noqa: BLE001 - the beat must never end the process
-                self._client = None
+                for w in self._watches.values():
+                    w.client = None
 
     def beat(self) -> None:
-        m = self.current()
+        got = self.current()
+        listed = got if isinstance(got, Sequence) else [got]
         now = self.clock()
-        if m is None or m.leave or m.world <= 1:
-            self._epoch, self._client = None, None
-            return
-        if m.epoch != self._epoch:
-            self._epoch, self._client, self._watched = m.epoch, None, None
-            self._moved_at = self._answered_at = now
-            self._done = False
-            self._io = None  # calls stuck in an older epoch's store are left behind
-        if self._done:
-            return
+        live = {m.epoch: m for m in listed
+                if m is not None and not m.leave and m.world > 1}
+        for epoch in [e for e in self._watches if e not in live]:
+            del self._watches[epoch]  # calls stuck in that epoch's store are left behind
+        todo = []
+        for epoch, m in sorted(live.items()):
+            w = self._watches.get(epoch)
+            if w is None or (w.m.rank, w.m.world) != (m.rank, m.world):
+                w = self._watches[epoch] = _Watch(m, moved_at=now, answered_at=now)
+            if not w.done:
+                todo.append(w)
+        for w in todo:  # every epoch's calls in flight at once, then waited for together
+            self._start(w)
+        deadline = time.monotonic() + IO_WAIT_S
+        for w in todo:
+            if w.io is not None and w.io.thread is not None:
+                w.io.thread.join(max(0.0, deadline - time.monotonic()))
+        for w in todo:
+            self._judge(w, now)
+
+    def _judge(self, w: _Watch, now: float) -> None:
+        m = w.m
         base = f"malletrain/{m.epoch}"
         watched = (m.rank + 1) % m.world
-        value, flagged = self._watched, 0
-        got = self._exchange(m, base, watched)
+        value, flagged = w.watched, 0
+        got = self._collect(w)
         if got is not None:
-            (value, flagged), self._answered_at = got
-        if value != self._watched:
-            self._watched, self._moved_at = value, now
+            (value, flagged), w.answered_at = got
+        if value != w.watched:
+            w.watched, w.moved_at = value, now
         if flagged:
-            self._lost(Lost(m.epoch, self._named(m), f"epoch {m.epoch}: a peer went silent "
-                            "(another rank found it)"))
-        elif now - self._answered_at > self.timeout_s:
-            self._lost(Lost(m.epoch, [0], f"epoch {m.epoch}: the store on rank 0 "
-                            f"({m.master}:{m.port}) has not answered for "
-                            f"{now - self._answered_at:.1f} s"))
-        elif now - self._moved_at > self.timeout_s:
-            with_store = self._client
+            self._lost(w, Lost(m.epoch, self._named(w), f"epoch {m.epoch}: a peer went silent "
+                               "(another rank found it)"))
+        elif now - w.answered_at > self.timeout_s:
+            self._lost(w, Lost(m.epoch, [0], f"epoch {m.epoch}: the store on rank 0 "
+                               f"({m.master}:{m.port}) has not answered for "
+                               f"{now - w.answered_at:.1f} s"))
+        elif now - w.moved_at > self.timeout_s:
+            with_store = w.client
             if with_store is not None:
                 try:  # the others abandon at their next beat
                     with_store.set(f"{base}/lost/{watched}", "1")
                     with_store.add(f"{base}/lost", 1)
                 except (RuntimeError, OSError):
-                    self._client = None
-            self._lost(Lost(m.epoch, [watched], f"epoch {m.epoch}: rank {watched} has not "
-                            f"beaten for {now - self._moved_at:.1f} s"))
+                    w.client = None
+            self._lost(w, Lost(m.epoch, [watched], f"epoch {m.epoch}: rank {watched} has not "
+                               f"beaten for {now - w.moved_at:.1f} s"))
 
-    def _exchange(self, m: Membership, base: str,
-                  watched: int) -> tuple[tuple[int, int], float] | None:
-        """This beat's store calls: ((the watched counter, the lost flag), when they
-        returned), or None when the store has not answered (yet). Calls still in flight from
-        an earlier beat are not doubled: a hung store holds one thread, not one per beat."""
-        io = self._io
-        if io is None:
-            io = self._io = _Exchange()
-            io.thread = threading.Thread(target=self._calls, args=(io, m, base, watched),
-                                         daemon=True, name="malletrain-heartbeat-store")
-            io.thread.start()
-            io.thread.join(IO_WAIT_S)
-        if io.thread is not None and io.thread.is_alive():
+    def _start(self, w: _Watch) -> None:
+        """Start this beat's store calls for ``w``, unless calls of an earlier beat are still
+        in flight: a hung store holds one thread, not one per beat."""
+        if w.io is None:
+            w.io = _Exchange()
+            w.io.thread = threading.Thread(target=self._calls, args=(w, w.io), daemon=True,
+                                           name="malletrain-heartbeat-store")
+            w.io.thread.start()
+
+    @staticmethod
+    def _collect(w: _Watch) -> tuple[tuple[int, int], float] | None:
+        """This beat's answer: ((the watched counter, the lost flag), when it came), or None
+        when the store has not answered (yet)."""
+        io = w.io
+        if io is None or (io.thread is not None and io.thread.is_alive()):
             return None
-        self._io = None
+        w.io = None
         if io.result is None or io.done_at is None:
             return None
         return io.result, io.done_at
 
-    def _calls(self, io: _Exchange, m: Membership, base: str, watched: int) -> None:
+    def _calls(self, w: _Watch, io: _Exchange) -> None:
+        m = w.m
+        base = f"malletrain/{m.epoch}"
+        watched = (m.rank + 1) % m.world
         try:
-            store = self._store(m)
+            store = self._store(w)
             store.add(f"{base}/hb/{m.rank}", 1)
             result = (int(store.add(f"{base}/hb/{watched}", 0)),
                       int(store.add(f"{base}/lost", 0)))
         except (RuntimeError, OSError, ValueError):
-            self._client = None  # made anew at the next beat
+            w.client = None  # made anew at the next beat
             return
         io.result, io.done_at = result, self.clock()
 
-    def _store(self, m: Membership) -> Any:
-        if self._client is None:
+    def _store(self, w: _Watch) -> Any:
+        if w.client is None:
             import torch.distributed as dist
 
+            m = w.m
+            if m.rank == 0 and self.host is not None:
+                self.host(m)
             if not _accepts(m.master, m.port):
                 raise OSError(f"nothing listens on {m.master}:{m.port}")
-            self._client = dist.TCPStore(m.master, m.port, is_master=False,
-                                         timeout=dt.timedelta(seconds=4 * PERIOD_S),
-                                         wait_for_workers=False)
-        return self._client
+            w.client = dist.TCPStore(m.master, m.port, is_master=False,
+                                     timeout=dt.timedelta(seconds=4 * PERIOD_S),
+                                     wait_for_workers=False)
+        return w.client
 
-    def _named(self, m: Membership) -> list[int]:
+    @staticmethod
+    def _named(w: _Watch) -> list[int]:
         """The ranks another rank found silent (what it wrote in the store)."""
         found = []
-        store = self._client
+        store, m = w.client, w.m
         if store is not None:
             for r in range(m.world):
                 try:
@@ -209,7 +257,7 @@ class Heartbeat:
                     break
         return found
 
-    def _lost(self, lost: Lost) -> None:
-        self._done = True
-        self._client = None
+    def _lost(self, w: _Watch, lost: Lost) -> None:
+        w.done = True
+        w.client = None
         self.on_lost(lost)

@@ -41,6 +41,7 @@ import datetime as dt
 import hashlib
 import io
 import os
+import queue
 import random
 import socket
 import sys
@@ -48,6 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,7 @@ class _Pending:
         done when their futures are."""
         self.lock = threading.Lock()
         self.reason: str | None = None
+        self.epoch: int | None = None  # the epoch whose group the operations run on
         self.works: list[tuple[float, Any]] = []  # (issued at, work) on the current group
         self._prune_at = 256
         # (work, its future, out, bucket, world)
@@ -104,9 +107,10 @@ class _Pending:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def reset(self) -> None:
+    def reset(self, epoch: int | None = None) -> None:
+        """Start on the operations of ``epoch``'s group (None: not known)."""
         with self.lock:
-            self.reason, self._inflight = None, []
+            self.reason, self._inflight, self.epoch = None, [], epoch
 
     def release(self) -> list[Any]:
         """Hand over this group's works (the caller drops them once the group's threads are
@@ -136,13 +140,19 @@ class _Pending:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
 
-    def abandon(self, reason: str) -> None:
+    def abandon(self, reason: str, epoch: int | None = None) -> bool:
+        """Fail the operations in flight and any issued later, until :meth:`reset`; with
+        ``epoch``, only those of that epoch's group (a loss found in an epoch this process has
+        already left must not fail the next one's). Returns whether they were abandoned."""
         with self.lock:
+            if epoch is not None and epoch != self.epoch:
+                return False
             self.reason = reason
             for _, _, out, _, _ in self._inflight:
                 if not out.done():
                     out.set_exception(StepAbandoned(reason))
             self._inflight = []
+        return True
 
     def hook(self, _state: object, bucket: Any) -> Any:
         """A DDP comm hook (average all-reduce) whose result the control thread can fail."""
@@ -214,6 +224,54 @@ class _Pending:
         fut.value()  # raises the collective's own error (a peer lost)
         if self.device_sync:
             work.wait()  # a host read of the result now waits for the collective itself
+
+
+class _GaveUp(Exception):
+    """A store call given up on: the epoch it served was replaced or found lost."""
+
+
+class _StoreCalls:
+    """The main thread's store calls while it forms a group, each waited for only as long as
+    its epoch is still wanted (``give_up()`` false). A call to the store of a stopped process
+    never returns: torch's TCPStore client has no timeout on ``check`` nor on connecting
+    (measured: both still blocked after 6 s, with a 2-s store timeout; the kernel accepts the
+    connection for the stopped process), so the members of an epoch whose rank 0 was stopped
+    while they met at its store waited there for the whole stop. One worker thread makes the
+    calls in turn; one left in a hung call is replaced by a new one."""
+
+    NAP_S = 0.01
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Any] | None = None
+
+    def call(self, fn: Callable[[], Any], give_up: Callable[[], bool]) -> Any:
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(self._jobs,), daemon=True,
+                             name="malletrain-store-calls").start()
+        done = threading.Event()
+        box: list[tuple[Any, BaseException | None]] = []
+        self._jobs.put((fn, box, done))
+        while not done.wait(self.NAP_S):
+            if give_up():
+                self._jobs.put(None)  # that worker ends when its call returns, if ever
+                self._jobs = None
+                raise _GaveUp
+        value, error = box[0]
+        if error is not None:
+            raise error
+        return value
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[Any]) -> None:
+        while (job := jobs.get()) is not None:
+            fn, box, done = job
+            try:
+                box.append((fn(), None))
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                box.append((None, exc))
+            done.set()
+            del job, fn, box, done
 
 
 @dataclass(eq=False)
@@ -522,6 +580,10 @@ class Elastic:
         self.retired: list[dict[str, Any]] = []   # what letting go of each old group took
         self._phases: dict[str, float] = {}       # the current re-form's pieces (_apply)
         self._store: Any = None
+        self._hosted: tuple[int, Any] | None = None  # (epoch, store) this process hosts
+        self._host_lock = threading.Lock()
+        self._store_calls = _StoreCalls()
+        self._lost_epoch = -1  # the newest epoch, not yet formed, found to have a silent peer
         self._torch_hook: tuple[Any, Any] = (None, None)  # (what it wrapped, torch's hook)
         self._latest: Membership | None = None
         self._latest_lock = threading.Lock()
@@ -531,8 +593,9 @@ class Elastic:
         self._watcher: threading.Thread | None = None
         self._exit_code = 0
         self._told: dict[int, Membership] = {}  # the memberships read, by epoch (the last 8)
-        self._beat = Heartbeat(self._formed, self._peer_silent,
-                               peer_timeout_s() if self.inplace else 0.0)
+        self._beat = Heartbeat(self._watched, self._peer_silent,
+                               peer_timeout_s() if self.inplace else 0.0,
+                               host=self._host_coming)
         self._beater: threading.Thread | None = None
         atexit.register(self._exit_guard)
 
@@ -575,7 +638,8 @@ class Elastic:
         except (OSError, ValueError):
             return
         if lost == self.epoch and lost != self._told_lost and self._pending.reason is None:
-            self._pending.abandon(f"epoch {lost}: another process of this node lost a peer")
+            self._pending.abandon(f"epoch {lost}: another process of this node lost a peer",
+                                  lost)
 
     def _tell_siblings(self) -> None:
         """A peer failed this process's collective: tell the node's other processes (the
@@ -603,20 +667,56 @@ class Elastic:
             return None
         return m
 
+    def _coming(self) -> Membership | None:
+        """The epoch this process re-forms into: the newest membership told, once it is newer
+        than the group's and names this process (None otherwise)."""
+        m = self._newest()
+        if m is None or m.leave or (self.epoch is not None and m.epoch <= self.epoch):
+            return None
+        return m
+
+    def _watched(self) -> list[Membership | None]:
+        """The epochs the heartbeat watches: the one the group was formed for and, from the
+        moment it is told, the one this process re-forms into (see :meth:`_peer_silent`)."""
+        return [self._formed(), self._coming()]
+
+    def _replaced(self, m: Membership) -> bool:
+        """Whether forming ``m`` is pointless: a newer membership was told, or a peer of
+        ``m``'s epoch was found silent (the daemon names the next epoch without it)."""
+        newer = self._newest()
+        return (newer is not None and newer.epoch > m.epoch) or self._lost_epoch >= m.epoch
+
     def _peer_silent(self, lost: Lost) -> None:
-        """The heartbeat found a peer of this epoch silent (dead, hung, its node gone): abandon
-        the epoch's operations now, without waiting for an order, and tell the launcher which
-        nodes (``peers_lost``), so the daemon, up or back, names the next epoch at once.
+        """The heartbeat found a peer silent (dead, hung, its node gone), in the epoch this
+        process trains in or in the one it re-forms into: abandon that epoch now, without
+        waiting for an order, and tell the launcher which nodes (``peers_lost``), so the
+        daemon, up or back, names the next epoch at once.
         Measured before (3 one-process nodes, one SIGKILLed, no ``abandon`` order: the daemon
         down, or a planned shrink whose leaver was killed first): one survivor failed at once,
-        the other waited the whole collective timeout (20 s in the tests, up to 60 s)."""
-        newer = self._newest()
-        if lost.epoch != self.epoch or (newer is not None and newer.epoch > lost.epoch):
-            return  # this process is leaving that epoch anyway
+        the other waited the whole collective timeout (20 s in the tests, up to 60 s).
+
+        A peer silent while a newer epoch is told was once left alone (the process was
+        "leaving that epoch anyway"): the step agreement then waited for it until the
+        collective timeout, and the re-form into the newer epoch, which names it too, for it
+        to come (bench/campaign.py: a sigstop during a re-form took 30.3 s, the whole stop).
+        Now the epoch trained in is abandoned whenever its group is still this process's
+        (only its own operations: :meth:`_Pending.abandon`), and the epoch re-formed into is
+        watched from the moment it is told, so a peer silent in it is named in it, the epoch
+        the daemon holds current."""
+        coming = self._coming()
+        if lost.epoch == self.epoch:
+            if not self._pending.abandon(lost.why, lost.epoch):
+                return  # already re-forming into a newer epoch: the operations are gone
+            tell = coming is None  # else the daemon has moved on; the newer epoch is watched
+        elif coming is not None and lost.epoch == coming.epoch:
+            self._lost_epoch = max(self._lost_epoch, lost.epoch)  # its re-form gives up
+            self._pending.abandon(lost.why, lost.epoch)  # and its group, if just made
+            tell = True
+        else:
+            return  # an epoch this process has left
         print(f"malletrain: {lost.why}; abandoning epoch {lost.epoch}", file=sys.stderr,
               flush=True)
-        self._pending.abandon(lost.why)
-        if self.control_dir is not None:
+        if tell and self.control_dir is not None:
             nodes = sorted({r // self.local_world for r in lost.ranks})
             with contextlib.suppress(OSError):
                 write_peers_lost(self.control_dir, lost.epoch, nodes)
@@ -661,7 +761,7 @@ class Elastic:
                 self.holds_abandoned = True
                 self._watch_for_crash()
             self._graveyard.append(_Abandoned(dist.group.WORLD, self._store, old_net, works))
-            self._store = None
+            self._let_go_store()
             _forget_default_group()
             return
         # NCCL with an abandoned operation: aborting the communicators ends it. A shut-down or
@@ -671,12 +771,51 @@ class Elastic:
         t0 = time.monotonic()
         self._settle_retiring(wait=True)   # at most one old group being let go at a time
         self._phases["wait_retiring_s"] = time.monotonic() - t0
-        group, store, self._store = dist.group.WORLD, self._store, None
+        group, store = dist.group.WORLD, self._store
+        self._let_go_store()
         _forget_default_group()
         self._retiring = _Retiring(kind, self.epoch, backend, [old_net, group, store], works)
         del old_net, group, store, works   # the old group's parts are the thread's now
         if kind == "abort":
             self.holds_abandoned = True  # until the abort returns (_settle_retiring)
+
+    def _let_go_store(self) -> None:
+        """Forget the group's store here (its new owner keeps it, or nobody)."""
+        with self._host_lock:
+            if self._hosted is not None and self._hosted[1] is self._store:
+                self._hosted = None
+        self._store = None
+
+    def _let_go_hosted(self, epoch: int) -> None:
+        """Stop hosting the store of an epoch before ``epoch`` that was given up unformed:
+        left listening, it would hold its port, which the daemon hands out again later."""
+        with self._host_lock:
+            if self._hosted is not None and self._hosted[0] < epoch:
+                self._hosted = None
+
+    def _host_coming(self, m: Membership) -> None:
+        """The heartbeat's call before it meets the store of ``m``'s epoch, in which this
+        process is rank 0: host it now if it is the epoch this process re-forms into, so that
+        its members can beat there (and check in) while this process finishes its step."""
+        coming = self._coming()
+        if coming is not None and coming.epoch == m.epoch:
+            self._host_store(coming)
+
+    def _host_store(self, m: Membership) -> Any:
+        """The store of ``m``'s epoch, hosted by this process (its rank 0): made once, by the
+        heartbeat as soon as the epoch is told or by the re-form, whichever comes first."""
+        import torch.distributed as dist
+
+        with self._host_lock:
+            if self._hosted is not None and self._hosted[0] == m.epoch:
+                return self._hosted[1]
+            if self._hosted is not None and self._hosted[0] > m.epoch:
+                raise RuntimeError(f"epoch {m.epoch} was replaced by epoch {self._hosted[0]}")
+            store = dist.TCPStore(m.master, m.port, m.world, is_master=True,
+                                  timeout=dt.timedelta(seconds=self.timeout_s),
+                                  wait_for_workers=False)
+            self._hosted = (m.epoch, store)  # an older one not formed is let go
+            return store
 
     def _settle_retiring(self, wait: bool) -> None:
         """Forget the group let go in the background once its thread is done; ``wait``: wait
@@ -742,12 +881,16 @@ class Elastic:
 
     def _form(self, m: Membership) -> bool:
         """Form ``m``'s group; False when a newer membership replaced ``m`` meanwhile (a
-        member that was told a later epoch never comes to this one, so nobody waits for it).
+        member that was told a later epoch never comes to this one, so nobody waits for it),
+        or when the heartbeat found a peer of ``m``'s epoch silent (the daemon, told, names
+        the next epoch without it).
 
-        Every rank first checks in at the store (rank 0 hosts it) and waits, polling, until
-        all ``m.world`` did, or a newer membership arrived; only then is the gloo group made,
-        which needs every rank. Connection attempts are probed with a plain socket first, so
-        that a store not yet up costs no c10d retry back-off (16 s measured)."""
+        Every rank first checks in at the store (rank 0 hosts it, from the moment it was
+        told the epoch: :meth:`_host_coming`) and waits, polling, until all ``m.world`` did,
+        or ``m`` was given up; only then is the gloo group made, which needs every rank.
+        Connection attempts are probed with a plain socket first, so that a store not yet up
+        costs no c10d retry back-off (16 s measured); the store calls are waited for only
+        while ``m`` is wanted (:class:`_StoreCalls`: a stopped rank 0 never answers)."""
         import torch.distributed as dist
 
         timeout = dt.timedelta(seconds=self.timeout_s)
@@ -756,24 +899,37 @@ class Elastic:
         keys = [f"malletrain/{m.epoch}/joined/{r}" for r in range(m.world)]
         store = None
         warned = False
+
+        def call(fn: Callable[[], Any]) -> Any:
+            return self._store_calls.call(fn, lambda: self._replaced(m))
+
+        def connect() -> Any:
+            if m.rank == 0:
+                return self._host_store(m)
+            return dist.TCPStore(m.master, m.port, m.world, is_master=False, timeout=timeout,
+                                 wait_for_workers=False)
+
         while True:
-            joined = self._joined(store, keys)
+            try:
+                joined = store is not None and call(partial(self._joined, store, keys))
+            except _GaveUp:
+                return False
             if joined:
                 break
             if joined is None:
                 store = None  # its host moved on (a newer membership reaches us too)
-            newer = self._newest()
-            if newer is not None and newer.epoch > m.epoch:
+            if self._replaced(m):
                 return False
             if time.monotonic() > deadline:
                 raise TimeoutError(f"epoch {m.epoch}: not every rank came to the group on "
                                    f"{m.master}:{m.port} within {self.timeout_s:g} s")
             try:
                 if store is None and (m.rank == 0 or _accepts(m.master, m.port)):
-                    store = dist.TCPStore(m.master, m.port, m.world, is_master=(m.rank == 0),
-                                          timeout=timeout, wait_for_workers=False)
-                    store.set(keys[m.rank], "1")
+                    store = call(connect)
+                    call(partial(store.set, keys[m.rank], "1"))
                     continue  # look at once: alone (world 1), or the last to come, all are in
+            except _GaveUp:
+                return False
             except (RuntimeError, OSError) as exc:  # the store went away (its host moved on)
                 store = None
                 if m.rank == 0 and not warned and time.monotonic() > deadline - self.timeout_s + 5:
@@ -819,7 +975,6 @@ class Elastic:
     def _wrap(self) -> None:
         from torch import nn
 
-        self._pending.reset()
         if self.world > 1 and self.ddp:
             with ddp_without_dynamo():   # a joiner's first step imports no torch._dynamo
                 net = nn.parallel.DistributedDataParallel(self.model)
@@ -1016,9 +1171,19 @@ class Elastic:
             if m.leave:
                 self._leave(0, f"epoch {m.epoch}: this node leaves the job")
             self._teardown()
-            self._pending.reset()
+            self._let_go_hosted(m.epoch)
+            self._pending.reset(m.epoch)
             t_form = time.monotonic()
-            if not self._form(m):
+            try:
+                formed = self._form(m)
+            except Exception:
+                # the group's init failed (a peer stopped between checking in and connecting
+                # waits out the collective timeout in gloo): the next epoch if a peer of this
+                # one was found silent meanwhile (or it was replaced), else the error
+                if not self._replaced(m):
+                    raise
+                formed = False
+            if not formed:
                 m = self._await_epoch(m.epoch + 1)  # replaced before it formed: the newer
                 continue
             self._phases["form_s"] = time.monotonic() - t_form
@@ -1028,13 +1193,13 @@ class Elastic:
                 t_hand = time.monotonic()
                 handed = self._hand_over()
                 self._phases["hand_over_s"] = time.monotonic() - t_hand
+                self._wrap()  # DDP's constructor runs collectives too
                 break
             except Exception as exc:  # a member lost during the hand-over: the next epoch
                 if not self._is_peer_failure(exc):
                     raise
                 self._note_abandoned()
                 m = self._await_epoch(m.epoch + 1)
-        self._wrap()
         if self.lr_for is not None:
             lr = self.lr_for(self.world)
             for group in self.optimizer.param_groups:

@@ -216,6 +216,18 @@ class Workers:
         self._rc = failed if failed is not None else 0
         return self._rc
 
+    def stopped(self) -> bool:
+        """Whether one of the processes is stopped (SIGSTOP, a debugger's stop): it cannot
+        leave at a step boundary, however long it is given."""
+        for started in self.procs:
+            try:
+                if started.returncode is None and psutil.Process(started.pid).status() in (
+                        psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    return True
+            except psutil.Error:
+                pass
+        return False
+
     def _tree(self, proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
         if proc.returncode is not None:  # reaped: its pid may be another process's now
             return []
@@ -505,7 +517,14 @@ class Launcher:
     def _stop(self, reason: str) -> None:
         assert self.workers is not None
         log.info("epoch %s: stopping workers (%s)", self.epoch, reason)
-        if self.inplace and self.workers.poll() is None:
+        if self.inplace and self.workers.poll() is None and self.workers.stopped():
+            # a process its peers found silent because it was stopped: it never reaches a
+            # step boundary, and until it is gone its node cannot join again (the daemon
+            # waits for this launcher to say so), nor its store release the members still
+            # waiting on it: killed at once instead of after leave_grace_s (30 s)
+            log.info("epoch %s: a training process is stopped (SIGSTOP): killed at once",
+                     self.epoch)
+        elif self.inplace and self.workers.poll() is None:
             # leave at the next step boundary, so the others stop there too (the node's
             # processes all read this file and leave together)
             control.write_membership(self.control_dir,
