@@ -296,7 +296,7 @@ class JobModel:
             self.join_until = max(self.join_until, t + self._start_s(c.joiner_start_s))
             self.stall_until = self.join_until + c.grow_pause_s
         else:
-            members_gone = self.world - world - (joiners_gone if joining else 0)
+            members_gone = self._members_gone(world, joiners_gone)
             left = members - members_gone
             # the members re-form; a start or a pause in progress is not cut short
             resume = max(t + (c.preempt_pause_s if kind == "preempt" else c.shrink_pause_s),
@@ -306,26 +306,20 @@ class JobModel:
             else:  # only joiners went: the members go on as they were
                 resume = self.members_from if joining else self.stall_until
             if joining and world > left:  # joiners still starting
-                self.members = left
-                self.prev_rate = self.true_rate(left)
+                self.members, self.prev_rate = left, self.true_rate(left)
                 self.members_from = resume
             else:
-                self.prev_rate = 0.0
-                self.join_until = t
-                self.members = world
-                self.members_from = t
-                self.stall_until = resume
+                self.prev_rate, self.members, self.stall_until = 0.0, world, resume
+                self.join_until = self.members_from = t
         self.warm_until = self.stall_until
         self._window = kind
         self.world = world
         self.epoch += 1
         self.restart_t = t
 
-    def _members_stay(self, world: int, joiners_gone: int) -> bool:
-        """Does a member stay when the nodes go down to ``world``, ``joiners_gone`` of those
-        that go being joiners?"""
-        members_gone = self.world - world - (joiners_gone if self.t < self.join_until else 0)
-        return members_gone < self._members()
+    def _members_gone(self, world: int, joiners_gone: int) -> int:
+        """Members among the nodes that go (down to ``world``; ``joiners_gone`` joiners)."""
+        return self.world - world - (joiners_gone if self.t < self.join_until else 0)
 
     def _from_joiners(self, t: float, world: int) -> None:
         """Every member went while ``world`` joiners start: they start the job from its
@@ -359,7 +353,8 @@ class JobModel:
             if world == self.world:
                 return
             self.rescales += 1
-            if world > self.world or self._members_stay(world, joiners_gone):
+            if world > self.world or \
+                    self._members_gone(world, joiners_gone) < self._members():
                 self._in_place(t, world, "up" if world > self.world else "down",
                                joiners_gone)
             else:  # no member stays: saved first, then the joiners resume from it
@@ -383,9 +378,8 @@ class JobModel:
         place, the survivors go on while a member stays."""
         self.advance(t)
         if self.costs.inplace and world > 0:
-            members_gone = self.world - world - (
-                joiners_gone if self.t < self.join_until else 0)
-            if self._members_stay(world, joiners_gone):
+            members_gone = self._members_gone(world, joiners_gone)
+            if members_gone < self._members():  # a member stays
                 self.preemptions += 1
                 self._hand_over(members_gone, self.costs.lost_step_s)
                 self._in_place(t, world, "preempt", joiners_gone)
