@@ -125,6 +125,38 @@ def test_solve_counts_equals_the_plain_dp_whatever_the_window(
         dp.TAIL_STAGES = old
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(tables(), min_size=1, max_size=7), st.integers(0, 40))
+def test_the_bounded_dp_is_the_plain_dp_or_declines(ts: list[np.ndarray], cap: int) -> None:
+    """Cells left out by the prices' bounds never change the answer, ties included (the
+    "rounded" tables tie often)."""
+    want = plain_solve(ts, cap)
+    if want[1] == -np.inf:
+        return
+    cap = min(cap, sum(len(t) - 1 for t in ts))
+    got = dp._solve_within(ts, cap, [min(dp.useful_top(t), cap) for t in ts])
+    assert got is None or got == want
+
+
+def test_the_bounds_leave_most_cells_out_of_a_busy_problem() -> None:
+    """Forty concave-ish jobs competing for 300 nodes: the DP computes a narrow band of each
+    stage and still finds the plain DP's answer."""
+    rng = np.random.default_rng(7)
+    ts = []
+    for i in range(40):
+        rate = rng.uniform(50.0, 150.0) * np.arange(33) ** rng.uniform(0.6, 0.95)
+        table = 120.0 * rate - np.where(np.arange(33) != i % 5, rng.uniform(0, 800.0), 0.0)
+        table[1:1 + i % 3] = -np.inf
+        ts.append(table)
+    tops = [dp.useful_top(t) for t in ts]
+    bounds = dp.Bounds(ts, 300, tops)
+    cols = bounds.windows(bounds.lower)
+    assert bounds.ok and cols is not None
+    assert sum(hi - lo + 1 for lo, hi in zip(*cols)) < 0.4 * 301 * len(cols[0])
+    assert bounds.lower <= plain_solve(ts, 300)[1] <= bounds.upper
+    assert dp._solve_within(ts, 300, tops) == plain_solve(ts, 300)
+
+
 def test_the_table_cache_holds_the_live_jobs_not_every_job_object_ever_seen() -> None:
     """A long-running engine builds a new Job object whenever a job's view changes: the cache
     keeps one table per job id, and the tables of jobs absent from the problems being solved
