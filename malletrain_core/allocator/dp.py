@@ -90,11 +90,12 @@ def _stages(tables: list[np.ndarray], cap: int, tops: list[int], lo: list[int], 
     """
     pad = max(tops, default=0)
     width = pad + cap + 1
-    grid = np.empty((len(tables) + 1, width))
     if windowed:
+        grid = np.full((len(tables) + 1, width), -np.inf)
         grid[0, pad + lo[0]:pad + hi[0] + 1] = 0.0
         work = np.empty((pad + 1, max(b - a for a, b in zip(lo, hi)) + 1))
     else:
+        grid = np.empty((len(tables) + 1, width))
         grid[:, :pad] = -np.inf
         grid[0, pad:] = 0.0
         work = np.empty((pad + 1, cap + 1))
@@ -103,12 +104,8 @@ def _stages(tables: list[np.ndarray], cap: int, tops: list[int], lo: list[int], 
         a, b = lo[j + 1], hi[j + 1]
         k0, k1 = 0, top
         if windowed:
-            # Cells outside the window are −inf: those this stage and the walk back read.
-            grid[j, pad + a - top:pad + lo[j]] = -np.inf
-            grid[j, pad + hi[j] + 1:pad + b + 1] = -np.inf
             k0, k1 = max(0, a - hi[j]), min(top, b - lo[j])  # counts reaching the window
             if k0 > k1:
-                new[a:b + 1] = -np.inf
                 continue
         # Row i is the previous stage shifted right by k = k1 − i (−inf where m < k).
         shifted = np.ndarray((k1 - k0 + 1, b - a + 1), np.float64, grid,
