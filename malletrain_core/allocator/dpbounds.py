@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 PRICES = 8
-"""Prices λ > 0 tried per solve (besides λ = 0), geometric around the last one that filled
-the capacity."""
+"""Prices λ > 0 tried per solve (besides λ = 0), geometric around a price near the one that
+fills the capacity."""
 RATIO = 1.15
 """Ratio between neighbouring prices."""
 _RECENTRE = 24
@@ -29,34 +29,46 @@ _RECENTRE = 24
 _REL_EPS = 1e-9
 """Margin on τ, relative to the magnitude of the sums (floating-point rounding of ≤ a few
 hundred additions is ~1e-14 of it)."""
-
 _centre = [1.0]
-"""The price that filled the capacity at the last solve: the next solve's prices surround it."""
+"""The prices' centre: kept while the price that fills the capacity stays well inside them."""
+_EXPONENTS = np.arange(-(PRICES // 2), PRICES - PRICES // 2)
+_LOW, _HIGH = np.array([(a, b) for a in range(PRICES + 1) for b in range(a)]).T
+"""Index pairs a > b of the prices (λ_a > λ_b): each gives a lower bound on m."""
+
+
+def _prices(centre: float) -> np.ndarray:
+    return np.concatenate(([0.0], centre * RATIO ** _EXPONENTS))
+
+
+def _relax(tables: list[np.ndarray], tops: list[int], prices: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grid, picks, h): the tables up to their tops (−inf beyond), and at each price (rows)
+    each job's (columns) best count and h = its value less the price of its nodes."""
+    width = max(tops) + 1
+    grid = np.full((len(tables), width), -np.inf)
+    for row, table, top in zip(grid, tables, tops):
+        row[:top + 1] = table[:top + 1]
+    reduced = grid[None, :, :] - prices[:, None, None] * np.arange(width, dtype=np.float64)
+    picks = reduced.argmax(axis=2)
+    return grid, picks, np.take_along_axis(reduced, picks[:, :, None], 2)[:, :, 0]
 
 
 class Bounds:
     """The prices' relaxation of one problem: feasible value, upper bound, per-stage windows."""
 
     def __init__(self, tables: list[np.ndarray], cap: int, tops: list[int]) -> None:
-        width = max(tops, default=0) + 1
-        grid = np.full((len(tables), width), -np.inf)
-        for row, table, top in zip(grid, tables, tops):
-            row[:top + 1] = table[:top + 1]
         self.cap = cap
         self.ok = False
         self.lower = -np.inf
         self.upper = np.inf
-        if not tables or not np.isfinite(grid[:, 0]).all():
+        if not tables or not all(np.isfinite(t[0]) for t in tables):
             return
-        ks = np.arange(width, dtype=np.float64)
         centre = _centre[0]
         step = RATIO ** PRICES
         below, above = 0.0, np.inf  # a price known to overfill, one known to fit
         for _ in range(_RECENTRE):
-            prices = np.concatenate(([0.0], centre * RATIO ** np.arange(
-                -(PRICES // 2), PRICES - PRICES // 2)))
-            reduced = grid[None, :, :] - prices[:, None, None] * ks
-            picks = reduced.argmax(axis=2)
+            prices = _prices(centre)
+            grid, picks, h = _relax(tables, tops, prices)
             demand = picks.sum(axis=1)
             if demand[0] <= cap:
                 break  # every job at its top fits: λ = 0 is tight
@@ -75,29 +87,29 @@ class Bounds:
                 return
         else:
             return
-        fits = np.flatnonzero(demand <= cap)
-        if not len(fits):
+        if demand[-1] > cap:
             return
-        if prices[fits[0]] > 0:
-            _centre[0] = float(prices[fits[0]])
-        h = np.take_along_axis(reduced, picks[:, :, None], 2)[:, :, 0]  # (prices, jobs)
-        chosen = np.take_along_axis(grid, picks[fits[0]][:, None], 1)[:, 0]
+        fit = int(np.flatnonzero(demand <= cap)[0])
+        if fit > 0:
+            _centre[0] = float(prices[fit])
+        rows = np.arange(len(tables))
+        chosen = grid[rows, picks[fit]]
         self.lower = float(chosen.sum())  # a feasible allocation: Lagrangian at a fitting price
-        if fits[0] > 0:  # and the steps towards the next lower price's picks that still fit
-            more = picks[fits[0] - 1] - picks[fits[0]]
-            gain = np.take_along_axis(grid, picks[fits[0] - 1][:, None], 1)[:, 0] - chosen
+        if fit > 0:  # and the steps towards the next lower price's picks that still fit
+            more = picks[fit - 1] - picks[fit]
+            gain = grid[rows, picks[fit - 1]] - chosen
             up = np.flatnonzero(more > 0)
             order = up[np.argsort(-gain[up] / more[up], kind="stable")]
-            fit = np.cumsum(more[order]) <= cap - demand[fits[0]]
-            self.lower += float(np.maximum(gain[order[fit]], 0.0).sum())
+            fits = np.cumsum(more[order]) <= cap - demand[fit]
+            self.lower += float(np.maximum(gain[order[fits]], 0.0).sum())
         prefix = np.zeros((len(tables) + 1, len(prices)))
         np.cumsum(h.T, axis=0, out=prefix[1:])
         self.upper = float((prices * cap + prefix[-1]).min())
         self.prices = prices
         self.prefix = prefix
-        self.eps = _REL_EPS * (float(np.abs(grid[np.isfinite(grid)]).sum())
-                               + float(np.abs(h).sum()) + float(prices[-1]) * cap * len(tables)
-                               + abs(self.lower) + 1.0)
+        finite = np.where(np.isfinite(grid), grid, 0.0)
+        self.eps = _REL_EPS * (float(np.abs(finite).sum()) + float(np.abs(h).sum())
+                               + float(prices[-1]) * cap * len(tables) + abs(self.lower) + 1.0)
         self.ok = bool(np.isfinite(self.upper) and np.isfinite(self.lower))
 
     def windows(self, tau: float) -> tuple[list[int], list[int]] | None:
@@ -105,17 +117,19 @@ class Bounds:
         (provably, rounding included); None where some stage has none (τ is above the
         optimum's upper bound)."""
         prices, prefix, cap = self.prices, self.prefix, self.cap
-        suffix = prices * cap + (prefix[-1] - prefix)  # (stages, prices): λ_b·cap + Σ_{i>j}
-        need = (tau - self.eps) - prefix[:, :, None] - suffix[:, None, :]
-        gap = prices[:, None] - prices[None, :]
-        if ((gap == 0) & (need > 0)).any():
+        if self.upper < tau - self.eps:
             return None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            at = need / gap
-        lo = np.where(gap > 0, at, -np.inf).max(axis=(1, 2))
-        hi = np.where(gap < 0, at, np.inf).min(axis=(1, 2))
-        lo = np.clip(np.floor(lo) - 1, 0, cap)
-        hi = np.clip(np.ceil(hi) + 1, 0, cap)
+        suffix = prices * cap + (prefix[-1] - prefix)  # (stages, prices): λ_b·cap + Σ_{i>j}
+        # Pair (a, b), λ_a > λ_b: m ≥ need / (λ_a − λ_b); pair (b, a): m ≤ −need / (λ_a − λ_b).
+        need = np.empty((len(prefix), 2, len(_LOW)))
+        np.subtract(tau - self.eps, prefix[:, _LOW], out=need[:, 0])
+        need[:, 0] -= suffix[:, _HIGH]
+        np.subtract(tau - self.eps, prefix[:, _HIGH], out=need[:, 1])
+        need[:, 1] -= suffix[:, _LOW]
+        need /= prices[_LOW] - prices[_HIGH]
+        ends = np.floor(need.max(axis=2)) - 1  # (lo, −hi) less a margin for the division
+        lo = np.clip(ends[:, 0], 0, cap)
+        hi = np.clip(-ends[:, 1], 0, cap)
         if (lo > hi).any():
             return None
         return lo.astype(int).tolist(), hi.astype(int).tolist()
