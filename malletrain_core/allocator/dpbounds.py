@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 PRICES = 8
-"""Prices λ > 0 tried per solve (besides λ = 0), geometric around a price near the one that
-fills the capacity."""
+"""Prices λ > 0 tried per solve (besides λ = 0), geometric around the one that filled the
+capacity at the last solve."""
 RATIO = 1.15
 """Ratio between neighbouring prices."""
 _RECENTRE = 24
@@ -30,7 +30,7 @@ _REL_EPS = 1e-9
 """Margin on τ, relative to the magnitude of the sums (floating-point rounding of ≤ a few
 hundred additions is ~1e-14 of it)."""
 _centre = [1.0]
-"""The prices' centre: kept while the price that fills the capacity stays well inside them."""
+"""The prices' centre: the price that filled the capacity at the last solve."""
 _EXPONENTS = np.arange(-(PRICES // 2), PRICES - PRICES // 2)
 _LOW, _HIGH = np.array([(a, b) for a in range(PRICES + 1) for b in range(a)]).T
 """Index pairs a > b of the prices (λ_a > λ_b): each gives a lower bound on m."""
