@@ -99,8 +99,9 @@ def _stages(tables: list[np.ndarray], cap: int, tops: list[int], lo: list[int], 
         grid[:, :pad] = -np.inf
         grid[0, pad:] = 0.0
         work = np.empty((pad + 1, cap + 1))
+    flat = grid.reshape(-1)
+    add, best, view = np.add, np.maximum.reduce, np.ndarray
     for j, (table, top) in enumerate(zip(tables, tops)):
-        new = grid[j + 1, pad:]
         a, b = lo[j + 1], hi[j + 1]
         k0, k1 = 0, top
         if windowed:
@@ -108,14 +109,14 @@ def _stages(tables: list[np.ndarray], cap: int, tops: list[int], lo: list[int], 
             if k0 > k1:
                 continue
         # Row i is the previous stage shifted right by k = k1 − i (−inf where m < k).
-        shifted = np.ndarray((k1 - k0 + 1, b - a + 1), np.float64, grid,
-                             (j * width + pad - k1 + a) * _ITEM, (_ITEM, _ITEM))
+        start = j * width + pad + a
+        shifted = view((k1 - k0 + 1, b - a + 1), np.float64, grid, (start - k1) * _ITEM,
+                       (_ITEM, _ITEM))
         block = work[:k1 - k0 + 1, :b - a + 1]
-        np.add(shifted, table[k1::-1, None] if k0 == 0 else table[k1:k0 - 1:-1, None],
-               out=block)
-        np.maximum.reduce(block, axis=0, out=new[a:b + 1])
+        add(shifted, table[k1::-1, None] if k0 == 0 else table[k1:k0 - 1:-1, None], out=block)
+        best(block, axis=0, out=flat[start + width:start + width + b - a + 1])
         if b < cap and not windowed:
-            new[b + 1:] = new[b]
+            flat[start + width + b - a + 1:(j + 2) * width] = flat[start + width + b - a]
     return [grid[j, pad:] for j in range(len(tables) + 1)]
 
 
