@@ -3,7 +3,7 @@
 V_j(m) = max_{k ∈ K_j, k ≤ m} V_{j−1}(m − k) + v_j(k). Each stage is one vectorised max-plus
 step: a strided (k × m) view of the previous stage plus the job's table, reduced by column
 maxima, written into one preallocated grid (a few numpy calls per job, no per-stage
-allocation). Three exact savings keep the same answer bit for bit:
+allocation). Four exact savings keep the same answer bit for bit:
 
 * a stage is constant beyond the nodes its jobs can use at all (Σ of their largest useful
   counts), so only that prefix is computed and the rest is filled;
@@ -13,7 +13,8 @@ allocation). Three exact savings keep the same answer bit for bit:
 * a cell (j, m) whose best completion is provably below a feasible allocation's value (the
   Lagrangian bounds of :mod:`.dpbounds`, with a margin for rounding) cannot be on the optimum
   nor tie with it, so :func:`solve_counts` computes each stage only on the band of counts that
-  the bounds leave (about a tenth of the table on a busy machine), the rest reading as −inf;
+  the bounds leave (a fifth of the table over the what-if month's first 5 days), the rest
+  reading as −inf;
 * where the bounds do not apply, the answer is still the first m where the last stage reaches
   its maximum, so each stage is first computed only where the top columns of the last stage
   read it, and everything only when the maximum is already reached at that window's start.
