@@ -215,8 +215,9 @@ def main() -> int:
             f"({jobs:,} jobs, {size_mb:.1f} MB; Poisson arrivals at {args.load:g} offered "
             "load, 1–1,024 nodes, log-normal run times with a 1-h median, each job on the "
             "nodes that free up first) read and replayed by `malletrain admin what-if`, the "
-            f"cost models in {workers} process{'es' if workers != 1 else ''} (the default: one "
-            "per cost model on two cores or more).",
+            f"cost models in {workers} process{'es' if workers != 1 else ''} "
+            + ("(the default: one per cost model on two cores or more)." if args.workers is None
+               else f"(`--workers {args.workers}`)."),
             "",
             "| step | wall s | CPU s |",
             "| --- | ---: | ---: |",

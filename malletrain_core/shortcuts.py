@@ -1,7 +1,8 @@
 """The checked mode of the replay's exact shortcuts.
 
 The engine and the allocator skip work where the answer is proven to be the one the full
-computation gives: the DP reuses its last answer when the jobs are the same (``dp.reuse``), the
+computation gives: the DP reuses its last answer when the jobs are the same (``dp.reuse``) and
+computes only the cells that the prices' bounds leave possible (``dp.bound``), the
 store-learning check skips a job whose full-window scales and model's stored scales are
 unchanged (``learning.unchanged``), a believed curve reads its prior's values from a memo
 (``curves.prior_value``) and checks that the measured ratios agree on the smallest and the

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain_core.allocator import dp
+from malletrain_core.allocator import dp, dpbounds
 from malletrain_core.allocator.objective import job_values
 from malletrain_core.model import Curve, Job, Objective, Problem
 
@@ -123,6 +123,40 @@ def test_solve_counts_equals_the_plain_dp_whatever_the_window(
         assert dp.solve_counts(ts, cap) == want
     finally:
         dp.TAIL_STAGES = old
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(tables(), min_size=1, max_size=7), st.integers(0, 40))
+def test_the_bounded_dp_is_the_plain_dp_or_declines(ts: list[np.ndarray], cap: int) -> None:
+    """Cells left out by the prices' bounds never change the answer, ties included (the
+    "rounded" tables tie often)."""
+    want = plain_solve(ts, cap)
+    if want[1] == -np.inf:
+        return
+    for size in (cap, cap // 2, cap):  # the prices move between solves
+        small = min(size, sum(len(t) - 1 for t in ts))
+        got = dp._solve_within(ts, small, [min(dp.useful_top(t), small) for t in ts])
+        assert got is None or got == plain_solve(ts, size)
+
+
+def test_the_bounds_leave_most_cells_out_of_a_busy_problem() -> None:
+    """Forty concave-ish jobs competing for 300 nodes: the DP computes a narrow band of each
+    stage and still finds the plain DP's answer."""
+    rng = np.random.default_rng(7)
+    ts = []
+    for i in range(40):
+        rate = rng.uniform(50.0, 150.0) * np.arange(33) ** rng.uniform(0.6, 0.95)
+        table = 120.0 * rate - np.where(np.arange(33) != i % 5, rng.uniform(0, 800.0), 0.0)
+        table[1:1 + i % 3] = -np.inf
+        ts.append(table)
+    tops = [dp.useful_top(t) for t in ts]
+    dpbounds._centre[0] = 1.0  # the prices a fresh process starts from (the last solve moves them)
+    bounds = dp.Bounds(ts, 300, tops)
+    cols = bounds.windows(bounds.lower)
+    assert bounds.ok and cols is not None
+    assert sum(hi - lo + 1 for lo, hi in zip(*cols)) < 0.3 * 301 * len(cols[0])
+    assert bounds.lower <= plain_solve(ts, 300)[1] <= bounds.upper
+    assert dp._solve_within(ts, 300, tops) == plain_solve(ts, 300)
 
 
 def test_the_table_cache_holds_the_live_jobs_not_every_job_object_ever_seen() -> None:

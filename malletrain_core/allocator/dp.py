@@ -3,16 +3,21 @@
 V_j(m) = max_{k ∈ K_j, k ≤ m} V_{j−1}(m − k) + v_j(k). Each stage is one vectorised max-plus
 step: a strided (k × m) view of the previous stage plus the job's table, reduced by column
 maxima, written into one preallocated grid (a few numpy calls per job, no per-stage
-allocation). Three exact savings keep the same answer bit for bit:
+allocation). Four exact savings keep the same answer bit for bit:
 
 * a stage is constant beyond the nodes its jobs can use at all (Σ of their largest useful
   counts), so only that prefix is computed and the rest is filled;
 * a count k whose value does not exceed that of a smaller count can never win (stages are
   non-decreasing in m), so a job's rows stop at its last strict running maximum — a believed
   curve held flat, or one past its peak, costs no more than its useful range;
-* the answer is the first m where the last stage reaches its maximum, so :func:`solve_counts`
-  first computes each stage only where the top columns of the last stage read it, and
-  computes everything only when the maximum is already reached at that window's start.
+* a cell (j, m) whose best completion is provably below a feasible allocation's value (the
+  Lagrangian bounds of :mod:`.dpbounds`, with a margin for rounding) cannot be on the optimum
+  nor tie with it, so :func:`solve_counts` computes each stage only on the band of counts that
+  the bounds leave (a fifth of the table over the what-if month's first 5 days), the rest
+  reading as −inf;
+* where the bounds do not apply, the answer is still the first m where the last stage reaches
+  its maximum, so each stage is first computed only where the top columns of the last stage
+  read it, and everything only when the maximum is already reached at that window's start.
 
 Counts are recovered by walking the stages back. Capacity is capped at min(|N|, Σ_j max_j).
 Value tables of unchanged jobs are reused between calls (keyed by the Job object, which the
@@ -27,6 +32,7 @@ import numpy as np
 from .. import shortcuts
 from ..errors import InfeasibleError
 from ..model import Job, Objective, Problem
+from .dpbounds import Bounds
 from .objective import job_values
 
 _ITEM = np.dtype(np.float64).itemsize
@@ -72,24 +78,47 @@ def _forward(tables: list[np.ndarray], cap: int, tops: list[int],
         for j in range(len(tables), 0, -1):
             lows[j] = min(low, reach[j])
             low = max(0, lows[j] - tops[j - 1])
+    return _stages(tables, cap, tops, lows, reach, False), lows
+
+
+def _stages(tables: list[np.ndarray], cap: int, tops: list[int], lo: list[int], hi: list[int],
+            windowed: bool) -> list[np.ndarray]:
+    """Stage j computed on columns lo[j] … hi[j] from the previous stage as it stands.
+
+    ``windowed``: every cell outside the columns is −inf (:func:`_solve_within`). Otherwise
+    each stage is constant beyond its ``hi`` (the nodes its jobs can use at all) and columns
+    below ``lo`` are left unset (:func:`_forward`).
+    """
     pad = max(tops, default=0)
     width = pad + cap + 1
-    grid = np.empty((len(tables) + 1, width))
-    grid[:, :pad] = -np.inf
-    grid[0, pad:] = 0.0
-    work = np.empty((pad + 1, cap + 1))
+    if windowed:
+        grid = np.full((len(tables) + 1, width), -np.inf)
+        grid[0, pad + lo[0]:pad + hi[0] + 1] = 0.0
+        work = np.empty((pad + 1, max(b - a for a, b in zip(lo, hi)) + 1))
+    else:
+        grid = np.empty((len(tables) + 1, width))
+        grid[:, :pad] = -np.inf
+        grid[0, pad:] = 0.0
+        work = np.empty((pad + 1, cap + 1))
+    flat = grid.reshape(-1)
+    add, best, view = np.add, np.maximum.reduce, np.ndarray
     for j, (table, top) in enumerate(zip(tables, tops)):
-        new = grid[j + 1, pad:]
-        a, b = lows[j + 1], reach[j + 1]
-        # Row i is the previous stage shifted right by k = top − i (−inf where m < k).
-        shifted = np.ndarray((top + 1, b - a + 1), np.float64, grid,
-                             (j * width + pad - top + a) * _ITEM, (_ITEM, _ITEM))
-        block = work[:top + 1, :b - a + 1]
-        np.add(shifted, table[top::-1, None], out=block)
-        np.maximum.reduce(block, axis=0, out=new[a:b + 1])
-        if b < cap:
-            new[b + 1:] = new[b]
-    return [grid[j, pad:] for j in range(len(tables) + 1)], lows
+        a, b = lo[j + 1], hi[j + 1]
+        k0, k1 = 0, top
+        if windowed:
+            k0, k1 = max(0, a - hi[j]), min(top, b - lo[j])  # counts reaching the window
+            if k0 > k1:
+                continue
+        # Row i is the previous stage shifted right by k = k1 − i (−inf where m < k).
+        start = j * width + pad + a
+        shifted = view((k1 - k0 + 1, b - a + 1), np.float64, grid, (start - k1) * _ITEM,
+                       (_ITEM, _ITEM))
+        block = work[:k1 - k0 + 1, :b - a + 1]
+        add(shifted, table[k1::-1, None] if k0 == 0 else table[k1:k0 - 1:-1, None], out=block)
+        best(block, axis=0, out=flat[start + width:start + width + b - a + 1])
+        if b < cap and not windowed:
+            flat[start + width + b - a + 1:(j + 2) * width] = flat[start + width + b - a]
+    return [grid[j, pad:] for j in range(len(tables) + 1)]
 
 
 def backtrack(tables: list[np.ndarray], stages: list[np.ndarray], m: int,
@@ -114,13 +143,24 @@ def backtrack(tables: list[np.ndarray], stages: list[np.ndarray], m: int,
 def solve_counts(tables: list[np.ndarray], capacity: int) -> tuple[list[int], float]:
     """Maximise Σ_j tables[j][k_j] subject to Σ_j k_j ≤ capacity; returns (counts, value).
 
-    The optimum is the first m where the last stage reaches its maximum. Stages are computed
-    first only where the last :data:`TAIL_STAGES` × (largest useful count) columns of the last
-    stage need them; only if the maximum is already reached at the window's start (so the first
-    maximum may lie below it) are they computed in full.
+    The optimum is the first m where the last stage reaches its maximum. The stages are first
+    computed only inside the counts that the prices' bounds leave possible
+    (:func:`_solve_within`); where those do not apply, only where the last
+    :data:`TAIL_STAGES` × (largest useful count) columns of the last stage need them; only if
+    the maximum is already reached at that window's start (so the first maximum may lie below
+    it) are they computed in full.
     """
     cap = min(capacity, sum(len(t) - 1 for t in tables))
     tops = [min(useful_top(t), cap) for t in tables]
+    answer = _solve_within(tables, cap, tops)
+    if answer is None:
+        return _solve_tail(tables, cap, tops)
+    if shortcuts.CHECKED:
+        shortcuts.check("dp.bound", answer, _solve_tail(tables, cap, tops))
+    return answer
+
+
+def _solve_tail(tables: list[np.ndarray], cap: int, tops: list[int]) -> tuple[list[int], float]:
     stages, lows = _forward(tables, cap, tops, TAIL_STAGES * max(tops, default=0))
     last, low = stages[-1], lows[-1]
     m = low + int(last[low:].argmax())
@@ -131,6 +171,31 @@ def solve_counts(tables: list[np.ndarray], capacity: int) -> tuple[list[int], fl
     value = float(last[m])
     if value == -np.inf:
         raise InfeasibleError("no allocation satisfies the jobs' bounds")
+    return backtrack(tables, stages, m, tops), value
+
+
+def _solve_within(tables: list[np.ndarray], cap: int, tops: list[int]
+                  ) -> tuple[list[int], float] | None:
+    """The DP on the cells that can reach the value of a known feasible allocation only
+    (:mod:`.dpbounds`): the same answer, bit for bit, as the full DP. Every cell left out is
+    below that value, so below the optimum, by more than any rounding of the sums: no cell that
+    is computed, nor the first maximum, nor the walk back changes (cells left out read as −inf,
+    and a computed cell whose best predecessor was left out is itself below the optimum).
+    None where the bounds do not apply (no price filling the capacity, a job with no allowed
+    count)."""
+    bounds = Bounds(tables, cap, tops)
+    if not bounds.ok:
+        return None
+    cols = bounds.windows(bounds.lower)
+    if cols is None:
+        return None
+    low, high = cols[0][-1], cols[1][-1]
+    stages = _stages(tables, cap, tops, cols[0], cols[1], True)
+    last = stages[-1]
+    m = low + int(last[low:high + 1].argmax())
+    value = float(last[m])
+    if not value >= bounds.lower - bounds.eps / 4:  # cannot happen: the feasible one is in
+        return None
     return backtrack(tables, stages, m, tops), value
 
 

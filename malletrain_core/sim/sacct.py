@@ -86,7 +86,10 @@ def _nodes(text: str) -> tuple[str, ...]:
             if b < a or len(out) + b - a >= MAX_NODES:
                 raise ValidationError("hostlist", repr(text[:60]), f"bad range {piece!r}")
             width = len(lo)
-            out.extend(f"{head}{i:0{width}d}{tail}" for i in range(a, b + 1))
+            if a == b:
+                out.append(head + str(a).zfill(width) + tail)
+            else:
+                out.extend(head + str(i).zfill(width) + tail for i in range(a, b + 1))
     return tuple(dict.fromkeys(out))
 
 
