@@ -28,8 +28,10 @@ beat watches each on its own, in its own store (:mod:`.inplace` hosts the new ep
 its rank 0 as soon as that process is told), so a peer that stops during a re-form — before
 its main thread reaches the step boundary, while the members meet at the new store, or while
 the new group is made — is found within the same bound as in training. A peer that never beats
-in the new epoch is silent from the moment the watcher was told it: the daemon hands the
-epoch's orders to its launchers together.
+in the new epoch (or a store that never answers) is silent from the moment the watcher was told
+it once a loss was found in any epoch watched (a peer stopped as the epoch is told is found in
+the epoch it trained in first), else after :data:`TOLD_WAIT_S`: the daemon hands an epoch's
+orders to its launchers together, unless it dies between two of them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ PEER_TIMEOUT_S = 1.25
 """The default silence after which a peer is lost: with :data:`PERIOD_S`, found within
 ``PEER_TIMEOUT_S + PERIOD_S`` (1.45 s) of its last beat."""
 ENV_PEER_TIMEOUT = "MALLETRAIN_PEER_TIMEOUT_S"
+TOLD_WAIT_S = 10.0
+"""How long a peer that has not beaten at all in a newly told epoch (or a store that has not
+answered once) is waited for while every epoch this process watches is sound: the daemon tells
+an epoch's launchers together, but if it dies between two of them the others are told only
+once it is back. A peer stopped as the epoch is told is found in the epoch it trained in
+first, and then the normal bound applies here too."""
 IO_WAIT_S = PERIOD_S
 """How long a beat waits for its store calls; a call that returns later still counts (at the
 next beat, as answered when it returned)."""
@@ -101,6 +109,7 @@ class _Watch:
     client: Any = None
     watched: int | None = None         # the next rank's counter, when it last moved
     done: bool = False                 # this epoch's loss was reported
+    heard: bool = False                # the store answered once
     io: _Exchange | None = None        # store calls in flight (or done, not yet read)
 
 
@@ -133,6 +142,7 @@ class Heartbeat:
         self.clock = clock
         self.host = host
         self._watches: dict[int, _Watch] = {}  # by epoch
+        self._loss_at = -float("inf")          # when a loss was last found, in any epoch
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(PERIOD_S):
@@ -174,16 +184,24 @@ class Heartbeat:
         got = self._collect(w)
         if got is not None:
             (value, flagged), w.answered_at = got
+            w.heard = True
         if value != w.watched:
             w.watched, w.moved_at = value, now
+        # A store never heard, or a peer that never beat here, is most likely not told yet
+        # while every epoch watched is sound (see TOLD_WAIT_S).
+        sound = now - self._loss_at > TOLD_WAIT_S
+        store_bound = self.timeout_s if w.heard or not sound else \
+            max(self.timeout_s, TOLD_WAIT_S)
+        peer_bound = self.timeout_s if (w.watched or 0) > 0 or not sound else \
+            max(self.timeout_s, TOLD_WAIT_S)
         if flagged:
             self._lost(w, Lost(m.epoch, self._named(w), f"epoch {m.epoch}: a peer went silent "
                                "(another rank found it)"))
-        elif now - w.answered_at > self.timeout_s:
+        elif now - w.answered_at > store_bound:
             self._lost(w, Lost(m.epoch, [0], f"epoch {m.epoch}: the store on rank 0 "
                                f"({m.master}:{m.port}) has not answered for "
                                f"{now - w.answered_at:.1f} s"))
-        elif now - w.moved_at > self.timeout_s:
+        elif now - w.moved_at > peer_bound:
             with_store = w.client
             if with_store is not None:
                 try:  # the others abandon at their next beat
@@ -259,5 +277,6 @@ class Heartbeat:
 
     def _lost(self, w: _Watch, lost: Lost) -> None:
         w.done = True
+        self._loss_at = self.clock()
         w.client = None
         self.on_lost(lost)

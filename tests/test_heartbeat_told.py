@@ -1,0 +1,61 @@
+"""The heartbeat's bound for an epoch just told: a peer that never beat there (or a store that
+never answered) is waited for TOLD_WAIT_S while every epoch watched is sound, since the daemon
+may have died between telling two launchers; once a loss is found anywhere, the normal bound."""
+
+from __future__ import annotations
+
+from malletrain_core.worker import heartbeat
+from malletrain_core.worker.control import Membership
+from malletrain_core.worker.heartbeat import Heartbeat, Lost
+
+
+class Scripted(Heartbeat):
+    """A heartbeat whose store calls answer from ``counters`` (epoch -> the watched rank's
+    counter; an epoch missing from it: the store does not answer), on a clock set by hand."""
+
+    def __init__(self, memberships: list[Membership], counters: dict[int, int],
+                 beating: tuple[int, ...] = ()) -> None:
+        self.now = 0.0
+        self.counters = counters
+        self.beating = beating  # epochs whose watched peer beats on
+        self.found: list[Lost] = []
+        super().__init__(lambda: memberships, self.found.append, timeout_s=1.25,
+                         clock=lambda: self.now)
+
+    def _calls(self, w, io) -> None:  # type: ignore[no-untyped-def, override]
+        if w.m.epoch in self.beating:
+            self.counters[w.m.epoch] += 1
+        if w.m.epoch in self.counters:
+            io.result, io.done_at = (self.counters[w.m.epoch], 0), self.now
+
+    def run_until(self, t: float) -> None:
+        while self.now < t and not self.found:
+            self.now += heartbeat.PERIOD_S
+            self.beat()
+
+
+def _m(epoch: int) -> Membership:
+    return Membership(epoch=epoch, rank=0, world=3, master="127.0.0.1", port=29500 + epoch)
+
+
+def test_a_peer_not_yet_told_is_waited_for_while_the_old_epoch_is_sound() -> None:
+    beat = Scripted([_m(1), _m(2)], {1: 0, 2: 0}, beating=(1,))  # the new one's never beat
+    beat.run_until(heartbeat.TOLD_WAIT_S - 1.0)
+    assert beat.found == []
+    beat.run_until(heartbeat.TOLD_WAIT_S + 1.0)
+    assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(2, [1])]
+
+
+def test_a_store_not_yet_listening_is_waited_for_likewise() -> None:
+    beat = Scripted([_m(2)], {})
+    beat.run_until(heartbeat.TOLD_WAIT_S - 1.0)
+    assert beat.found == []
+    beat.run_until(heartbeat.TOLD_WAIT_S + 1.0)
+    assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(2, [0])]
+
+
+def test_once_the_old_epoch_finds_the_peer_silent_the_new_one_names_it_at_once() -> None:
+    beat = Scripted([_m(1), _m(2)], {1: 5, 2: 0})  # the old epoch's counter stops: stopped
+    beat.run_until(3.0)  # found in the old epoch, then named in the new one in that beat
+    assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(1, [1]), (2, [1])]
+    assert beat.now <= 1.25 + 2 * heartbeat.PERIOD_S + 1e-9
