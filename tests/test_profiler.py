@@ -35,8 +35,9 @@ def sizes_over_time(cluster: FakeCluster, job_id: str) -> list[int]:
 
 
 @pytest.mark.parametrize("top, lo, expect", [(64, 1, [64, 32, 16, 8, 4, 2, 1]),
-                                             (16, 4, [16, 8, 4]), (48, 3, [48, 24, 12, 6, 3]),
-                                             (5, 5, [5]), (12, 5, [12, 6, 5])])
+                                             (16, 4, [16, 8, 4]), (48, 3, [48, 32, 16, 8, 4, 3]),
+                                             (53, 1, [53, 32, 16, 8, 4, 2, 1]),
+                                             (5, 5, [5]), (12, 5, [12, 8, 5])])
 def test_plan_scales_examples(top: int, lo: int, expect: list[int]) -> None:
     assert plan_scales(top, lo) == expect
     assert plan_scales(top, lo, upward=True) == expect[::-1]

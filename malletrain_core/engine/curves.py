@@ -137,13 +137,17 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
     if shortcuts.CHECKED and factor > 0:
         shortcuts.check("curves.agree", agree,
                         all(abs(r / factor - 1.0) <= AGREE for r in ratios))
-    if agree:
+    if agree or not ratios:
+        # Without a measured scale inside the prior's range there is nothing to compare the
+        # prior with: it stays as it is (a factor against its flat continuation would scale
+        # the whole curve by how much the job gains above the prior's top scale).
+        factor = factor if agree else 1.0
         points = {k: p * factor for k, p in zip(prior.nodes, prior.throughput)}
         points.update((k, measured[k]) for k in ks if k not in inside)
         nodes = sorted(points)
         curve = Curve(tuple(nodes), tuple(max(0.0, float(points[k])) for k in nodes))
     else:
-        curve = _per_scale(prior, measured, ks)
+        curve = _per_scale(prior, measured, ks, inside)
     return extrapolated(curve) if extrapolate else curve
 
 
@@ -164,17 +168,21 @@ def _prior_values(prior: Curve) -> dict[int, float]:
     return values
 
 
-def _per_scale(prior: Curve, measured: Mapping[int, float], ks: list[int]) -> Curve:
+def _per_scale(prior: Curve, measured: Mapping[int, float], ks: list[int],
+               inside: list[int]) -> Curve:
     """``prior`` times the measured/prior ratio interpolated between the measured scales
-    ``ks`` (flat outside them), measured scales at their measured value."""
-    rk = np.array(ks, dtype=float)
+    ``inside`` its range (flat outside them), measured scales ``ks`` at their measured value.
+    A ratio is taken only inside the prior's range: outside it the prior is a flat or
+    proportional continuation, and a ratio against it (a job measured at 3 nodes against a
+    prior of 1 and 2 nodes: 1.47) would scale the prior's measured points by it."""
+    rk = np.array(inside, dtype=float)
     xs = np.array((0.0,) + prior.nodes, dtype=float)
     ys = np.array((0.0,) + prior.throughput, dtype=float)
     at_rk = np.interp(rk, xs, ys)
     keep = at_rk > 0
     if not keep.any():
         return prior
-    ratios = np.array([measured[k] for k in ks])[keep] / at_rk[keep]
+    ratios = np.array([measured[k] for k in inside])[keep] / at_rk[keep]
     nodes = sorted(set(prior.nodes).union(ks))
     at = np.array(nodes, dtype=float)
     values = (np.interp(at, xs, ys) * np.interp(at, rk[keep], ratios)).tolist()
