@@ -53,8 +53,9 @@ def plan_scales(top: int, min_nodes: int, upward: bool = False) -> list[int]:
     halving and doubling, the per-node split of the batch; the curves the simulator replays
     were measured there and are linear between them). Halving an odd top put every point
     between the bends (53: 26, 13, 6, 3, 1, with a tripling from 1 to 3), so the curve
-    was wrong between them: on the Theta windows of the profiler sweep the store's AlexNet
-    curve was 4–5 % low at 32 nodes in every seed.
+    was wrong between them: on two Theta windows of the profiler sweep, three seeds each, the
+    store's AlexNet curve ended 2.6–5.1 % low at 32 nodes in the five replays whose profile
+    had not started at 64.
 
     >>> plan_scales(64, 1)
     [64, 32, 16, 8, 4, 2, 1]
