@@ -2,9 +2,10 @@
 nodes it may borrow, and the profiling runs in progress inside one engine.
 
 A profiled job is scaled once to the largest scale it can get and then stepped down through
-the powers of two below it (64, 32, 16, …; 53, 32, 16, …, within its bounds), each step measured over one window of progress reports: on
-Polaris with Horovod a scale-up cost several times a scale-down, so one expensive scale-up and
-cheap scale-downs are the paper's inverse order. The order follows the costs actually measured:
+the powers of two below it (64, 32, 16, …; 53, 32, 16, …, within its bounds), each step
+measured over one window of progress reports: on Polaris with Horovod a scale-up cost several
+times a scale-down, so one expensive scale-up and cheap scale-downs are the paper's inverse
+order. The order follows the costs actually measured:
 where scale-ups have proved cheaper than scale-downs, the job starts small and steps up. The
 job trains all along.
 
