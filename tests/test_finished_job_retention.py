@@ -106,7 +106,7 @@ def test_the_engine_state_stays_bounded_and_a_compacted_restart_equals_a_full_re
     compacted, jobs_comp, _ = run(tmp_path / "compacted", 1500, 1000, RETENTION_S)
     assert compacted.compactions >= 10
     forgotten = compacted.engine.stats.forgotten
-    assert forgotten > 100, forgotten
+    assert forgotten > 80, forgotten  # 98 (over 100 before profiles stepped by powers of two)
     # Without a retention every job ever seen stays; with it, only the live ones and those
     # that ended within the last 200 s (100 cycles) of event time.
     assert len(kept.engine._jobs) > 2 * max(jobs_comp[-500:]), (len(kept.engine._jobs),

@@ -35,8 +35,9 @@ def sizes_over_time(cluster: FakeCluster, job_id: str) -> list[int]:
 
 
 @pytest.mark.parametrize("top, lo, expect", [(64, 1, [64, 32, 16, 8, 4, 2, 1]),
-                                             (16, 4, [16, 8, 4]), (48, 3, [48, 24, 12, 6, 3]),
-                                             (5, 5, [5]), (12, 5, [12, 6, 5])])
+                                             (16, 4, [16, 8, 4]), (48, 3, [48, 32, 16, 8, 4, 3]),
+                                             (53, 1, [53, 32, 16, 8, 4, 2, 1]),
+                                             (5, 5, [5]), (12, 5, [12, 8, 5])])
 def test_plan_scales_examples(top: int, lo: int, expect: list[int]) -> None:
     assert plan_scales(top, lo) == expect
     assert plan_scales(top, lo, upward=True) == expect[::-1]
@@ -92,6 +93,28 @@ def test_corrected_curve_follows_ratios_that_disagree() -> None:
     curve = corrected_curve(prior, {16: 150.0, 32: 200.0}, extrapolate=False)
     assert curve.at(16) == pytest.approx(150.0) and curve.at(32) == pytest.approx(200.0)
     assert curve.at(64) == pytest.approx(560.0 * 200.0 / 300.0)
+
+
+def test_a_measurement_outside_the_prior_does_not_scale_it() -> None:
+    """A job at 3 nodes whose prior holds 1 and 2: nothing to compare with, the prior stays (a
+    ratio against its flat continuation made it 47 % high in a replay's store)."""
+    prior = Curve.of([1, 2], [10.0, 19.0])
+    curve = corrected_curve(prior, {3: 28.0}, extrapolate=False)
+    assert curve.nodes == (1, 2, 3) and curve.throughput == pytest.approx([10.0, 19.0, 28.0])
+    # ratios that disagree are interpolated between the scales inside the prior only
+    wide = Curve.of([1, 16, 32, 64], [10.0, 150.0, 300.0, 560.0])
+    bent = corrected_curve(wide, {16: 150.0, 32: 200.0, 128: 900.0}, extrapolate=False)
+    assert bent.at(64) == pytest.approx(560.0 * 200.0 / 300.0) and bent.at(128) == 900.0
+
+
+def test_extrapolation_takes_the_slope_over_the_doubling_below_the_top() -> None:
+    """Two estimates a node apart at the top (noise: no gain from 40 to 41) do not make the
+    curve flat above it."""
+    curve = conservative_curve({20: 100.0, 40: 180.0, 41: 180.0})
+    assert curve is not None
+    slope = (180.0 - 102.0) / 20.5  # P(41) - P(20.5), over 20.5 nodes
+    assert curve.at(82) == pytest.approx(180.0 + slope / 2 * 41)
+    assert curve.at(82) <= 180.0 * 2
 
 
 def test_lender_is_the_least_recently_interrupted() -> None:
@@ -377,6 +400,23 @@ def test_the_store_takes_a_scale_above_its_largest_even_when_close() -> None:
     assert StoreLearning._is_far(5, (4,))
     assert not StoreLearning._is_far(40, (1, 2, 5, 11, 23, 46))  # inside: noise in the slope
     assert not StoreLearning._is_far(3, (4,))
+
+
+def test_the_store_takes_a_missing_ladder_scale_and_drops_its_stand_ins() -> None:
+    """A cut profile left 25 and 40 where its ladder had 32: a job's measurement at 32 is
+    learned however close, and the stand-ins within 1.5x of it go."""
+    from malletrain_core.engine.learning import StoreLearning, on_ladder
+
+    stored = (1, 2, 4, 8, 16, 25, 40, 64)
+    assert StoreLearning._is_far(32, stored) and not StoreLearning._is_far(30, stored)
+    assert not StoreLearning._is_far(16, stored)  # stored already
+    assert [k for k in range(1, 65) if on_ladder(k)] == [1, 2, 4, 8, 16, 32, 64]
+    learning = StoreLearning.__new__(StoreLearning)
+    learning.store = {"m": Curve.of(list(stored), [TRUTH.at(k) for k in stored])}
+    learning._drop_stand_ins("m", {32: TRUTH.at(32)})
+    assert learning.store["m"].nodes == (1, 2, 4, 8, 16, 64)
+    learning._drop_stand_ins("m", {12: TRUTH.at(12)})  # off the ladder: drops nothing
+    assert learning.store["m"].nodes == (1, 2, 4, 8, 16, 64)
 
 
 @pytest.mark.parametrize("stored, idle, learned", [(8, 2, (2, 8)), (4, 3, (4,))])

@@ -4,8 +4,9 @@ jobs measured.
 
 Unmeasured scales are interpolated linearly between measured scales and proportionally to the
 node count below the smallest. Above the largest known scale K the curve is extrapolated
-optimistically but boundedly (:func:`extrapolated`): the last known marginal rate s (samples/s
-per added node, at most the mean rate P(K)/K, which is also s when only K is known) is halved
+optimistically but boundedly (:func:`extrapolated`): the known marginal rate s over the doubling
+below K (samples/s per added node, at most the mean rate P(K)/K, which is also s when only K is
+known) is halved
 for the first doubling of the scale and halved again for each further one, so every doubling
 adds s·K/2 samples/s, never more than linear scaling from K, for at most
 :data:`EXTRAPOLATED_DOUBLINGS` doublings. A job
@@ -47,8 +48,8 @@ def measured_curve(points: Mapping[int, float]) -> Curve | None:
 
 
 def extrapolated(curve: Curve) -> Curve:
-    """``curve`` continued above its largest scale K: the last segment's slope, at most P(K)/K
-    (which it is for a single point), halved per doubling of the scale, for at most
+    """``curve`` continued above its largest scale K: the slope over the doubling below K, at
+    most P(K)/K (which it is for a single point), halved per doubling of the scale, for at most
     :data:`EXTRAPOLATED_DOUBLINGS` doublings; flat where that slope is not positive.
 
     >>> extrapolated(Curve((1,), (10.0,))).table(4).tolist()
@@ -60,9 +61,13 @@ def extrapolated(curve: Curve) -> Curve:
     if not ks:
         return curve
     top, p_top = ks[-1], ps[-1]
-    slope = p_top / top
-    if len(ks) > 1:
-        slope = min(slope, (p_top - ps[-2]) / (top - ks[-2]))
+    # The marginal rate over the doubling below K (P(K/2): interpolated, or proportional below
+    # the smallest scale, so a single point gives P(K)/K), not over the last segment alone:
+    # two estimates a few nodes apart (40 and 41, the second learned above the first) make
+    # a slope of their noise, amplified by K over their distance; a flat or negative one kept
+    # a model's jobs from ever growing past 41 to where their gain would have been measured
+    # (AlexNet on a Theta window of the profiler sweep: 1.25 points of UB_oracle behind).
+    slope = min(p_top / top, (p_top - curve.at(top / 2)) / (top / 2))
     if not slope > 0:
         return curve
     nodes, values = list(ks), list(ps)
@@ -137,13 +142,17 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
     if shortcuts.CHECKED and factor > 0:
         shortcuts.check("curves.agree", agree,
                         all(abs(r / factor - 1.0) <= AGREE for r in ratios))
-    if agree:
+    if agree or not ratios:
+        # Without a measured scale inside the prior's range there is nothing to compare the
+        # prior with: it stays as it is (a factor against its flat continuation would scale
+        # the whole curve by how much the job gains above the prior's top scale).
+        factor = factor if agree else 1.0
         points = {k: p * factor for k, p in zip(prior.nodes, prior.throughput)}
         points.update((k, measured[k]) for k in ks if k not in inside)
         nodes = sorted(points)
         curve = Curve(tuple(nodes), tuple(max(0.0, float(points[k])) for k in nodes))
     else:
-        curve = _per_scale(prior, measured, ks)
+        curve = _per_scale(prior, measured, ks, inside)
     return extrapolated(curve) if extrapolate else curve
 
 
@@ -164,17 +173,21 @@ def _prior_values(prior: Curve) -> dict[int, float]:
     return values
 
 
-def _per_scale(prior: Curve, measured: Mapping[int, float], ks: list[int]) -> Curve:
+def _per_scale(prior: Curve, measured: Mapping[int, float], ks: list[int],
+               inside: list[int]) -> Curve:
     """``prior`` times the measured/prior ratio interpolated between the measured scales
-    ``ks`` (flat outside them), measured scales at their measured value."""
-    rk = np.array(ks, dtype=float)
+    ``inside`` its range (flat outside them), measured scales ``ks`` at their measured value.
+    A ratio is taken only inside the prior's range: outside it the prior is a flat or
+    proportional continuation, and a ratio against it (a job measured at 3 nodes against a
+    prior of 1 and 2 nodes: 1.47) would scale the prior's measured points by it."""
+    rk = np.array(inside, dtype=float)
     xs = np.array((0.0,) + prior.nodes, dtype=float)
     ys = np.array((0.0,) + prior.throughput, dtype=float)
     at_rk = np.interp(rk, xs, ys)
     keep = at_rk > 0
     if not keep.any():
         return prior
-    ratios = np.array([measured[k] for k in ks])[keep] / at_rk[keep]
+    ratios = np.array([measured[k] for k in inside])[keep] / at_rk[keep]
     nodes = sorted(set(prior.nodes).union(ks))
     at = np.array(nodes, dtype=float)
     values = (np.interp(at, xs, ys) * np.interp(at, rk[keep], ratios)).tolist()

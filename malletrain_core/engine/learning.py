@@ -3,7 +3,8 @@ with the model's running jobs as their prior, and what it learns from them.
 
 Each scale a profile measures goes into the store at once, so the model's other jobs start
 on the first point and take each further one (:meth:`StoreLearning.share`); a running job's
-full-window estimate at a scale the store lacks fills the gaps a cut profile left
+full-window estimate at a scale the store lacks fills the gaps a cut profile left, and one at
+a scale of the profile's ladder replaces the stand-ins a cut profile measured near it
 (:meth:`StoreLearning.learn`). The store keeps measured points only.
 """
 
@@ -21,6 +22,12 @@ from .monitor import Monitor
 GAP = 1.5
 """A running job's measurement joins its model's stored curve only at least this factor away
 from every stored scale (:meth:`StoreLearning.learn`)."""
+
+
+def on_ladder(k: int) -> bool:
+    """Whether scale ``k`` is one the profile's ladder measures below its top (a power of two,
+    :func:`.profiler.plan_scales`)."""
+    return k >= 1 and k & (k - 1) == 0
 
 
 class StoreLearning:
@@ -45,11 +52,29 @@ class StoreLearning:
         the model run at many scales anyway; what they measure there fills the gaps without
         a dedicated probe. Scales closer to a stored one are left out: two estimates a few
         nodes apart would put their noise into the slope between them. A scale above the
-        largest stored one is taken however close: the curve there is an extrapolation."""
+        largest stored one is taken however close: the curve there is an extrapolation.
+
+        A scale of the profile's ladder (a power of two, :func:`.profiler.plan_scales`) the
+        store lacks is taken however close too, and replaces the stored scales off the ladder
+        within :data:`GAP` of it: those are what a reclaim left a cut profile (25 for 32, 12
+        for 16), stand-ins between which the linear curve misses the bend at the planned scale
+        (on a Theta window of the profiler sweep: AlexNet's curve 4 % low at 32 nodes, between
+        25 and 40)."""
         for job in self.jobs.values():
             new = self._new_points(job)
             if new:
+                self._drop_stand_ins(job.req.model, new)
                 self.share(job, measured_curve(new))
+
+    def _drop_stand_ins(self, model: str, new: Mapping[int, float]) -> None:
+        """Remove from ``model``'s stored curve the scales off the ladder within :data:`GAP`
+        of a ladder scale in ``new`` (see :meth:`learn`)."""
+        ladder = [k for k in new if on_ladder(k)]
+        old = self.store[model]
+        keep = [(k, p) for k, p in zip(old.nodes, old.throughput)
+                if on_ladder(k) or not any(s / GAP < k < s * GAP for s in ladder)]
+        if ladder and keep and len(keep) < len(old.nodes):
+            self.store[model] = Curve(tuple(k for k, _ in keep), tuple(p for _, p in keep))
 
     def _new_points(self, job: JobRecord) -> dict[int, float]:
         """The job's full-window estimates its model's stored curve lacks (see :meth:`learn`)."""
@@ -86,8 +111,10 @@ class StoreLearning:
     @staticmethod
     def _is_far(k: int, stored: tuple[int, ...]) -> bool:
         # above the largest stored scale the curve is an extrapolation (its marginal rate
-        # halved per doubling), far worse than one estimate's noise: a measurement there counts
-        return k > max(stored) or all(not s / GAP < k < s * GAP for s in stored)
+        # halved per doubling), far worse than one estimate's noise: a measurement there counts;
+        # so does a ladder scale the store lacks (see learn)
+        return (k > max(stored) or (on_ladder(k) and k not in stored)
+                or all(not s / GAP < k < s * GAP for s in stored))
 
     def _far_from(self, stored: tuple[int, ...]) -> dict[int, bool]:
         """Scale → whether it is :data:`GAP` away from every scale of ``stored``, remembered
