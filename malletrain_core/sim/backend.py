@@ -232,29 +232,34 @@ class SimBackend(Backend):
         return confirmations
 
     def _joiners(self, job: str, t: float) -> set[str]:
-        """``job``'s nodes still starting to join at ``t`` (none once its join is over)."""
+        """``job``'s nodes still starting to join at ``t`` (none once its join is over: the
+        model ends a join at the change that leaves no joiner)."""
         joining = self.joining[job]
         if joining and self.models[job].join_until <= t:
             joining.clear()
         return joining
+
+    def _joiners_gone(self, job: str, t: float, names: list[str]) -> int:
+        """How many of ``names``, leaving ``job`` at ``t``, had not joined yet."""
+        joining = self._joiners(job, t)
+        gone = len(joining.intersection(names))
+        joining.difference_update(names)
+        return gone
 
     def _change_in_place(self, job: str, t: float, stopped: list[str],
                          started: list[str]) -> None:
         """A planned change of an in-place job: the nodes let go (saying which had not
         joined), then the nodes added, which join the group if it is running."""
         model = self.models[job]
-        joining = self._joiners(job, t)
         if stopped:
-            gone = joining.intersection(stopped)
-            joining -= gone
-            model.rescale(t, model.world - len(stopped), joiners_gone=len(gone))
+            model.rescale(t, model.world - len(stopped),
+                          joiners_gone=self._joiners_gone(job, t, stopped))
         if started:
+            joining = self._joiners(job, t)  # before the grow starts a join of its own
             joiners = model.world > 0
             model.rescale(t, model.world + len(started))
             if joiners:
                 joining.update(started)
-        if not model.joiners():
-            joining.clear()
 
     # -- what the trace and the jobs do ------------------------------------------------------
 
@@ -267,13 +272,8 @@ class SimBackend(Backend):
                 self.held[job].discard(name)
                 lost[job].append(name)
         for job, gone in lost.items():
-            model = self.models[job]
-            joining = self._joiners(job, t)
-            joiners_gone = len(joining.intersection(gone))
-            joining.difference_update(gone)
-            model.preempt(t, len(self.held[job]), joiners_gone=joiners_gone)
-            if not model.joiners():
-                joining.clear()
+            self.models[job].preempt(t, len(self.held[job]),
+                                     joiners_gone=self._joiners_gone(job, t, gone))
             self._reschedule(job, t, first=True)
 
     def _release(self, job: str) -> None:

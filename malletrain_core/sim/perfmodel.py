@@ -286,7 +286,7 @@ class JobModel:
         train; ``joiners_gone`` of the nodes that go had not joined yet."""
         c = self.costs
         joining = t < self.join_until
-        members = self.members if joining else self.world
+        members = self._members()
         if kind == "up":
             if not joining:  # the members train at their size, after a start or pause ends
                 self.members = self.world
@@ -388,8 +388,7 @@ class JobModel:
             self._roll_back(self._rate_now() * self.factor)
             self._from_joiners(t, world)
             return
-        self._hand_over(self._members() - world if self.costs.inplace else self.world - world,
-                        0.0)
+        self._hand_over((self._members() if self.costs.inplace else self.world) - world, 0.0)
         r_before = self.rate()
         self._roll_back(r_before)
         self._restart(t, world, self.spec.scale_down_s)

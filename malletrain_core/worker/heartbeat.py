@@ -190,10 +190,11 @@ class Heartbeat:
         # A store never heard, or a peer that never beat here, is most likely not told yet
         # while every epoch watched is sound (see TOLD_WAIT_S).
         sound = now - self._loss_at > TOLD_WAIT_S
-        store_bound = self.timeout_s if w.heard or not sound else \
-            max(self.timeout_s, TOLD_WAIT_S)
-        peer_bound = self.timeout_s if (w.watched or 0) > 0 or not sound else \
-            max(self.timeout_s, TOLD_WAIT_S)
+
+        def bound(heard: bool) -> float:
+            return self.timeout_s if heard or not sound else max(self.timeout_s, TOLD_WAIT_S)
+
+        store_bound, peer_bound = bound(w.heard), bound((w.watched or 0) > 0)
         if flagged:
             self._lost(w, Lost(m.epoch, self._named(w), f"epoch {m.epoch}: a peer went silent "
                                "(another rank found it)"))
