@@ -7,14 +7,12 @@ files, tested in tests/test_bench_sim_to_real.py."""
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from pathlib import Path
 from typing import Any
 
 from devtools.demo import summary, worker_logs
-from devtools.demo.slurmctld_log import Span, log_time
-from malletrain_core.hostlist import expand
+from devtools.demo.slurmctld_log import Span, elastic_starts
 
 BATCH = 8
 """Samples per worker and step of examples/standin_nas.py (its --batch default)."""
@@ -47,22 +45,6 @@ def step_samples(paths: list[Path], window: tuple[float, float],
     kept, rolled = worker_logs.kept_and_rolled_back(records, BATCH, window)
     inside = [r for r in records if window[0] <= r.end <= window[1]]
     return {"kept": kept, "rolled_back": rolled, "resumes": worker_logs.count_resumes(inside)}
-
-
-_ELASTIC_START = re.compile(
-    r"^\[(\S+)\] (?:sched: Allocate JobId=\S+ NodeList=(\S+) .*Partition=preemptable"
-    r"|sched/backfill: _start_job: Started JobId=\S+ in preemptable on (\S+))")
-
-
-def elastic_starts(log_text: str) -> dict[str, list[float]]:
-    """Per node, when elastic tasks started there (slurmctld's log)."""
-    starts: dict[str, list[float]] = {}
-    for line in log_text.splitlines():
-        m = _ELASTIC_START.match(line)
-        if m:
-            for node in expand(m.group(2) or m.group(3)):
-                starts.setdefault(node, []).append(log_time(m.group(1)))
-    return starts
 
 
 def grant_delays(log_text: str, window: tuple[float, float]) -> list[float]:

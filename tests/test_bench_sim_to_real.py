@@ -131,3 +131,20 @@ def test_start_quantiles_follow_kaplan_meier() -> None:
     assert costs.start_quantiles([1.0, 3.0], [2.0, 8.0], n=8) == (
         1.0, 1.0, 3.0, 3.0, 3.0, 8.0, 8.0, 8.0)
     assert costs.start_quantiles([], [3.0]) == ()
+
+
+def test_the_prediction_is_the_mean_of_the_replays_and_says_their_spread() -> None:
+    from types import SimpleNamespace
+
+    runs = [SimpleNamespace(trained_samples=k, rolled_back_samples=b, node_seconds=n,
+                            restores=r, rescales=3, preemptions=p)
+            for k, b, n, r, p in ((900.0, 100.0, 60.0, 1, 4), (1100.0, 300.0, 80.0, 2, 5))]
+    mean = s2r._mean_run(runs)
+    assert (mean.trained_samples, mean.rolled_back_samples, mean.node_seconds) == \
+        (1000.0, 200.0, 70.0)
+    assert (mean.restores, mean.rescales, mean.preemptions) == (2, 3, 4)  # rounded half-even
+    spread = s2r._spread(runs, 10.0, 120.0, mean)
+    assert spread["count"] == 2 and spread["harvest_node_s_range"] == [100.0, 140.0]
+    assert spread["harvest_sd"] == round(20.0 / 120.0, 4)   # node-s: 100 and 140
+    assert spread["kept_sd"] == 0.1 and spread["rolled_back_sd"] == 0.5
+    assert s2r._mean_run(runs[:1]) is runs[0]

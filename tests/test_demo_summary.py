@@ -321,3 +321,30 @@ def test_worker_start_ups_are_read_from_the_tasks_output(tmp_path):
     assert "worker start-ups       3, task start → first step median 2.00 s" in text
     assert "torch import and model 1.70 s" in summary.markdown(
         {**summary.summarize([], [], {}, 4), "startups": st}, "make demo")
+
+
+def test_idle_breakdown_cuts_each_idle_stretch_and_adds_up_to_the_idle_total() -> None:
+    samples = [summary.Sample(0.0, frozenset(), {}), summary.Sample(100.0, frozenset(), {})]
+    prod = {"n1": [(0.0, 10.0), (60.0, 100.0)], "n2": [(0.0, 90.0)], "n3": [(0.0, 80.0)]}
+    starts = {"n1": [10.5], "n3": [81.0]}  # n2's stretch got no task; n3's never trained
+    steps = {"n1": [(12.0, 20.0), (20.1, 30.0), (31.0, 50.0)]}  # 0.1 s apart: one stretch
+    got = summary.idle_breakdown(samples, ["n1", "n2", "n3"], prod, starts, steps)
+    assert got == {"harvested": 37.0, "start_up": 1.5, "start_never_reached_a_step": 19.0,
+                   "grant": 1.5, "no_task_granted": 10.0, "between_steps": 1.0,
+                   "last_step_to_prod": 10.0}
+    idle, harvested = summary.exact_node_seconds(samples, ["n1", "n2", "n3"], prod, steps)
+    assert sum(got.values()) == idle == 80.0 and got["harvested"] == harvested
+
+
+def test_elastic_starts_reads_both_schedulers_and_array_tasks() -> None:
+    log = ("[2026-11-28T13:22:32.504] sched: Allocate JobId=20_0(29) NodeList=n11 #CPUs=2 "
+           "Partition=preemptable\n"
+           "[2026-11-28T13:22:48.436] sched/backfill: _start_job: Started JobId=19_1(34) in "
+           "preemptable on n[11-12]\n"
+           "[2026-11-28T13:22:49.000] sched/backfill: _start_job: HETJOB: Started JobId=19_2(35)"
+           " in preemptable on n13\n"
+           "[2026-11-28T13:22:50.000] sched: Allocate JobId=51 NodeList=n11 #CPUs=2 "
+           "Partition=prod\n")
+    got = summary.elastic_starts(log)
+    assert sorted(got) == ["n11", "n12", "n13"] and len(got["n11"]) == 2
+    assert got["n11"][1] - got["n11"][0] == pytest.approx(15.932)

@@ -26,7 +26,12 @@ def format_summary(summary: Mapping[str, Any]) -> str:
            "completed step (start-up, re-forms, steps cut short)"
            + (" (2-s samples)" if "idle_node_seconds_sampled" in summary else "")]
           if "idle_not_held_node_seconds" in summary and summary.get("held_node_seconds")
-          != summary.get("harvested_node_seconds") else []),
+          != summary.get("harvested_node_seconds") and "where_idle_went" not in summary
+          else []),
+        *(["where the idle went    " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.0f}" for k, v in went.items())
+            + " node-seconds (per idle stretch of each node)"]
+          if (went := summary.get("where_idle_went")) else []),
         *([f"worker start-ups       {st['count']}, task start → first step median "
            f"{st['median_s']:.2f} s (p90 {st['p90_s']:.2f}): "
            + ", ".join(f"{k.replace('_', ' ')} {v:.2f} s"

@@ -18,6 +18,7 @@ from malletrain_core.backends.slurm.parse import parse_time
 from malletrain_core.hostlist import expand
 
 PROD_PARTITION = "prod"
+ELASTIC_PARTITION = "preemptable"
 
 Span = tuple[float, float]
 
@@ -95,3 +96,21 @@ def count_preemptions_in_log(text: str) -> int:
     """Preemptions slurmctld logged (``preempted JobId=... has been requeued to reclaim
     resources for JobId=...``)."""
     return sum(bool(_PREEMPTED.search(line)) for line in text.splitlines())
+
+
+_ELASTIC_START = re.compile(
+    _LOG_STAMP + r"(?:sched: Allocate JobId=\S+ NodeList=(\S+) .*Partition=" + ELASTIC_PARTITION
+    + r"|sched/backfill: _start_job: (?:HETJOB: )?Started JobId=\S+ in " + ELASTIC_PARTITION
+    + r" on (\S+))")
+
+
+def elastic_starts(text: str) -> dict[str, list[float]]:
+    """Per node, when elastic tasks (array tasks of the preemptable partition) started there,
+    from slurmctld's log."""
+    starts: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        m = _ELASTIC_START.match(line)
+        if m:
+            for node in expand(m.group(2) or m.group(3)):
+                starts.setdefault(node, []).append(log_time(m.group(1)))
+    return starts

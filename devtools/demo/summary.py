@@ -40,6 +40,7 @@ from .slurmctld_log import (  # noqa: F401 - the summary's inputs, importable fr
     PROD_PARTITION,
     Span,
     count_preemptions_in_log,
+    elastic_starts,
     job_times,
     prod_busy_from_log,
 )
@@ -200,6 +201,54 @@ def exact_node_seconds(samples: Sequence[Sample], node_names: Iterable[str],
             stretches = training_stretches(steps[node], join_s)
             harvested += sum(b - a for a, b in _intersect(free, stretches))
     return idle, harvested
+
+
+IDLE_PARTS = ("harvested", "start_up", "start_never_reached_a_step", "grant",
+              "no_task_granted", "between_steps", "last_step_to_prod")
+
+
+def idle_breakdown(samples: Sequence[Sample], node_names: Iterable[str],
+                   prod_busy: Mapping[str, Sequence[Span]],
+                   starts: Mapping[str, Sequence[float]],
+                   steps: Mapping[str, Sequence[Span]],
+                   join_s: float = STEP_JOIN_S) -> dict[str, float]:
+    """Where the idle node-seconds of :func:`exact_node_seconds` went, node-seconds per part
+    (:data:`IDLE_PARTS`; they add up to the idle total). Each stretch in which a node was idle
+    (no prod job, not down) is cut at the first elastic task that started in it (``starts``,
+    :func:`elastic_starts`) and at the first and last training stretch of its worker:
+    ``grant`` (the prod job's end to that task's start), ``start_up`` (the task's start to its
+    first step), ``harvested`` (inside training stretches), ``between_steps`` (pauses,
+    re-forms and later starts between them), ``last_step_to_prod`` (the last step's end to the
+    stretch's end: the step in flight, the kill, the next prod job's start).
+    ``no_task_granted`` is a stretch no task started in, ``start_never_reached_a_step`` one
+    whose task started but never completed a step."""
+    out = dict.fromkeys(IDLE_PARTS, 0.0)
+    if len(samples) < 2:
+        return out
+    t0, t1 = samples[0].t, samples[-1].t
+    for node in node_names:
+        busy = list(prod_busy.get(node, ()))
+        busy += [(a.t, b.t) for a, b in zip(samples, samples[1:]) if node in a.down]
+        stretches = training_stretches(steps.get(node, ()), join_s)
+        times = sorted(starts.get(node, ()))
+        for a, b in _complement(busy, t0, t1):
+            inside = _intersect([(a, b)], stretches)
+            trained = sum(y - x for x, y in inside)
+            out["harvested"] += trained
+            first = next((t for t in times if a - 1e-3 <= t < b), None)
+            if first is None:
+                out["no_task_granted"] += b - a - trained
+                continue
+            first = max(a, first)
+            if not inside:
+                out["grant"] += first - a
+                out["start_never_reached_a_step"] += b - first
+                continue
+            out["grant"] += min(first, inside[0][0]) - a
+            out["start_up"] += max(0.0, inside[0][0] - first)
+            out["between_steps"] += inside[-1][1] - inside[0][0] - trained
+            out["last_step_to_prod"] += b - inside[-1][1]
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def startup_summary(startups: Sequence[Mapping[str, float]]) -> dict[str, Any]:
@@ -374,6 +423,9 @@ def summarize(samples: Sequence[Sample], prod_records: Iterable[Mapping[str, str
                                                 - held), 1),
         "held_not_training_node_seconds": round(
             max(0.0, held - sampled["harvested_node_seconds_sampled"]), 1),
+        **({"where_idle_went": idle_breakdown(samples, node_names, prod_busy or {},
+                                              elastic_starts(prod_log), steps or {})}
+           if exact and prod_log else {}),
         **({} if cap_per_job is None else {
             "idle_node_seconds_within_cap": round(idle_within_cap(samples, nodes,
                                                                   cap_per_job), 1)}),
