@@ -535,7 +535,7 @@ def markdown(cmp: dict[str, Any], command: str, wall_s: float | None,
             lines[-1] += (f" Against the spread of the replays themselves, the kept samples "
                           f"differ by more than two standard deviations in {len(beyond)} of "
                           f"{len(spread)} runs" + (f" ({', '.join(beyond)})" if beyond else "")
-                          + ": the rest differ by no more than one run's own chance.")
+                          + "; the rest are within two standard deviations of the replays.")
         windows = sorted({round(o["window_s"]) for _, o in every})
         if len(windows) > 1:  # the target per length of run: a longer run varies less
             lines[-1] += " By the length of the run: " + "; ".join(
