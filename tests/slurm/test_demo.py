@@ -67,6 +67,11 @@ def test_demo_end_to_end(tmp_path):
     assert saved["harvested_node_seconds"] == pytest.approx(exact, abs=0.051)
     assert saved["harvested_node_seconds_sampled"] == pytest.approx(sampled, abs=0.051)
     assert 0 < saved["harvested_node_seconds"] <= 1.02 * saved["held_node_seconds"] + 1.0
+    # where the idle time went: the parts add up to the idle total, the harvest is the same
+    went = saved["where_idle_went"]
+    assert sum(went.values()) == pytest.approx(saved["idle_node_seconds"], abs=0.5)
+    assert went["harvested"] == pytest.approx(saved["harvested_node_seconds"], abs=0.5)
+    assert went["start_up"] > 0  # the workers started in the stretches they trained in
     # every worker that completed a step wrote its start-up line, and the summary read them
     assert saved["startups"]["count"] > 0 and 0 < saved["startups"]["median_s"] < 60
     counters = list((out / "jobs").glob("checkpoints-*/counters.json"))
