@@ -79,14 +79,14 @@ RESULTS = REPO / "bench" / "results" / "sim_to_real"
 RESULTS_PBS = REPO / "bench" / "results" / "sim_to_real_pbs"
 SACCT_FIELDS = "JobID,JobName,Partition,Reservation,State,NodeList,Start,End"
 CHECKPOINT_EVERY_S = 15.0
+"""The demo's elastic jobs checkpoint this often (scripts/demo.py, CHECKPOINT_EVERY_S)."""
 REPLAYS = 20
 """Replays of each run, each drawing its starts with its own seed (the run's seed + i ×
 REPLAY_SEED_STEP); the prediction is their mean. One replay is one draw: over the 13 saved
 runs, the first replay's kept samples were within 5 % of the cluster's in 10 (harvest: 10),
-the mean of twenty in 8 (harvest: 12), and one run's replays spread by 0.9-4.7 % (standard
+the mean of twenty in 8 (harvest: 12), and one run's replays spread by 0.9-4.5 % (standard
 deviation) on kept samples, 0.5-3.6 % on the harvest."""
 REPLAY_SEED_STEP = 7919
-"""The demo's elastic jobs checkpoint this often (scripts/demo.py, CHECKPOINT_EVERY_S)."""
 
 
 def load_demo() -> Any:
