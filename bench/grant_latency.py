@@ -2,15 +2,15 @@
 job on that node has ended; seconds from the release to the task RUNNING.
 
 This is the daemon's grow (``scontrol update ... StartTime=now`` then ``scontrol release``)
-without the daemon, so that only Slurm's part is timed. What starts the task differs by
-release in the log only: an update RPC (``scontrol update``, ``scontrol release``) does not
-schedule; it counts a request that slurmctld's background loop serves about once a second, so
-the task starts at that pass or at the next backfill cycle (``bf_interval``), whichever comes
-first. Each release is started as a small local cluster (``devtools.localcluster``, the
+without the daemon, so that only Slurm's part is timed. An update RPC (``scontrol update``,
+``scontrol release``) does not schedule: it counts a request that slurmctld's background loop
+serves about once a second (slurmctld's debug log on 22.05 and 25.11), so the task starts at
+that pass or at the next backfill cycle (``bf_interval``), whichever comes first; the log says
+which one started it. Each release is started as a small local cluster (``devtools.localcluster``, the
 test-friendly timings: ``bf_interval=1``); each trial's prod job runs a random 0.3-1.3 s, so
 that the releases fall anywhere in Slurm's one-second cycles.
 
-    python -m bench.grant_latency [--releases 22.05 25.11] [--trials 12] [--json]
+    python -m bench.grant_latency [--releases 22.05 25.11] [--trials 16] [--json]
         [--markdown BENCHMARKS.md]
 
 The last line of stdout is one JSON object: per release, the median, mean and largest
@@ -136,7 +136,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--releases", nargs="+", default=None,
                    help="Slurm releases (default: every one installed here)")
-    p.add_argument("--trials", type=int, default=12)
+    p.add_argument("--trials", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.add_argument("--markdown", type=Path, default=None, metavar="FILE",
