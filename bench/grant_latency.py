@@ -84,9 +84,9 @@ def started_by(log: str, task: str) -> str:
     """``main`` or ``backfill``: which of Slurm's schedulers started ``task`` (its log)."""
     if re.search(rf"sched: Allocate JobId={task}\b", log):
         return "main"
-    if re.search(rf"_start_job: Started JobId={task}\b", log):
+    if re.search(rf"_start_job: (?:HETJOB: )?Started JobId={task}\b", log):
         return "backfill"
-    return "unknown"  # 26.05 logs backfill starts only under DebugFlags=HetJob
+    return "unknown"  # 26.05 logs backfill's starts only under DebugFlags=HetJob
 
 
 def installed() -> list[str]:
