@@ -24,7 +24,6 @@ import argparse
 import json
 import random
 import re
-import shutil
 import statistics
 import sys
 import tempfile
@@ -38,6 +37,7 @@ if __name__ == "__main__" and not __package__:
 from bench.sections import host, replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.releases import RELEASES, release  # noqa: E402
+from malletrain_core.errors import ConfigError  # noqa: E402
 
 BEGIN, END = "<!-- grant-latency:begin -->", "<!-- grant-latency:end -->"
 POLL_S = 0.01
@@ -90,10 +90,15 @@ def started_by(log: str, task: str) -> str:
 
 
 def installed() -> list[str]:
-    """The releases this machine can start: the host's, and those scripts/setup-slurm-matrix.sh
-    built."""
-    return [name for name, r in RELEASES.items()
-            if (r.bin_dir.is_dir() if r.bin_dir is not None else shutil.which("slurmctld"))]
+    """The releases this machine can start (:meth:`Release.check_installed`)."""
+    names = []
+    for name, r in RELEASES.items():
+        try:
+            r.check_installed()
+        except ConfigError:
+            continue
+        names.append(name)
+    return names
 
 
 def one_release(name: str, count: int, seed: int, work: Path) -> dict[str, Any]:
@@ -146,7 +151,10 @@ def main() -> int:
         p.error("give --trials ≥ 1")
     names = args.releases or installed()
     for name in names:
-        release(name)  # a clear error for a release that is not installed
+        try:
+            release(name).check_installed()
+        except ConfigError as exc:  # one line saying how to set it up
+            p.error(str(exc))
     result: dict[str, Any] = {"releases": [], "host": host(),
                               "date": time.strftime("%Y-%m-%d", time.gmtime())}
     with tempfile.TemporaryDirectory(prefix="mt-grant-") as tmp:

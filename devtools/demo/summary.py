@@ -180,6 +180,15 @@ def _intersect(xs: Sequence[Span], ys: Sequence[Span]) -> list[Span]:
     return out
 
 
+def _idle_stretches(samples: Sequence[Sample], node: str,
+                    prod_busy: Mapping[str, Sequence[Span]]) -> list[Span]:
+    """The spans between the first and the last sample in which ``node`` held no prod job
+    (``prod_busy``) and was not down at the sample before."""
+    busy = list(prod_busy.get(node, ()))
+    busy += [(a.t, b.t) for a, b in zip(samples, samples[1:]) if node in a.down]
+    return _complement(busy, samples[0].t, samples[-1].t)
+
+
 def exact_node_seconds(samples: Sequence[Sample], node_names: Iterable[str],
                        prod_busy: Mapping[str, Sequence[Span]],
                        steps: Mapping[str, Sequence[Span]] | None = None,
@@ -190,12 +199,9 @@ def exact_node_seconds(samples: Sequence[Sample], node_names: Iterable[str],
     inside its worker's training stretches (:func:`training_stretches`; 0 without ``steps``)."""
     if len(samples) < 2:
         return 0.0, 0.0
-    t0, t1 = samples[0].t, samples[-1].t
     idle = harvested = 0.0
     for node in node_names:
-        busy = list(prod_busy.get(node, ()))
-        busy += [(a.t, b.t) for a, b in zip(samples, samples[1:]) if node in a.down]
-        free = _complement(busy, t0, t1)
+        free = _idle_stretches(samples, node, prod_busy)
         idle += sum(b - a for a, b in free)
         if steps is not None and node in steps:
             stretches = training_stretches(steps[node], join_s)
@@ -225,13 +231,10 @@ def idle_breakdown(samples: Sequence[Sample], node_names: Iterable[str],
     out = dict.fromkeys(IDLE_PARTS, 0.0)
     if len(samples) < 2:
         return out
-    t0, t1 = samples[0].t, samples[-1].t
     for node in node_names:
-        busy = list(prod_busy.get(node, ()))
-        busy += [(a.t, b.t) for a, b in zip(samples, samples[1:]) if node in a.down]
         stretches = training_stretches(steps.get(node, ()), join_s)
         times = sorted(starts.get(node, ()))
-        for a, b in _complement(busy, t0, t1):
+        for a, b in _idle_stretches(samples, node, prod_busy):
             inside = _intersect([(a, b)], stretches)
             trained = sum(y - x for x, y in inside)
             out["harvested"] += trained
