@@ -244,3 +244,27 @@ def test_what_if_figures_do_not_depend_on_the_processes() -> None:
     assert figures(one) == figures(side)
     assert all(m["replay_cpu_s"] > 0 and m["replans"] > 0 for m in side["cost_models"].values())
     assert 1 <= default_workers(3) <= 3 and default_workers(1) == 1
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_what_if_tells_how_far_each_replay_is(workers: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain lines on stderr (no terminal) from the reading on, each cost model's share, up to
+    100 % for all: in one process and with the replays side by side (their shares read every
+    few milliseconds here, as the fixture's replays take a fraction of a second)."""
+    import io
+
+    from malletrain_core.sim import whatif
+    from malletrain_core.sim.compare import Progress
+    from malletrain_core.sim.whatif import WhatIfOptions, what_if
+
+    monkeypatch.setattr(whatif, "PROGRESS_EVERY_S", 0.002)
+    stream = io.StringIO()
+    opts = WhatIfOptions(trace=str(PBS_LOG), jobs=2, cost_models=("restart", "inplace"),
+                         accounting=AccountingFilter.of(skip_partitions=["preemptable"]))
+    what_if(opts, workers=workers, progress=Progress(2, stream, every_s=0.0, name="what-if"))
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("what-if:   0.0% reading the accounting")
+    assert lines[-1].startswith("what-if: 100.0% restart 100% inplace 100%")
+    shares = [float(line.split()[1].rstrip("%")) for line in lines]
+    assert shares == sorted(shares) and len(lines) >= 3

@@ -148,6 +148,9 @@ def test_progress_bar_on_a_terminal_and_lines_otherwise() -> None:
     lines.update(2, "b")          # within every_s: not repeated
     assert plain.text.count("\n") == 1 and "\r" not in plain.text
     assert plain.text.startswith("simulate:  25.0% a")
+    lines.update(4, "c")          # the end is said within every_s too, once
+    lines.update(4, "d")
+    assert plain.text.count("\n") == 2 and "simulate: 100.0% c" in plain.text
 
 
 def test_arrivals_table_has_completions_and_no_bound(trace_file: Path, capsys) -> None:

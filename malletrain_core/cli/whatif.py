@@ -11,9 +11,11 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
+from ..sim.compare import Progress
 from ..sim.costs import COST_MODELS
 from ..sim.report import to_json
 from ..sim.whatif import WhatIfOptions, format_report, what_if, write_plots
@@ -60,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     opts = WhatIfOptions(trace=args.trace, accounting=filter_from(args), days=args.days,
                          workload=args.workload, jobs=args.jobs, seed=args.seed,
                          cost_models=args.cost_models)
-    result = what_if(opts, workers=None if args.workers is None else max(1, args.workers))
+    result = what_if(opts, workers=None if args.workers is None else max(1, args.workers),
+                     progress=Progress(len(opts.cost_models), sys.stderr, name="what-if"))
     text = format_report(result.report)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -72,30 +72,36 @@ class Progress:
     """A progress bar on a terminal, plain lines every few seconds otherwise."""
 
     def __init__(self, total_units: int, stream: TextIO | None = None,
-                 every_s: float = 10.0) -> None:
+                 every_s: float = 10.0, name: str = "simulate") -> None:
+        self.name = name
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.total = max(total_units, 1)
         self.every_s = every_s
         self._last = -math.inf
         self._start = time.monotonic()
+        self._width = 0
+        self._ended = False
 
     def update(self, units_done: float, label: str) -> None:
         now = time.monotonic()
         share = min(units_done / self.total, 1.0)
         if self.tty:
             bar = "#" * int(share * 30)
-            self.stream.write(f"\r[{bar:<30}] {share * 100:5.1f}% {label:<34}")
+            line = f"[{bar:<30}] {share * 100:5.1f}% {label:<34}"
+            self._width = max(self._width, len(line))
+            self.stream.write("\r" + line)
             self.stream.flush()
-        elif now - self._last >= self.every_s:
+        elif now - self._last >= self.every_s or (share >= 1.0 and not self._ended):
             self._last = now
-            self.stream.write(f"simulate: {share * 100:5.1f}% {label} "
+            self._ended = share >= 1.0  # the end is always said, once
+            self.stream.write(f"{self.name}: {share * 100:5.1f}% {label} "
                               f"({now - self._start:.0f} s)\n")
             self.stream.flush()
 
     def close(self) -> None:
         if self.tty:
-            self.stream.write("\r" + " " * 72 + "\r")
+            self.stream.write("\r" + " " * self._width + "\r")
             self.stream.flush()
 
 

@@ -12,10 +12,11 @@ rescale pauses included; the samples figures charge those costs.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S, Curve
 from .accounting import AccountingFilter, load_accounting_trace
 from .bounds import BoundJob, compute_bounds
+from .compare import Progress
 from .costs import COST_MODELS
 from .measured import load_profiles
 from .perfmodel import PerfParams
@@ -34,6 +36,8 @@ from .traces import Trace
 from .workloads import SimJob, make_workload, model_curves
 
 HOUR = 3600.0
+PROGRESS_EVERY_S = 1.0
+"""How often the replays' progress is read while they run in other processes."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +73,32 @@ class WhatIf:
     report: dict[str, Any]
 
 
+_done: Any = None
+"""In a replay process: the shared array of each cost model's done share (:func:`_share`)."""
+
+
+def _share(done: Any) -> None:
+    """The process pool's initializer: where each replay writes how far it is."""
+    global _done
+    _done = done
+
+
 def _replay_one(trace: Trace, jobs: Sequence[SimJob], catalogue: dict[str, Curve],
-                opts: WhatIfOptions, cost: str, checked: bool = False) -> RunResult:
+                opts: WhatIfOptions, cost: str, checked: bool = False,
+                slot: int | None = None, told: Callable[[], None] | None = None) -> RunResult:
+    """One cost model's replay; its done share goes to ``_done[slot]`` (then ``told()``)."""
     shortcuts.CHECKED = checked
     shortcuts.counts.clear()
+    done = _done
+
+    def note(share: float) -> None:
+        done[slot] = share
+        if told is not None:
+            told()
+
     run = replay(trace, jobs, opts.policy, seed=opts.seed, lookahead_s=opts.lookahead_s,
-                 params=PerfParams(noise=opts.noise, rescale_cost=cost), catalogue=catalogue)
+                 params=PerfParams(noise=opts.noise, rescale_cost=cost), catalogue=catalogue,
+                 progress=None if done is None or slot is None else note)
     if checked:
         run.engine["shortcuts_checked"] = dict(shortcuts.counts)
     return run
@@ -88,14 +112,18 @@ def default_workers(cost_models: int) -> int:
     return max(1, cost_models if (os.cpu_count() or 1) >= 2 else 1)
 
 
-def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = False) -> WhatIf:
+def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = False,
+            progress: Progress | None = None) -> WhatIf:
     """Read the trace, replay the job set under every cost model (in ``workers`` processes,
     :func:`default_workers` when ``None``), and sum it up. ``checked``: every exact shortcut
     taken is compared with the full computation (:mod:`malletrain_core.shortcuts`; slower),
-    and each model's ``shortcuts_checked`` says how many were."""
+    and each model's ``shortcuts_checked`` says how many were. ``progress`` (one unit per cost
+    model) is told how far each replay is, every :data:`PROGRESS_EVERY_S`."""
     workers = default_workers(len(opts.cost_models)) if workers is None else \
         max(1, min(workers, len(opts.cost_models)))
     t0 = time.perf_counter()
+    if progress is not None:
+        progress.update(0.0, "reading the accounting")
     trace = load_accounting_trace(opts.trace, opts.accounting).window(opts.days, 0)
     read_s = time.perf_counter() - t0
     profiles = load_profiles(opts.workload)
@@ -105,17 +133,30 @@ def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = Fal
     catalogue = model_curves(jobs, extra)
     bounds = compute_bounds(trace, [BoundJob(j.curve, j.min_nodes, j.max_nodes) for j in jobs])
     t1 = time.perf_counter()
-    if workers > 1 and len(opts.cost_models) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(opts.cost_models))) as pool:
-            futures = [pool.submit(_replay_one, trace, jobs, catalogue, opts, c, checked)
-                       for c in opts.cost_models]
+    names = opts.cost_models
+    context = multiprocessing.get_context()
+    shares = context.Array("d", len(names), lock=False)  # each replay's done share
+    if workers > 1 and len(names) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(names)), mp_context=context,
+                                 initializer=_share, initargs=(shares,)) as pool:
+            futures = [pool.submit(_replay_one, trace, jobs, catalogue, opts, c, checked, i)
+                       for i, c in enumerate(names)]
+            while wait(futures, timeout=PROGRESS_EVERY_S).not_done:
+                _tell(progress, names, shares)
             done = [f.result() for f in futures]
     else:
+        _share(shares)
         try:
-            done = [_replay_one(trace, jobs, catalogue, opts, c, checked)
-                    for c in opts.cost_models]
+            done = [_replay_one(trace, jobs, catalogue, opts, c, checked, i,
+                                lambda: _tell(progress, names, shares))
+                    for i, c in enumerate(names)]
         finally:
             shortcuts.CHECKED = False
+            _share(None)
+    if progress is not None:
+        shares[:] = [1.0] * len(names)
+        _tell(progress, names, shares)
+        progress.close()
     runs = dict(zip(opts.cost_models, done))
     replay_s = time.perf_counter() - t1
     idle = trace.idle_node_seconds()
@@ -154,6 +195,13 @@ def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = Fal
                      "total": time.perf_counter() - t0, "workers": workers},
     }
     return WhatIf(trace, runs, report)
+
+
+def _tell(progress: Progress | None, models: Sequence[str], shares: Any) -> None:
+    """One progress line: the replays' done shares together, and each one's."""
+    if progress is not None:
+        progress.update(float(sum(shares)), " ".join(
+            f"{c} {100 * share:.0f}%" for c, share in zip(models, shares)))
 
 
 def _hours(x: float) -> str:
