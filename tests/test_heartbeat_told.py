@@ -4,6 +4,8 @@ may have died between telling two launchers; once a loss is found anywhere, the 
 
 from __future__ import annotations
 
+import pytest
+
 from malletrain_core.worker import heartbeat
 from malletrain_core.worker.control import Membership
 from malletrain_core.worker.heartbeat import Heartbeat, Lost
@@ -59,3 +61,18 @@ def test_once_the_old_epoch_finds_the_peer_silent_the_new_one_names_it_at_once()
     beat.run_until(3.0)  # found in the old epoch, then named in the new one in that beat
     assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(1, [1]), (2, [1])]
     assert beat.now <= 1.25 + 2 * heartbeat.PERIOD_S + 1e-9
+
+
+def test_no_connection_to_the_store_of_an_epoch_let_go_since_the_beat_began() -> None:
+    """Between a beat's reading of the epochs and its connecting, the epoch can stop being
+    watched (the process formed the next one; rank 0 shuts its store down): the connection is
+    not made, as one made to a store being shut down held that shut-down 5 s."""
+    listed = [_m(1), _m(2)]
+    hosted: list[int] = []
+    beat = Heartbeat(lambda: list(listed), lambda lost: None, timeout_s=1.25,
+                     host=lambda m: hosted.append(m.epoch))
+    watch = heartbeat._Watch(_m(1), moved_at=0.0, answered_at=0.0)
+    listed[0] = None  # epoch 1 let go: the process now watches epoch 2 only
+    with pytest.raises(OSError, match="epoch 1 is no longer watched"):
+        beat._store(watch)
+    assert hosted == [] and watch.client is None
