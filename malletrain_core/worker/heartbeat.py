@@ -50,19 +50,8 @@ from .control import Membership
 PERIOD_S = 0.2
 PEER_TIMEOUT_S = 1.25
 """The default silence after which a peer is lost: with :data:`PERIOD_S`, found within
-``PEER_TIMEOUT_S + PERIOD_S`` (1.45 s) of its last beat.
-
-torch's TCPStore server formats a client's address with a reverse name lookup on its event
-loop thread (``getnameinfo``, seen under gdb); for a loopback client reaching a dual-stack
-socket (``::ffff:127.0.0.1``, which ``/etc/hosts``' IPv4 lines do not match) that goes to
-DNS, and a resolver that does not answer holds the store for its timeout (5 s by default).
-The store then answers nobody, and its destructor (joining that thread, with the GIL held)
-stops its whole process: peers find it silent. Seen once or twice in 200 re-forms 0.25 s
-apart on a machine whose resolver drops queries (a 4.7-5.1 s pause, or a peer found silent
-and the epoch abandoned). The stores :mod:`.inplace` hosts therefore listen on the master's
-own address (:func:`.inplace.listen_on`), where a member's address is plain IPv4 and
-``/etc/hosts`` answers; a node whose resolver does not answer reverse lookups of its
-cluster's addresses would still see it."""
+``PEER_TIMEOUT_S + PERIOD_S`` (1.45 s) of its last beat. A store held 5 s by its own reverse
+name lookup once looked like a silent rank 0: see :func:`.inplace.listen_on`."""
 ENV_PEER_TIMEOUT = "MALLETRAIN_PEER_TIMEOUT_S"
 TOLD_WAIT_S = 10.0
 """How long a peer that has not beaten at all in a newly told epoch (or a store that has not
@@ -268,7 +257,7 @@ class Heartbeat:
             if not self._watching(m.epoch):
                 # no longer watched since this beat began (the process formed a newer epoch):
                 # rank 0 shuts its store down; a connection made then is one more that the
-                # store's thread looks up while its destructor waits (see PEER_TIMEOUT_S)
+                # store's thread looks up while its destructor waits (see inplace.listen_on)
                 raise OSError(f"epoch {m.epoch} is no longer watched")
             if m.rank == 0 and self.host is not None:
                 self.host(m)

@@ -383,8 +383,9 @@ def listen_on(master: str, port: int) -> int | None:
     By default the store listens on a dual-stack socket on every interface, where an IPv4
     member's address reads as ``::ffff:a.b.c.d``; the store's thread formats each member's
     address with a reverse name lookup, which for that form misses ``/etc/hosts``' IPv4 lines
-    and goes to DNS. A resolver that does not answer then held the store (and its destructor,
-    see :data:`~.heartbeat.PEER_TIMEOUT_S`) for 5 s: measured on this project's test machine,
+    and goes to DNS. A resolver that does not answer then held the store for 5 s, and its
+    destructor, which joins that thread with the GIL held, stopped the whole process (its peers
+    found rank 0 silent): measured on this project's test machine,
     a store freed while two clients kept connecting, 40 times: 5 of 40 took over 1 s (5.1 s
     at most) on the default socket, none (1 ms at most) on one bound here. Members reach the
     store at ``master`` anyway, so nothing else need listen."""
