@@ -803,6 +803,39 @@ def test_the_time_from_a_grant_to_its_task_running_is_counted(slurm: FakeSlurm,
     assert backend.grant_starts() == {"count": 2, "median": 3.0, "p95": 3.0, "max": 3.0}
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_preempted_task_still_completing_is_reclaimed_at_once(slurm: FakeSlurm,
+                                                                  backend: SlurmBackend,
+                                                                  release: str) -> None:
+    """Slurm wakes the daemon (EpilogSlurmctld) at a preemption's requeue, while the task
+    still shows COMPLETING, one restart up: that poll names the node lost, not the next one;
+    the task is not seen as a worker again while it completes. COMPLETING with no restart
+    (the script's own exit) still waits for the end."""
+    slurm.captured = GOLDEN / release
+    slurm.load("02_running_unheld")
+    backend.poll(T)
+    slurm.load("03_running")
+    assert backend.poll(T + 1) == []
+    running = slurm.squeue
+    on_n03 = next(line for line in running.splitlines() if "|n03|" in line)
+    cols = on_n03.split("|")
+    cols[3], cols[6] = "COMPLETING", str(int(cols[6]) + 1)
+    slurm.squeue = running.replace(on_n03, "|".join(cols))
+    assert backend.poll(T + 2) == [NodesReclaimed(T + 2, ("n03",))]
+    assert backend.workers == {"1_0": ("1", "n02")}
+    assert backend.poll(T + 3) == []  # still completing: not a worker that started
+    slurm.load("04_preempted")
+    assert backend.poll(T + 4) == []
+    assert backend.workers == {"1_0": ("1", "n02")}
+
+    on_n02 = next(line for line in slurm.squeue.splitlines() if "|n02|" in line)
+    cols = on_n02.split("|")
+    cols[3] = "COMPLETING"  # its own end: the same restart count
+    slurm.squeue = slurm.squeue.replace(on_n02, "|".join(cols))
+    assert backend.poll(T + 5) == []
+    assert backend.workers == {"1_0": ("1", "n02")}
+
+
 def test_a_task_preempted_where_it_started_may_go_back_there_at_once(slurm: FakeSlurm) -> None:
     """The settle is for a node our own task just left; a node another job took in between
     is clean by the time it is free (bench/e2e.py's phase 2 waited 2 s more per round)."""

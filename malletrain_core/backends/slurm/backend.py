@@ -101,6 +101,15 @@ def _code(row: sp.TaskRow) -> str:
     return row.state_code.split()[0].rstrip("+") if row.state_code else ""
 
 
+def _requeued_now(before: sp.TaskRow | None, row: sp.TaskRow | None) -> bool:
+    """Whether a worker's task, seen ``before`` at the last poll and ``row`` now, was requeued
+    by Slurm (a preemption) since: COMPLETING with one more restart. Slurm sends the
+    EpilogSlurmctld's wake-up at that requeue, while the task's processes still exit; waiting
+    for it to show PENDING would keep the job's other members idle one more poll."""
+    return (before is not None and row is not None and row.state is TaskState.ENDING
+            and row.restarts > before.restarts)
+
+
 def _recoverable(row: sp.TaskRow) -> bool:
     """A task that hit its time limit ends TIMEOUT, not requeued: requeue-hold it for reuse."""
     return _code(row) in ("TIMEOUT", "TO")
@@ -229,6 +238,9 @@ class SlurmBackend(TaskBackend):
         self._failures: dict[str, list[float]] = {}   # job -> times its tasks failed
         self._failures_seen: set[tuple[str, int]] = set()  # (task, restarts) counted
         self._no_task_logged: dict[str, float] = {}  # job -> last "no held task left" warning
+        self._requeued: set[str] = set()
+        """Workers taken as preempted while their task still shows COMPLETING (see
+        :func:`_requeued_now`): not seen as started again until it shows something else."""
 
     def _job_of(self, task: str) -> str:
         return task.split("_", 1)[0]
@@ -341,8 +353,11 @@ class SlurmBackend(TaskBackend):
     def _reconcile_workers(self, current: dict[str, sp.TaskRow], now: float,
                            out: _PollEvents) -> None:
         """Workers that started, and workers that are gone (preempted or stopped)."""
+        self._requeued = {k for k in self._requeued
+                          if k in current and current[k].state is TaskState.ENDING}
         for key, row in current.items():
-            if row.array_id not in self._jobs or not row.node or row.state not in _ACTIVE:
+            if row.array_id not in self._jobs or not row.node or row.state not in _ACTIVE \
+                    or key in self._requeued:
                 continue
             if key not in self._workers and key in self._stopping:
                 # Shrunk while launching, but it had started before our hold reached it:
@@ -358,15 +373,19 @@ class SlurmBackend(TaskBackend):
                 out.to_hold.append(key)  # so that a preemption brings it back held
         for key in list(self._workers):
             seen = current.get(key)
-            if seen is not None and seen.state in _ACTIVE:
+            requeued = key not in self._stopping and _requeued_now(self._rows.get(key), seen)
+            if seen is not None and seen.state in _ACTIVE and not requeued:
                 continue
             aid, node = self._workers.pop(key)
             if key in self._stopping:
                 self._left[key] = (node, now)
                 if not self._granted_again(aid, node):
                     out.stopped.append(WorkerStopped(now, aid, node))
-            elif seen is not None and (seen.state in (TaskState.PENDING, TaskState.HELD)
+            elif seen is not None and (requeued or seen.state in (TaskState.PENDING,
+                                                                  TaskState.HELD)
                                        or _code(seen) in _REQUEUED_BY_SLURM):
+                if requeued:
+                    self._requeued.add(key)
                 # Preempted: the node is free again only once the job that took it is done
                 # with it, long after this task's end there (no settle needed).
                 out.reclaimed.append(node)
