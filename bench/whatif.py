@@ -17,7 +17,11 @@ refused at the first difference) and fails unless the report's figures are the s
 timed run's; it prints how many shortcuts were checked.
 
     python3 -m bench.whatif [--nodes 4000] [--days 30] [--jobs 50] [--workers N]
-                            [--profile-days 5] [--markdown] [--verify]
+                            [--profile-days 5] [--markdown] [--verify] [--split]
+
+``--split`` also replays the restart model over the whole month in this process with the CPU
+time of the engine's re-plans, the rest of its event handling and the simulated batch system
+counted apart (``split`` in the JSON): what is left of a replay if a re-plan cost nothing.
 """
 
 from __future__ import annotations
@@ -114,6 +118,48 @@ def profile_shares(path: Path, days: float, jobs: int, seed: int, cost: str) -> 
             "shares": shares}
 
 
+def split_cpu(path: Path, jobs: int, seed: int, cost: str) -> dict[str, Any]:
+    """One cost model's replay of the whole trace in this process, its CPU seconds split into
+    the engine's re-plans (``Engine._replan``), the engine's other event handling (the rest
+    of ``Engine.handle_many``), the simulated batch system (``SimBackend.poll`` and
+    ``execute``) and the rest (reading the trace, the replay's own loop)."""
+    from malletrain_core.engine.engine import Engine
+    from malletrain_core.sim.backend import SimBackend
+
+    spent = dict.fromkeys(("replan", "handle", "backend"), 0.0)
+    saved = []
+
+    def count(cls: Any, name: str, key: str) -> None:
+        inner = getattr(cls, name)
+        saved.append((cls, name, inner))
+
+        def counted(*a: Any, **k: Any) -> Any:
+            t = time.process_time()
+            try:
+                return inner(*a, **k)
+            finally:
+                spent[key] += time.process_time() - t
+        setattr(cls, name, counted)
+
+    count(Engine, "_replan", "replan")
+    count(Engine, "handle_many", "handle")
+    count(SimBackend, "poll", "backend")
+    count(SimBackend, "execute", "backend")
+    t = time.process_time()
+    try:
+        what_if(WhatIfOptions(trace=str(path), jobs=jobs, seed=seed, cost_models=(cost,)),
+                workers=1)
+    finally:
+        for cls, name, inner in saved:
+            setattr(cls, name, inner)
+    total = time.process_time() - t
+    return {"cost_model": cost, "total_cpu_s": round(total, 3),
+            "replans_cpu_s": round(spent["replan"], 3),
+            "engine_other_cpu_s": round(spent["handle"] - spent["replan"], 3),
+            "sim_backend_cpu_s": round(spent["backend"], 3),
+            "rest_cpu_s": round(total - spent["handle"] - spent["backend"], 3)}
+
+
 def makespan(cpu_s: list[float], workers: int, cores: int | None = None) -> float:
     """Wall seconds of replays taking ``cpu_s`` each in ``workers`` processes on ``cores`` idle
     cores (all of them when ``None``), handed out in order to the first free process (as the
@@ -156,6 +202,9 @@ def main() -> int:
     p.add_argument("--verify", action="store_true",
                    help="replay again with every exact shortcut checked against the full "
                    "computation, and fail unless the figures are the same")
+    p.add_argument("--split", action="store_true",
+                   help="also replay the restart model in this process with its re-plans, "
+                   "other event handling and simulated batch system timed apart")
     args = p.parse_args()
     os.environ["TZ"] = "UTC"  # the file's times are UTC
     time.tzset()
@@ -172,6 +221,9 @@ def main() -> int:
         size_mb = path.stat().st_size / 1e6
         profile = profile_shares(path, args.profile_days, args.jobs, args.seed, "restart") \
             if args.profile_days > 0 else None
+        split = split_cpu(path, args.jobs, args.seed, "restart") if args.split else None
+        if split is not None:
+            print(f"split: {split}", file=sys.stderr)
         verified = None
         if args.verify:
             checked = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed),
@@ -202,7 +254,7 @@ def main() -> int:
                                "replay_cpu_s": round(m["replay_cpu_s"], 1),
                                "replans": m["replans"]}
                            for c, m in report["cost_models"].items()},
-           "profile": profile, "verify": verified}
+           "profile": profile, "verify": verified, "split": split}
     print(format_report(report), file=sys.stderr)
     if args.markdown:
         models = report["cost_models"]

@@ -19,3 +19,20 @@ def test_figures_leave_out_the_timings_only() -> None:
                                           "replay_cpu_s": 1.5, "shortcuts_checked": {"x": 1}}}}
     assert figures(report) == {"idle_node_hours": 5.0,
                                "cost_models": {"restart": {"harvested_share": 0.5}}}
+
+
+def test_split_counts_each_part_once_and_puts_the_engine_back(tmp_path) -> None:
+    from bench.whatif import split_cpu, write_sacct
+    from malletrain_core.engine.engine import Engine
+    from malletrain_core.sim.backend import SimBackend
+
+    before = (Engine._replan, Engine.handle_many, SimBackend.poll, SimBackend.execute)
+    path = tmp_path / "sacct.txt"
+    write_sacct(path, nodes=256, days=2, load=0.9, seed=1)
+    split = split_cpu(path, jobs=4, seed=1, cost="restart")
+    parts = ("replans_cpu_s", "engine_other_cpu_s", "sim_backend_cpu_s", "rest_cpu_s")
+    assert split["replans_cpu_s"] > 0 and split["sim_backend_cpu_s"] > 0
+    assert all(split[k] >= 0 for k in parts)
+    assert abs(sum(split[k] for k in parts) - split["total_cpu_s"]) < 0.05
+    assert (Engine._replan, Engine.handle_many, SimBackend.poll,
+            SimBackend.execute) == before
