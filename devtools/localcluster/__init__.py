@@ -233,6 +233,7 @@ class LocalCluster:
                                    "chosen")
         self.release.check_installed()
         self.release.write_wrappers()
+        self.release.sync_users()
         report = StartReport(False, self.port_base)
         start_or_clean_up(lambda: self._start(report, timeout_s), self.dump, self.stop)
         return report

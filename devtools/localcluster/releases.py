@@ -97,6 +97,23 @@ class Release:
             raise ConfigError(f"the chroot {CHROOT} is not mounted: run "
                               f"scripts/setup-slurm-matrix.sh mount (as root)")
 
+    def sync_users(self) -> None:
+        """Copy the host's ``/etc/passwd`` and ``/etc/group`` into the chroot, where they
+        differ: slurmctld there looks up each job's user when it launches it (a user the
+        chroot does not know fails every launch: ``slurm_cred_create: fetch_identity()
+        failed``), and test users are created on the host after the set-up script copied them."""
+        if not self.chrooted:
+            return
+        for name in ("passwd", "group"):
+            host, inside = Path("/etc") / name, CHROOT / "etc" / name
+            text = host.read_bytes()
+            if inside.is_file() and inside.read_bytes() == text:
+                continue
+            tmp = inside.with_name(f".{name}.malletrain")
+            tmp.write_bytes(text)
+            tmp.chmod(host.stat().st_mode & 0o777)
+            tmp.replace(inside)
+
     def write_wrappers(self) -> Path | None:
         """Write the client wrappers (idempotent); returns their folder."""
         bin_dir = self.bin_dir

@@ -17,6 +17,7 @@ import pytest
 from slurm_helpers import after_test, cluster_root, start_cluster
 
 from devtools.localcluster import LocalCluster
+from devtools.localcluster.releases import release
 from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource, choose
 from malletrain_core.runner import CommandRunner
@@ -84,6 +85,8 @@ def test_user() -> str:
                               check=False)
         if proc.returncode not in (0, 9):  # 9: created by a concurrent session meanwhile
             pytest.skip(f"cannot create user {TEST_USER}: {proc.stderr.strip()}")
+        # A chrooted release's slurmctld, started before the user existed, must know it too.
+        release().sync_users()
     return TEST_USER
 
 
