@@ -18,6 +18,9 @@ from malletrain_core.backends.pbs.backend import PbsBackend
 from malletrain_core.runner import CommandRunner
 
 QUEUE, SERVER = "mt_preemptable", "pbs-server"
+SUBSTATES = {"Q": 10, "R": 42, "X": 92}
+"""The substate OpenPBS shows a subjob in each state the simulation sets; it requeues a subjob
+at once, without the requeue's own substates (60-63) in between."""
 HEAD = {"timestamp": 1763717400, "pbs_version": "23.06.06", "pbs_server": SERVER}
 
 
@@ -44,6 +47,7 @@ class Job:
     vnode: str = ""
     run_count: int = 0
     exit_status: int | None = None
+    substate: int | None = None
 
     def render(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"Job_Name": self.name, "Job_Owner": f"{self.owner}@login1",
@@ -58,6 +62,8 @@ class Job:
             doc.update(array_id=self.array_id, array_index=self.index, run_count=self.run_count)
         if self.exit_status is not None:
             doc["Exit_status"] = self.exit_status
+        if self.substate is not None:
+            doc["substate"] = self.substate
         return doc
 
 
@@ -87,7 +93,7 @@ class PbsSim(CommandRunner):
                 a["job_state"], a["euser"], a["Job_Name"], a["queue"], a.get("array") == "True",
                 a.get("array_indices_submitted", ""), dict(a.get("Variable_List", {})),
                 a.get("array_id", ""), a.get("array_index"), node[0] if node else "",
-                a.get("run_count", 0), a.get("Exit_status"))
+                a.get("run_count", 0), a.get("Exit_status"), a.get("substate"))
         return sim
 
     # ------------------------------------------------------------------ rendering
@@ -122,6 +128,7 @@ class PbsSim(CommandRunner):
     def _place(self, sid: str, node: str) -> None:
         job = self.jobs[sid]
         job.state, job.vnode, job.run_count = "R", node, job.run_count + 1
+        job.substate = SUBSTATES["R"]
         self.vnodes[node] = Vnode("job-exclusive", [sid], self.vnodes[node].attrs)
         self.jobs[job.array_id].state = "B"
 
@@ -131,7 +138,7 @@ class PbsSim(CommandRunner):
         if vnode is not None and sid in vnode.jobs:
             vnode.jobs.remove(sid)
             vnode.state = "job-exclusive" if vnode.jobs else "free"
-        job.state = state
+        job.state, job.substate = state, SUBSTATES.get(state)
         if state == "Q":
             job.vnode = ""
 

@@ -433,3 +433,30 @@ def test_a_vnode_granted_again_while_the_shrunk_subjob_leaves_it(runner):
     events = be.poll(1003.0)
     assert WorkerStarted(1003.0, A, "n01") in events
     assert WorkerStopped(1003.0, A, "n01") not in events
+
+
+def test_a_worker_pbs_is_requeuing_is_reclaimed_at_once(runner):
+    """A worker's subjob shown active in a rerun substate (60-63: PBS requeuing it after a
+    preemption; E/60 on the local complex at the jobobit hook, Q 0.9 s later) is taken as
+    preempted at that poll, and not as started again while it still shows E. A worker the
+    daemon itself shrank (qrerun) is waited for until it leaves, as before."""
+    be = PbsBackend(runner)
+    runner.golden("pbsnodes_1.json", "qstat_1.json")
+    be.poll(1000.0)
+    assert be.execute([Shrink(A, ("n02",))], 1000.5) == []
+    rerun = {"job_state": "E", "substate": 60}
+    runner.set("qstat", qstat_with({"123[1].pbs-server": rerun, "123[2].pbs-server": rerun}))
+    assert be.poll(1001.0) == [NodesReclaimed(1001.0, ("n01",))]
+    rerun = {"job_state": "E", "substate": 63}
+    runner.set("qstat", qstat_with({"123[1].pbs-server": rerun, "123[2].pbs-server": rerun}))
+    assert be.poll(1001.5) == []
+    queued = {"job_state": "Q", "substate": 10, "exec_vnode": None, "exec_host": None,
+              "run_count": 1}
+    runner.set("qstat", qstat_with({"123[1].pbs-server": queued, "123[2].pbs-server": queued}))
+    assert be.poll(1002.0) == [WorkerStopped(1002.0, A, "n02")]
+
+
+def test_a_rerun_substate_is_read():
+    jobs = pp.parse_qstat(qstat_with({"123[1].pbs-server": {"job_state": "E", "substate": 61}}))
+    assert jobs["123[1].pbs-server"].substate == 61
+    assert jobs["123[3].pbs-server"].substate == 10

@@ -72,6 +72,16 @@ MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
 MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
 TRAINER_VAR = "MALLETRAIN_TRAINER"
 _ACTIVE = (TaskState.RUNNING, TaskState.ENDING)
+_RERUN_SUBSTATES = frozenset((60, 61, 62, 63))
+"""The substates of a job PBS is requeuing (``JOB_SUBSTATE_RERUN`` to ``RERUN3``: its output
+kept, staged out, its files and its record on the mom deleted), after a preemption by requeue,
+a ``qrerun`` or a node fault. Its processes are gone, but qstat still shows it ``E`` (or ``R``)
+for about a second (0.9 s on the local complex) before ``Q``."""
+
+
+def _requeuing(sub: pp.PbsJob) -> bool:
+    """``sub`` shows active but PBS is requeuing it (:data:`_RERUN_SUBSTATES`)."""
+    return sub.state in _ACTIVE and sub.substate in _RERUN_SUBSTATES
 
 
 def job_request(array: pp.PbsJob, subjobs: Sequence[pp.PbsJob]) -> JobRequest | None:
@@ -214,7 +224,8 @@ class PbsBackend(TaskBackend):
             elif seen is None or seen.state is TaskState.DONE or now >= until:
                 del self._unwanted[sid]
         for sid, sub in sorted(current.items()):
-            if sub.array_id not in self._jobs or sub.state not in _ACTIVE or not sub.node:
+            if sub.array_id not in self._jobs or sub.state not in _ACTIVE or not sub.node \
+                    or _requeuing(sub):
                 continue
             if sid in unwanted or sid in self._yielding:
                 continue
@@ -224,7 +235,12 @@ class PbsBackend(TaskBackend):
                 out.started.append(WorkerStarted(now, str(sub.array_id), sub.node))
         for sid in list(self._workers):
             seen = current.get(sid)
-            if seen is not None and seen.state in _ACTIVE and seen.node == self._workers[sid][1]:
+            # A worker PBS is requeuing is taken as preempted at once (its node reclaimed), not
+            # when it shows Q about a second later: the jobobit hook wakes the daemon at the
+            # start of the requeue, and in place the survivors wait for the next epoch. One the
+            # daemon itself requeued (a shrink) is waited for as before.
+            if seen is not None and seen.state in _ACTIVE and seen.node == self._workers[sid][1] \
+                    and not (_requeuing(seen) and sid not in self._stopping):
                 continue
             aid, node = self._workers.pop(sid)
             if sid in self._stopping or seen is None or seen.state is TaskState.DONE:
@@ -240,7 +256,8 @@ class PbsBackend(TaskBackend):
                 self._stopping.discard(sid)
                 if not self._granted_again(aid, node):
                     out.stopped.append(WorkerStopped(now, aid, node))
-            elif seen is not None and seen.state in (TaskState.PENDING, TaskState.HELD):
+            elif seen is not None and (seen.state in (TaskState.PENDING, TaskState.HELD)
+                                       or _requeuing(seen)):
                 out.reclaimed.append(node)  # requeued by PBS: preempted
                 self._offered.pop(node, None)
             else:

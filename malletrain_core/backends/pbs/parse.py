@@ -181,6 +181,7 @@ class PbsJob:
     nodes: tuple[str, ...] = ()
     run_count: int = 0
     exit_status: int | None = None
+    substate: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -214,5 +215,6 @@ def parse_qstat(text: str, argv: Sequence[str] = ("qstat",)) -> dict[str, PbsJob
             nodes=vnode_names(attrs.get("exec_vnode")),
             run_count=_int(attrs.get("run_count"), 0) or 0,
             exit_status=_int(attrs.get("Exit_status")),
+            substate=_int(attrs.get("substate")),
             env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {})
     return out
