@@ -235,10 +235,11 @@ class PbsBackend(TaskBackend):
                 out.started.append(WorkerStarted(now, str(sub.array_id), sub.node))
         for sid in list(self._workers):
             seen = current.get(sid)
-            # A worker PBS is requeuing is taken as preempted at once (its node reclaimed), not
-            # when it shows Q about a second later: the jobobit hook wakes the daemon at the
-            # start of the requeue, and in place the survivors wait for the next epoch. One the
-            # daemon itself requeued (a shrink) is waited for as before.
+            # A worker PBS is requeuing is taken as preempted at the poll that sees it (its node
+            # reclaimed), not when it shows Q about a second later; in place the survivors wait
+            # for the next epoch. (The jobobit hook runs only at the requeue's end, so this
+            # helps when a poll falls inside it.) One the daemon itself requeued (a shrink) is
+            # waited for as before.
             if seen is not None and seen.state in _ACTIVE and seen.node == self._workers[sid][1] \
                     and not (_requeuing(seen) and sid not in self._stopping):
                 continue
