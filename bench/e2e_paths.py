@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,20 +54,28 @@ def _running(cluster: LocalCluster, job: str) -> list[str]:
     return sorted(_run(cluster, "squeue", "-h", "-r", "-j", job, "-t", "R", "-o", "%N").split())
 
 
-def _world(cluster: LocalCluster, outdir: Path, job: str, world: int, after: int,
-           timeout_s: float = 240.0) -> int:
+def world_epoch(outdir: Path, job: str, world: int, after: int, running: Callable[[], int],
+                timeout_s: float = 240.0) -> int:
+    """The first epoch after ``after`` in which every rank of ``world`` trained 2 steps, once
+    the batch system runs ``world`` of the job's tasks (``running``)."""
     found: list[int] = []
 
     def ok() -> bool:
         log = read(outdir, job)
         hits = [e for e in log.epochs() if e > after and log.trained(e, world, 2)]
-        if hits and len(_running(cluster, job)) == world:
+        if hits and running() == world:
             found.append(hits[0])
             return True
         return False
 
     wait_until(f"job {job} training at world {world}", ok, timeout_s, 0.5)
     return found[0]
+
+
+def _world(cluster: LocalCluster, outdir: Path, job: str, world: int, after: int,
+           timeout_s: float = 240.0) -> int:
+    return world_epoch(outdir, job, world, after, lambda: len(_running(cluster, job)),
+                       timeout_s)
 
 
 LIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",

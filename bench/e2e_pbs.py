@@ -64,12 +64,14 @@ def running_subjobs(cx: PbsComplex, array: str, size: int) -> int:
     return sum(1 for v in states.values() if v.get("job_state") == "R")
 
 
-def training_script(outdir: Path) -> str:
+def training_script(outdir: Path, command: list[str] = TRAIN, inplace: bool = False) -> str:
+    """A subjob's script: ``malletrain-run [--inplace] -- command``, its output appended to
+    ``outdir/task-<array>_<index>.out``."""
     launcher = " ".join([sys.executable, "-m", "malletrain_core.worker.launcher", "--poll-s",
-                         "1"])
+                         "1", *(["--inplace"] if inplace else [])])
     return (f"#!/bin/bash\ncd {REPO}\nexport PYTHONPATH=.\nn=${{PBS_ARRAY_ID%%[*}}\n"
             f'exec >> {outdir}/task-"$n"_"$PBS_ARRAY_INDEX".out 2>&1\n'
-            f'exec {launcher} --checkpoint-dir {outdir}/ckpt-"$n" -- {" ".join(TRAIN)}\n')
+            f'exec {launcher} --checkpoint-dir {outdir}/ckpt-"$n" -- {" ".join(command)}\n')
 
 
 def rescales(cx: PbsComplex, address: str, work: Path, rounds: int) -> tuple[list[float],

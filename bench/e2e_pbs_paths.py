@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -36,26 +35,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-
-from bench.e2e_common import say, wait  # noqa: E402
-from bench.e2e_paths import STANDIN, TRAIN, summarize  # noqa: E402
-from bench.sections import host, replace_section  # noqa: E402
-from devtools.localcluster.pbs import PbsComplex  # noqa: E402
-from devtools.localcluster.pbs_helpers import complex_root, job_number, start_daemon, subjob  # noqa: E402
-from devtools.runlogs.inplace_logs import read  # noqa: E402
+from bench.e2e_common import say, wait
+from bench.e2e_paths import STANDIN, TRAIN, summarize, world_epoch
+from bench.e2e_pbs import ended, state_of, training_script
+from bench.sections import host, replace_section
+from devtools.localcluster.pbs import PbsComplex
+from devtools.localcluster.pbs_helpers import complex_root, job_number, start_daemon, subjob
+from devtools.runlogs.inplace_logs import read
 
 BEGIN, END = "<!-- e2e-pbs-inplace:begin -->", "<!-- e2e-pbs-inplace:end -->"
 MOMS, IDLE = 8, 4
 QUIET = ("-o", "/dev/null", "-e", "/dev/null")
-
-
-def state_of(cx: PbsComplex, job: str) -> str:
-    return str(cx.jobs(job, subjobs=False).get(job, {}).get("job_state", ""))
-
-
-def ended(cx: PbsComplex, job: str) -> bool:
-    return state_of(cx, job) in ("F", "X", "")
 
 
 def running(cx: PbsComplex, array: str, size: int) -> list[str]:
@@ -93,39 +83,20 @@ class Timeline(threading.Thread):
         self.join(5)
 
 
-def training_script(outdir: Path, address: str) -> str:
-    launcher = [sys.executable, "-m", "malletrain_core.worker.launcher", "--poll-s", "1",
-                "--inplace"]
-    return (f"#!/bin/bash\ncd {shlex.quote(str(REPO))}\nexport PYTHONPATH=.\n"
-            f"export MALLETRAIN_DAEMON={address}\nn=${{PBS_ARRAY_ID%%[*}}\n"
-            f'exec >> {outdir}/task-"$n"_"$PBS_ARRAY_INDEX".out 2>&1\n'
-            f'exec {shlex.join(launcher)} --checkpoint-dir {outdir}/ckpt-"$n" -- '
-            f"{shlex.join(TRAIN)}\n")
-
-
 def one_job(cx: PbsComplex, address: str, work: Path, rounds: int) -> dict[str, Any]:
     outdir = work / "out-inplace"
     outdir.mkdir()
     outdir.chmod(0o777)
     array = cx.qsub("-q", "malletrain", "-J", f"1-{IDLE}", "-l", "select=1:ncpus=2", *QUIET,
-                    "-v", "MALLETRAIN_PROFILE=0", script=training_script(outdir, address))
+                    "-v", f"MALLETRAIN_PROFILE=0,MALLETRAIN_DAEMON={address}",
+                    script=training_script(outdir, TRAIN, inplace=True))
     num = job_number(array)
 
-    def world_epoch(world: int, after: int, timeout_s: float = 240.0) -> int:
-        found: list[int] = []
+    def at_world(world: int, after: int, timeout_s: float = 240.0) -> int:
+        return world_epoch(outdir, num, world, after, lambda: len(running(cx, array, IDLE)),
+                           timeout_s)
 
-        def ok() -> bool:
-            log = read(outdir, num)
-            hits = [e for e in log.epochs() if e > after and log.trained(e, world, 2)]
-            if hits and len(running(cx, array, IDLE)) == world:
-                found.append(hits[0])
-                return True
-            return False
-
-        wait(f"job {num} training at world {world}", ok, timeout_s, 0.5)
-        return found[0]
-
-    e = world_epoch(IDLE, -1, 300)
+    e = at_world(IDLE, -1, 300)
     say(f"in-place job {array} trains on {IDLE} vnodes (epoch {e})")
     load = [os.getloadavg()[0]]
     done: dict[str, list[tuple[int, int, float | None]]] = {"preempt": [], "grow": [],
@@ -133,7 +104,7 @@ def one_job(cx: PbsComplex, address: str, work: Path, rounds: int) -> dict[str, 
 
     def to(world: int, kind: str, t_idle: float | None = None) -> None:
         nonlocal e
-        nxt = world_epoch(world, e)
+        nxt = at_world(world, e)
         done[kind].append((e, nxt, t_idle))
         e = nxt
 
