@@ -48,19 +48,23 @@ def raw_usage(cluster: LocalCluster) -> float:
     return sum(float(r[2]) for r in rows if r[1].strip() == "root")
 
 
-def settle(cluster: LocalCluster, before: float, timeout_s: float = 150.0) -> float:
-    """The usage once it stops growing (slurmctld applies it at job end and every
-    PriorityCalcPeriod)."""
+def settle(cluster: LocalCluster, before: float, timeout_s: float = 65.0) -> float:
+    """The usage once a job has ended: slurmctld's multifactor plugin adds what is left of a
+    job's usage as it ends (measured: the usage had grown in the same read that found the job
+    gone, and did not change over the next 87 s), so this waits for the usage to grow past
+    ``before`` and then to hold for 3 s."""
     deadline = time.monotonic() + timeout_s
-    last, since = raw_usage(cluster), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(2.0)
+    now = raw_usage(cluster)
+    while now <= before and time.monotonic() < deadline:
+        time.sleep(1.0)
         now = raw_usage(cluster)
-        if now != last:
-            last, since = now, time.monotonic()
-        elif now > before and time.monotonic() - since > 65.0:
-            return now
-    return last
+    while time.monotonic() < deadline:
+        time.sleep(3.0)
+        again = raw_usage(cluster)
+        if again == now:
+            break
+        now = again
+    return now
 
 
 def test_harvested_time_is_charged_at_the_qos_usage_factor(charged: LocalCluster) -> None:
@@ -75,9 +79,9 @@ def test_harvested_time_is_charged_at_the_qos_usage_factor(charged: LocalCluster
     wait_task(cluster, f"{job}_0", "RUNNING", 30)
     cluster.wait_for("the task ends", lambda: not cluster.run(
         ["squeue", "-h", "-j", job], check=False).stdout.strip(), RUN_S + 60)
-    elastic_usage = settle(cluster, start) - start
+    mid = settle(cluster, start)
+    elastic_usage = mid - start
 
-    mid = raw_usage(cluster)
     prod = cluster.sbatch("-N", "1", "-o", "/dev/null", "--chdir=/tmp", script=script)
     cluster.wait_for("the regular job ends", lambda: not cluster.run(
         ["squeue", "-h", "-j", prod], check=False).stdout.strip(), RUN_S + 60)
