@@ -316,3 +316,60 @@ def test_checkin_refuses_other_users_and_wraps_for_the_owner_only(munged):
     out = as_nobody(code, munged.socket, input=reply["key"] + "\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == co.key("55").hex()
+
+
+# ----- a handler that holds its reply sees its caller go ------------------------------------
+def test_a_holding_handler_sees_its_caller_close_but_not_a_caller_that_waits(tmpdir_short):
+    """``caller_gone``: what a held check-in uses to learn that its launcher was killed. A client
+    that waits is not gone; one that closed (or was killed) is, within the handler's next look;
+    the server's own shutdown of its connections is not taken for the client's."""
+    import threading
+    import time
+
+    from malletrain_core.daemon.api import caller_gone
+
+    seen: dict[str, list[bool]] = {"wait": [], "close": [], "shutdown": []}
+    started = {k: threading.Event() for k in seen}
+
+    def hold(uid, args):
+        key = args["key"]
+        started[key].set()
+        deadline = time.monotonic() + args["hold_s"]
+        while time.monotonic() < deadline:
+            seen[key].append(caller_gone())
+            if seen[key][-1]:
+                break
+            time.sleep(0.02)
+        return {"gone": seen[key][-1]}
+
+    d = Dispatcher()
+    d.register("hold", hold)
+    path = str(Path(tmpdir_short) / "hold.sock")
+    server = UnixApiServer(path, d, mode=0o600, idle_timeout_s=30)
+    server.start()
+    try:
+        # a client that waits for its reply: never gone
+        assert not caller_gone(), "outside a request: False"
+        assert UnixClient(path).call("hold", key="wait", hold_s=0.5) == {"gone": False}
+        assert seen["wait"] and not any(seen["wait"])
+        # a client that closes while the reply is held: gone within a look
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        s.sendall(b'{"op": "hold", "args": {"key": "close", "hold_s": 10}}\n')
+        assert started["close"].wait(5)
+        t_close = time.monotonic()
+        s.close()
+        deadline = time.monotonic() + 5
+        while not (seen["close"] and seen["close"][-1]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen["close"][-1] is True and time.monotonic() - t_close < 1.0
+        # the server closing its connections: not the client's doing
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        s.sendall(b'{"op": "hold", "args": {"key": "shutdown", "hold_s": 1.0}}\n')
+        assert started["shutdown"].wait(5)
+    finally:
+        server.close()
+    time.sleep(1.2)
+    assert seen["shutdown"] and not any(seen["shutdown"])
+    s.close()

@@ -390,3 +390,101 @@ def test_a_restart_path_survivor_still_goes_through_the_disk():
         co.checkin("7", n, 20.0, inplace=False)
     co.set_target("7", ["n1", "n2"], 20.0, lost=["n3"])
     assert co.current("7").path == "disk"
+
+
+# ----- a launcher that closes its held check-in (its task ended) -----------------------------
+
+def test_a_member_whose_launcher_went_away_is_left_out_at_once():
+    co = start(("n1", "n2", "n3"))
+    for n in ("n1", "n2", "n3"):
+        running(co, n, 0, 20.0)
+    assert co.launcher_gone("7", "n3", 20.1)
+    ep = co.current("7")
+    assert (ep.number, ep.members, ep.path, ep.abandon) == (1, ("n1", "n2"), "inplace", True)
+    o = running(co, "n1", 0, 20.2)
+    assert (o.kind, o.epoch, o.world, o.abandon) == ("run", 1, 2, True)
+    # the batch system's word comes later and changes nothing more
+    co.set_target("7", ["n1", "n2"], 21.0, lost=["n3"])
+    assert co.current("7").number == 1
+    # a new launcher on that node (its task started again) is placed once ready
+    co.set_target("7", ["n1", "n2", "n3"], 30.0)
+    assert co.checkin("7", "n3", 30.5, addr="10.0.0.3", inplace=True).kind == "run"
+    assert co.current("7").members == ("n1", "n2", "n3")
+
+
+def test_a_launcher_that_goes_away_outside_the_epoch_or_alone_changes_nothing():
+    co = start(("n1", "n2", "n3"))
+    co.set_target("7", ["n1", "n2"], 10.0)          # a planned shrink: n3 leaves
+    assert running(co, "n3", 0, 10.5).kind == "stop"
+    co.checkin("7", "n3", 11.0, inplace=True)       # its process left; idle
+    assert not co.launcher_gone("7", "n3", 11.5)    # then its task is ended: nothing to do
+    assert co.current("7").number == 1
+    for n in ("n1", "n2"):
+        running(co, n, 1, 12.0)
+    assert co.launcher_gone("7", "n1", 12.1)        # a member of the new epoch: the next one
+    assert co.current("7").members == ("n2",)
+    # the last member: the job ended (a cancel), nothing is started
+    co2 = start(("n1",))
+    running(co2, "n1", 0, 5.0)
+    assert not co2.launcher_gone("7", "n1", 5.1)
+    assert co2.current("7").number == 0
+    assert not co2.launcher_gone("7", "nX", 5.2) and not co2.launcher_gone("8", "n1", 5.2)
+
+
+def test_a_launcher_of_an_older_epoch_or_on_the_restart_path_changes_nothing():
+    co = start(("n1", "n2", "n3"), inplace=False)
+    for n in ("n1", "n2", "n3"):
+        running(co, n, 0, 20.0, inplace=False)
+    assert not co.launcher_gone("7", "n3", 20.1)     # restart path: its workers report it
+    co = start(("n1", "n2", "n3"))
+    co.set_target("7", ["n1", "n2", "n3", "n4"], 10.0)
+    assert co.checkin("7", "n4", 10.5, addr="10.0.0.4", inplace=True).kind == "run"
+    assert co.current("7").number == 1
+    assert not co.launcher_gone("7", "n3", 10.6), "its last check-in was for epoch 0"
+
+
+def test_a_held_check_in_whose_launcher_went_away_starts_the_next_epoch():
+    """The service looks at the connection while it holds a member's check-in; when the
+    launcher closed it, the others' held check-ins carry the next epoch within a poll."""
+    import threading
+    import time
+
+    from malletrain_core.daemon.launchers import HOLD_POLL_S, LauncherService
+
+    co = start(("n1", "n2"))
+    closed = threading.Event()
+    svc = LauncherService(co, wrap_key=lambda key, uid: "wrapped", report_addr="127.0.0.1:1",
+                          clock=lambda: 100.0,
+                          gone=lambda: closed.is_set() and threading.current_thread().name == "n2")
+    got = {}
+
+    def held(node):
+        got[node] = svc.checkin(1000, {"job": "7", "node": node, "epoch": 0, "state": "running",
+                                       "inplace": True, "hold_s": 8})
+        got[node + "_t"] = time.monotonic()
+
+    threads = [threading.Thread(target=held, args=(n,), name=n) for n in ("n1", "n2")]
+    for th in threads:
+        th.start()
+    time.sleep(0.3)
+    assert not got, "nothing new: both held"
+    t_closed = time.monotonic()
+    closed.set()
+    for th in threads:
+        th.join(10)
+    order = got["n1"]["order"]
+    assert (order["kind"], order["epoch"], order["world"], order["abandon"]) == \
+        ("run", 1, 1, True)
+    assert got["n1_t"] - t_closed < 6 * HOLD_POLL_S + 0.3
+    assert "n2" not in co.state("7").launchers
+
+
+def test_a_quiet_held_check_in_is_not_taken_for_a_launcher_gone():
+    from malletrain_core.daemon.launchers import LauncherService
+
+    co = start(("n1", "n2"))
+    svc = LauncherService(co, wrap_key=lambda key, uid: "wrapped", report_addr="127.0.0.1:1",
+                          clock=lambda: 100.0, gone=lambda: False)
+    reply = svc.checkin(1000, {"job": "7", "node": "n2", "epoch": 0, "state": "running",
+                               "inplace": True, "hold_s": 0.2})
+    assert reply["order"]["epoch"] == 0 and co.current("7").number == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import socketserver
 import stat
@@ -52,6 +53,28 @@ log = logging.getLogger(__name__)
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 16 * MAX_LINE_BYTES
 Handler = Callable[[int, dict[str, Any]], Any]
+_call = threading.local()  # the connection whose request this thread's handler is serving
+
+
+def caller_gone() -> bool:
+    """Inside a handler: whether the client whose request it serves has closed its connection
+    (end of stream or reset), for a handler that holds its reply (a launcher's held check-in:
+    a launcher the batch system killed closes it at once). False outside a request, while the
+    server is closing (its own shutdown of the connections is not the client's), and where the
+    client has sent more bytes (it is alive)."""
+    conn: _Connection | None = getattr(_call, "conn", None)
+    if conn is None or conn.server.closing:
+        return False
+    sock = conn.request
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (OSError, ValueError):  # reset, or closed under us
+        return not conn.server.closing
 
 
 class Dispatcher:
@@ -166,7 +189,12 @@ class _Connection(socketserver.StreamRequestHandler):
                 if line is None:
                     return
                 if line.strip():
-                    self.wfile.write(self.server.dispatcher.dispatch(uid, line))
+                    _call.conn = self
+                    try:
+                        reply = self.server.dispatcher.dispatch(uid, line)
+                    finally:
+                        _call.conn = None
+                    self.wfile.write(reply)
         except (OSError, ValueError):
             return  # client went away or idled out
 
@@ -175,6 +203,7 @@ class _ServerMixin:
     dispatcher: Dispatcher
     idle_timeout_s: float
     max_connections: int
+    closing: bool
     _open: set[socket.socket]
     _count_lock: threading.Lock
     _thread: threading.Thread | None
@@ -214,6 +243,7 @@ class _ServerMixin:
 
     def close(self) -> None:
         """Stop serving, close the listening socket and every open connection."""
+        self.closing = True
         if self._thread is not None:
             self.shutdown()  # type: ignore[attr-defined]
             self._thread.join(5)
@@ -232,6 +262,7 @@ class _ServerMixin:
         self.dispatcher = dispatcher
         self.idle_timeout_s = idle_timeout_s
         self.max_connections = max_connections
+        self.closing = False
         self._open = set()
         self._count_lock = threading.Lock()
         self._thread = None

@@ -277,6 +277,30 @@ class EpochCoordinator:
             st.silent[n] = cur.number
         self._restart(st, now)
 
+    def launcher_gone(self, job: str, node: str, now: float) -> bool:
+        """The launcher of an in-place member of the current epoch closed its held check-in:
+        the batch system ended its task (a preemption, a requeue, a time limit), and its
+        processes went with it. The others start the next epoch now (``abandon``) instead of
+        when the batch system's word or their heartbeat comes. Nothing for a launcher outside
+        the current epoch (a planned leaver, already out), nor when no other member is left
+        (the whole job ended: the batch system says so). True when an epoch was started."""
+        st = self._jobs.get(job)
+        la = st.launchers.get(node) if st is not None else None
+        if st is None or la is None or st.finished or st.epoch is None:
+            return False
+        cur = st.epoch
+        if node not in cur.members or not la.inplace or la.state is not LauncherState.RUNNING \
+                or la.epoch != cur.number:
+            return False
+        if not any(n in st.launchers for n in cur.members if n != node):
+            return False
+        log.info("job=%s node %s: its launcher closed its check-in (its task ended); epoch %d "
+                 "goes on without it", job, node, cur.number)
+        st.launchers.pop(node, None)
+        st.silent[node] = cur.number
+        self._restart(st, now)
+        return st.epoch is not cur
+
     # ----- queries -----------------------------------------------------------------------
     def jobs(self) -> list[str]:
         return list(self._jobs)

@@ -13,7 +13,7 @@ from ..wire.checkin import CheckIn, CheckInError, CheckInReply, LauncherState
 from ..wire.orders import VERSION as ORDERS_VERSION
 from ..wire.orders import EpochError, OrderKind
 from ..wire.reports import Report
-from .api import Dispatcher
+from .api import Dispatcher, caller_gone
 from .epochs import EpochCoordinator, Order
 
 HOLD_POLL_S = 0.05   # how often a held check-in looks for a new order at the latest
@@ -31,8 +31,12 @@ class LauncherService:
                  report_addr: str, clock: Callable[[], float],
                  lock: AbstractContextManager[Any] | None = None, admin_uids: frozenset[int] = frozenset({0}),
                  wrap_for_job: Callable[[str, str], str] | None = None,
-                 persist: Callable[[], None] | None = None) -> None:
+                 persist: Callable[[], None] | None = None,
+                 gone: Callable[[], bool] = caller_gone) -> None:
         self.coordinator = coordinator
+        self.gone = gone
+        """Inside a check-in: whether its launcher closed the connection (see
+        :func:`.api.caller_gone`)."""
         self.persist = persist
         """Saves the coordinator's state; called before an order that moves a launcher to
         another epoch goes out, so that a daemon killed right after (kill -9) knows that epoch
@@ -104,6 +108,17 @@ class LauncherService:
                 break
             with self._news:
                 self._news.wait(min(HOLD_POLL_S, left))
+            if running and self.gone():
+                # the launcher closed its held check-in: the batch system ended its task
+                # (SIGKILL, or SIGTERM after its processes were stopped; PR_SET_PDEATHSIG
+                # takes them along), usually well before the batch system says so (a PBS
+                # requeue: about a second)
+                with self.lock:
+                    went = self.coordinator.launcher_gone(job, node, self.clock())
+                if went:
+                    with self._news:
+                        self._news.notify_all()
+                break
         if self.persist is not None and order.kind is OrderKind.RUN and order.epoch != epoch:
             self.persist()
         if order.kind is OrderKind.RUN and state is not LauncherState.RUNNING:
