@@ -116,6 +116,12 @@ class Daemon:
         with UnixClient(str(self.root / "api.sock"), timeout_s=5) as client:
             return dict(client.call(op))
 
+    def log_tail(self, lines: int = 80) -> str:
+        """The last ``lines`` of its log, its commands left out: what a failed test prints."""
+        kept = [ln for ln in self.log.read_text(errors="replace").splitlines()
+                if "runner: run:" not in ln]
+        return "\n==== malletraind log (its commands left out) ====\n" + "\n".join(kept[-lines:])
+
 
 def wait_polled(daemon: Daemon) -> None:
     """Wait until the daemon's first poll is done: from then on it acts on hooks or its poll."""

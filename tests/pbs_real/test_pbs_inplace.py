@@ -44,9 +44,7 @@ def inplace_daemon(request: pytest.FixtureRequest, pbs: PbsComplex) -> Iterator[
         pbs.qmgr("unset server acl_roots")
         rep = getattr(request.node, "rep_call", None)
         if rep is not None and rep.failed:
-            print("\n==== malletraind log (its commands left out) ====\n" + "\n".join(
-                [ln for ln in daemon.log.read_text(errors="replace").splitlines()
-                 if "runner: run:" not in ln][-80:]))
+            print(daemon.log_tail())
 
 
 def running_vnodes(pbs: PbsComplex, array: str) -> dict[str, str]:

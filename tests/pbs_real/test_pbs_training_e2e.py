@@ -79,9 +79,7 @@ def e2e_daemon(request: pytest.FixtureRequest, pbs: PbsComplex) -> Iterator[Daem
         pbs.qmgr("unset server acl_roots")
         rep = getattr(request.node, "rep_call", None)
         if rep is not None and rep.failed:
-            print("\n==== malletraind log (its commands left out) ====\n" + "\n".join(
-                [ln for ln in daemon.log.read_text(errors="replace").splitlines()
-                 if "runner: run:" not in ln][-80:]))
+            print(daemon.log_tail())
 
 
 def script(outdir: Path) -> str:
