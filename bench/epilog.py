@@ -177,6 +177,10 @@ def _watch(cluster: LocalCluster, prods: dict[str, str],
                 s["node_free_s"] = round(now - planned[b], 2)
             if prods[b] in running and "prod_start_s" not in s:
                 s["prod_start_s"] = round(now - planned[b], 2)
+                # sinfo is read before squeue: a node still COMPLETING there whose prod job
+                # runs here left COMPLETING in between, so by the prod job's start at the latest
+                s.setdefault("task_end_s", s["prod_start_s"])
+                s.setdefault("node_free_s", s["prod_start_s"])
         near = any(abs(t - now) < 10 for t in planned.values())
         time.sleep(0.1 if near else 0.5)
     return seen
