@@ -270,9 +270,13 @@ class EpochCoordinator:
         if epoch != cur.number or node not in cur.members or st.finished:
             return
         gone = {cur.members[r] for r in ranks if 0 <= r < len(cur.members)} - {node}
-        if not gone:
-            return
-        for n in gone:
+        if gone:
+            self._lose(st, cur, gone, now)
+
+    def _lose(self, st: JobState, cur: Epoch, nodes: Iterable[str], now: float) -> None:
+        """Members of ``cur`` lost (silent, or their launcher gone): forgotten until a launcher
+        there checks in anew, and the others start the next epoch now."""
+        for n in nodes:
             st.launchers.pop(n, None)
             st.silent[n] = cur.number
         self._restart(st, now)
@@ -296,9 +300,7 @@ class EpochCoordinator:
             return False
         log.info("job=%s node %s: its launcher closed its check-in (its task ended); epoch %d "
                  "goes on without it", job, node, cur.number)
-        st.launchers.pop(node, None)
-        st.silent[node] = cur.number
-        self._restart(st, now)
+        self._lose(st, cur, (node,), now)
         return st.epoch is not cur
 
     # ----- queries -----------------------------------------------------------------------

@@ -22,8 +22,9 @@ import pytest
 
 from bench.e2e_paths import TRAIN, world_epoch
 from bench.e2e_pbs import ended, state_of, training_script
+from bench.e2e_pbs_paths import running
 from devtools.localcluster.pbs import PbsComplex
-from devtools.localcluster.pbs_helpers import Daemon, job_number, start_daemon, subjob, wait_state
+from devtools.localcluster.pbs_helpers import Daemon, job_number, start_daemon, wait_state
 from devtools.runlogs.inplace_logs import change, daemon_epochs, problems, read
 
 pytestmark = [pytest.mark.torch]
@@ -47,13 +48,6 @@ def inplace_daemon(request: pytest.FixtureRequest, pbs: PbsComplex) -> Iterator[
             print(daemon.log_tail())
 
 
-def running_vnodes(pbs: PbsComplex, array: str) -> dict[str, str]:
-    """Running subjob → its vnode."""
-    states = pbs.jobs(*(subjob(array, i) for i in range(1, WORKERS + 1)))
-    return {sid: str(v.get("exec_vnode", "")).strip("()").split(":", 1)[0]
-            for sid, v in states.items() if v.get("job_state") == "R"}
-
-
 def test_a_preempted_member_is_left_out_as_its_launcher_goes(
         pbs: PbsComplex, inplace_daemon: Daemon) -> None:
     work = Path(tempfile.mkdtemp(prefix="inplace-", dir=pbs.root))
@@ -67,11 +61,11 @@ def test_a_preempted_member_is_left_out_as_its_launcher_goes(
     num = job_number(array)
 
     def at_world(world: int, after: int) -> int:
-        return world_epoch(work, num, world, after, lambda: len(running_vnodes(pbs, array)),
+        return world_epoch(work, num, world, after, lambda: len(running(pbs, array, WORKERS)),
                            240.0)
 
     full = at_world(WORKERS, -1)
-    vnode = sorted(running_vnodes(pbs, array).values())[-1]
+    vnode = running(pbs, array, WORKERS)[-1]
     prod = pbs.qsub("-q", "prod", "-l", f"select=1:ncpus=2:vnode={vnode}", *QUIET,
                     script="sleep 100000\n")
     smaller = at_world(WORKERS - 1, full)
