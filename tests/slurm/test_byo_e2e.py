@@ -85,15 +85,19 @@ def grow_preempt_grow_back(cluster: LocalCluster, malletraind: LocalDaemon, tmp_
     w, epoch = wait_world(cluster, job, outdir, 180, after_epoch=epoch, world=3)
     worlds.append(w)
     epochs.append(epoch)
-    time.sleep(8)                                          # a periodic checkpoint or two
+    time.sleep(3 if inplace else 8)                        # a periodic checkpoint or two
 
+    # A prod job preempts 2 of the 3 workers; it is cancelled once the survivor has trained
+    # alone for a few seconds (not a fixed run: the restart path takes longer to get there).
     prod = cluster.sbatch("-p", "prod", "-N", str(total - 1), "-o", "/dev/null",
-                          "--wrap", "sleep 45")            # preempts 2 of the 3 workers
+                          "--wrap", "sleep 3000")
     w, epoch = wait_world(cluster, job, outdir, 150, after_epoch=epoch, world=1)
     worlds.append(w)
     epochs.append(epoch)
+    time.sleep(3)
 
-    wait_gone(cluster, prod, 120)                          # grow back
+    cluster.run(["scancel", prod])                         # grow back
+    wait_gone(cluster, prod, 120)
     w, epoch = wait_world(cluster, job, outdir, 180, after_epoch=epoch, world=3)
     worlds.append(w)
     epochs.append(epoch)

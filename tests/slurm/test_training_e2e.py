@@ -65,7 +65,7 @@ def test_two_elastic_jobs_train_shrink_on_preemption_and_grow_back(
     before = {job: read_job(outdir, job).max_step() for job in jobs}
 
     # Prod jobs take 4 of the 5 harvested nodes: Slurm preempts the workers there.
-    prod = cluster.sbatch("-p", "prod", "-N", "4", "-o", "/dev/null", "--wrap", "sleep 40")
+    prod = cluster.sbatch("-p", "prod", "-N", "4", "-o", "/dev/null", "--wrap", "sleep 3000")
     cluster.wait_for(f"prod job {prod} running",
                      lambda: cluster.run(["squeue", "-h", "-j", prod, "-t", "R",
                                           "-o", "%i"]).stdout.strip() != "", 30)
@@ -75,7 +75,9 @@ def test_two_elastic_jobs_train_shrink_on_preemption_and_grow_back(
         k, _ = wait_consistent(cluster, job, outdir, timeout_s=120)
         assert k == 1
 
-    # The prod job ends: the elastic jobs grow back onto its nodes.
+    # The prod job ends (cancelled once the survivor trains alone): the elastic jobs grow
+    # back onto its nodes.
+    cluster.run(["scancel", prod])
     cluster.wait_for(f"prod job {prod} ended", lambda: not cluster.run(
         ["squeue", "-h", "-j", prod, "-o", "%i"], check=False).stdout.strip(), 90)
     cluster.wait_for("5 harvested nodes again",
