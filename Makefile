@@ -16,9 +16,11 @@ setup-full:
 setup-pbs:
 	@MALLETRAIN_PBS=1 bash scripts/setup-machine.sh
 
-## Whole suite: unit, property, simulator, PBS (fake and real), real-Slurm and real-torch tests.
+## Whole suite: unit, property, simulator, PBS (fake and real), real-Slurm and real-torch tests,
+## in three parts (scripts/test-suite.sh): the Slurm modules with clusters of their own, which
+## wait on Slurm's clock, run beside everything outside tests/slurm; then tests/slurm.
 test: setup-full
-	$(PYTEST) -q --durations=30 || [ $$? -eq 5 ]
+	@PYTEST="$(PYTEST)" bash scripts/test-suite.sh
 
 ## The real-PBS tier alone: a local OpenPBS complex (server + 8 moms in network namespaces).
 test-pbs: setup-pbs
