@@ -80,7 +80,10 @@ def test_planned_hole_is_harvested_and_the_prod_job_starts_on_time(
     assert start_plan is not None and abs(start_plan - plan) <= 61
 
     # The wide prod job starts when the first one ends, no later than planned; the workers
-    # have left by then (time limit or preemption) and come back afterwards.
+    # have left by then (time limit or preemption) and come back afterwards. The first job
+    # is cancelled now (it would run 100 s, still well before the plan at its 3-minute
+    # limit: either way the wide job starts early and preempts the workers).
+    cluster.run(["scancel", first])
     cluster.wait_for("the wide job running", lambda: cluster.run(
         ["squeue", "-h", "-j", wide, "-t", "R,CD,CG", "-o", "%i"],
         check=False).stdout.strip() != "" or not cluster.run(
