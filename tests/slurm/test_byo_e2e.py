@@ -126,7 +126,7 @@ def test_grow_preempt_grow_back(name: str, cluster: LocalCluster,
                                 daemon: LocalDaemon, tmp_path: Path) -> None:  # noqa: F811
     if name != "torchrun":
         if not os.environ.get("MALLETRAIN_BYO_RESTART_ALL"):
-            pytest.skip("the restart path's Lightning and HF runs (2-2.5 min each): `make "
+            pytest.skip("the restart path's Lightning and HF runs (about 1.5 min each): `make "
                         "test-long` and `make test-matrix` run them; torchrun covers the "
                         "restart path here, test_byo_inplace_e2e.py Lightning and HF")
         pytest.importorskip({"hf": "transformers"}.get(name, name))
