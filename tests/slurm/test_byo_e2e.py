@@ -85,7 +85,7 @@ def grow_preempt_grow_back(cluster: LocalCluster, malletraind: LocalDaemon, tmp_
     w, epoch = wait_world(cluster, job, outdir, 180, after_epoch=epoch, world=3)
     worlds.append(w)
     epochs.append(epoch)
-    time.sleep(3 if inplace else 8)                        # a periodic checkpoint or two
+    time.sleep(3 if inplace else 8)  # restart path: a periodic checkpoint or two to resume from
 
     # A prod job preempts 2 of the 3 workers; it is cancelled once the survivor has trained
     # alone for a few seconds (not a fixed run: the restart path takes longer to get there).
