@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The whole suite (`make test`), in three parts, each with its own summary and time:
+# The whole suite (`make test`), in three pytest runs, each with its own summary and time:
 #
-#   1. everything outside tests/slurm: unit, property and simulator tests, real torch, the
-#      real-PBS tier; beside it, in a second pytest, the Slurm modules that start a cluster of
-#      their own and spend their time waiting on Slurm's clock (site-default timings, a
-#      two-minute hole, usage charged at a job's end), not on the CPU;
-#   2. (after both) tests/slurm on the session's cluster.
+#   part 1: everything outside tests/slurm: unit, property and simulator tests, real torch,
+#           the real-PBS tier;
+#   side:   at the same time, the Slurm modules that start a cluster of their own and spend
+#           their time waiting on Slurm's clock (site-default timings, a two-minute hole,
+#           usage charged at a job's end), not on the CPU;
+#   part 2: once both have ended, tests/slurm on the session's cluster.
 #
 # The side modules never overlap part 2: their clusters' job ids start at 1 like the session
 # cluster's, and the fault helpers find a job's processes by SLURM_JOB_ID.
