@@ -8,11 +8,15 @@ gives the job. The live counterpart is tests/slurm/test_faults.py.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
+from malletrain_core import engine as engines
 from malletrain_core.daemon.core import Daemon
-from malletrain_core.daemon.store import Store
+from malletrain_core.daemon.store import Store, open_checked
 from malletrain_core.events import (
     Action,
     Event,
@@ -119,5 +123,39 @@ def test_a_daemon_without_state_shrinks_the_workers_it_did_not_grant(tmp_path: P
     backend.polled = [WorkerStarted(11.0, "7", "n1")]
     d.cycle()  # only the first poll reconciles
     assert backend.executed == [Shrink("7", ("n1", "n2"))]
+    d.close()
+    d.store.close()
+
+
+@pytest.mark.parametrize("saved", ['{"format": 99, "state": {}}', '{"format": 2, "sta'],
+                         ids=["unknown format", "not JSON"])
+def test_a_snapshot_it_cannot_read_starts_the_daemon_from_the_batch_system(
+        tmp_path: Path, saved: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A snapshot of a format this version does not read (a later malletraind's) is handled
+    as a corrupt one: the database is moved aside, one line says so, and the daemon starts
+    empty, taking the nodes and the running workers from its first poll."""
+    store = Store(tmp_path / "state")
+    store.append([Tick(1.0)])
+    store.compact(saved)
+    store.append([Tick(2.0)])
+    store.close()
+    polled = [NodesIdle(10.0, (IdleNode("n1", None), IdleNode("n2", None))),
+              WorkerStarted(10.0, "7", "n2")]
+    backend = Backend(polled)
+
+    def opened(store: Store) -> Daemon:
+        d = Daemon(engines.Engine(), backend, store, clock=lambda: 10.0)
+        d.recover()
+        return d
+
+    with caplog.at_level(logging.ERROR):
+        d = open_checked(tmp_path / "state", opened)
+    assert len(list((tmp_path / "state").glob("state.db.corrupt-*"))) == 1
+    line = next(r.getMessage() for r in caplog.records if "empty state" in r.getMessage())
+    assert "the engine snapshot does not load" in line and "\n" not in line
+    assert d.store.snapshot() is None and d.store.journal_length() == 0
+    d.cycle()
+    assert backend.executed == [Shrink("7", ("n2",))]
+    assert d.engine.idle_nodes == frozenset({"n1", "n2"})
     d.close()
     d.store.close()

@@ -192,16 +192,16 @@ def test_an_unwritable_snapshot_leaves_the_journal_and_is_retried_a_bound_later(
     daemon.store.close()
 
 
-def test_a_snapshot_names_only_this_package_s_classes(tmp_path: Path) -> None:
-    engine = Engine()
-    body = json.loads(snapshots.snapshot(engine))
-    body["state"]["v"][0][1] = {"O": 999, "c": "os:system", "v": []}
+def test_a_format_1_snapshot_names_only_this_package_s_classes() -> None:
+    body = json.loads((ROOT / "tests" / "golden" / "snapshot_v1.json").read_text())
+    state = body["engines"]["a100"]["state"]
+    state["v"][0][1] = {"O": 999, "c": "os:system", "v": []}
     with pytest.raises(snapshots.SnapshotError, match="outside malletrain_core"):
         snapshots.restore(Engine(), json.dumps(body))
-    with pytest.raises(snapshots.SnapshotError, match="not JSON"):
+    with pytest.raises(snapshots.CorruptSnapshot, match="not JSON"):
         snapshots.restore(Engine(), "{")
     body["format"] = 99
-    with pytest.raises(snapshots.SnapshotError, match="format 99"):
+    with pytest.raises(snapshots.UnknownFormat, match="format 99"):
         snapshots.restore(Engine(), json.dumps(body))
 
 

@@ -10,9 +10,9 @@ journal into a fresh engine and then reconciles with the batch system. Batch-sys
 failures skip one cycle (the next poll reconciles); only :class:`~malletrain_core.daemon.store.StateError` stops the
 daemon.
 
-Kept in one module (over 400 lines) on purpose: the cycle, the recovery from the journal and
-the wake-ups share the daemon's lock, its journal and its timers; the listeners are
-:mod:`.intake`, the wiring :mod:`.main`.
+The cycle, the recovery from the journal and the wake-ups share the daemon's lock, its journal
+and its timers, so they are here; what the first poll after a restart means for the recovered
+engine is :mod:`.reconcile`, the listeners are :mod:`.intake`, the wiring :mod:`.main`.
 """
 
 from __future__ import annotations
@@ -29,20 +29,11 @@ from typing import Any, Protocol
 
 from ..engine.planner import Planner
 from ..errors import CommandError
-from ..events import (
-    Action,
-    Event,
-    Finish,
-    Grow,
-    NodesIdle,
-    NodesReclaimed,
-    Shrink,
-    Tick,
-    WorkerStarted,
-)
+from ..events import Action, Event, Finish, Grow, Shrink, Tick
 from ..interfaces import Backend
 from . import snapshot as snapshots
 from .drain import Drain
+from .reconcile import after_restart
 from .store import CorruptState, Store
 
 log = logging.getLogger(__name__)
@@ -142,7 +133,7 @@ class Daemon:
         if saved is not None:
             try:
                 snapshots.restore(self.engine, saved[1])
-            except snapshots.CorruptSnapshot as exc:
+            except (snapshots.CorruptSnapshot, snapshots.UnknownFormat) as exc:
                 raise CorruptState(f"{self.store.path}: the engine snapshot does not load "
                                    f"({exc})") from None
             log.info("recovered the engine snapshot at journal position %d", saved[0])
@@ -177,42 +168,12 @@ class Daemon:
 
     def _after_recovery(self, events: list[Event], now: float, fresh: bool = False
                         ) -> list[Event]:
-        """Reconcile the replayed engine with the first poll after a restart (which reports
-        every running worker and every offered node): a grow it made whose worker never
-        started is taken back and the node offered again (so that the engine re-plans), a
-        shrink it made that never reached the batch system is carried out again.
-
-        A ``fresh`` daemon (no state: a first start, or a state database that was lost or
-        moved aside as corrupt) holds no node, so every worker still running is one it did
-        not grant: each is shrunk (requeue-held, its job resumes from its checkpoint on the
-        nodes the engine then grants), never left training where the engine offers the node
-        to others."""
+        """Reconcile the replayed engine with the first poll after a restart
+        (:func:`.reconcile.after_restart`, ``fresh``: a daemon without state) and carry out
+        again the shrinks that never reached the batch system."""
         self._recovered = False
-        held = dict(self.engine.node_map)
-        running = {(e.job_id, e.node) for e in events if isinstance(e, WorkerStarted)}
-        if fresh and running:
-            log.warning("%d workers run that this daemon, started without state, did not "
-                        "grant: they are shrunk and their jobs planned again", len(running))
-        offered = {n.name: n for e in events if isinstance(e, NodesIdle) for n in e.nodes}
-        lost = [] if fresh else [node for node, job in sorted(held.items())
-                                 if (job, node) not in running]
-        out: list[Event] = []
-        if lost:
-            log.warning("no worker on %s after the restart: the grows there are dropped",
-                        ",".join(lost))
-            out.append(NodesReclaimed(now, tuple(lost)))
-            back = tuple(offered[n] for n in lost if n in offered)
-            if back:
-                out.append(NodesIdle(now, back))
-        undone: dict[str, list[str]] = {}
-        for job, node in sorted(running):
-            if held.get(node) != job:
-                undone.setdefault(job, []).append(node)
-        if undone:
-            shrinks = [Shrink(job, tuple(nodes)) for job, nodes in undone.items()]
-            for action in shrinks:
-                log.warning("job %s: shrink %s again after the restart", action.job_id,
-                            ",".join(action.nodes))
+        out, shrinks = after_restart(self.engine.node_map, events, now, fresh)
+        if shrinks:
             try:
                 out += self.backend.execute(shrinks, now)
             except CommandError as exc:

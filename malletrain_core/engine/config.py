@@ -140,3 +140,11 @@ class EngineStats:
 
     def to_dict(self) -> dict[str, float]:
         return dict(vars(self))
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        """Set the counters :meth:`to_dict` wrote (in place: the profiler shares them)."""
+        unknown = set(state) - set(vars(self))
+        if unknown:
+            raise ValueError(f"unknown engine counters {sorted(unknown)}")
+        for key, value in state.items():
+            setattr(self, key, value)

@@ -13,20 +13,20 @@ workers were already stopped, so no action names them.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 from .. import events as ev
 from ..allocator.lifetime import solve as lifetime_solve
 from ..allocator.placement import place
 from ..errors import SolverError, ValidationError
-from ..model import Curve, Node, Problem, Solution
+from ..model import Curve, Node, Problem
 from .config import EngineConfig, EngineStats, JobPhase, JobView, Policy
-from .jobs import JobRecord, Source
+from .jobs import JobRecord, Source, curve_state, load_curve
 from .monitor import Monitor
-from .policy import default_policy
+from .policy import checked_counts, default_policy
 from .pool import NodePool
 from .profiler import Advisor
 
@@ -54,7 +54,7 @@ class Engine:
         self._stats = EngineStats()
         self._advisor = Advisor(self.config, self._pool, self._monitor, self._jobs, self._store,
                                 self._stats)
-        self._order = itertools.count()
+        self._next_order = 0
         self._now = -math.inf
 
     # ----------------------------------------------------------------- public views
@@ -99,6 +99,48 @@ class Engine:
     def monitor(self) -> Monitor:
         """The Job Monitor (throughput per scale and rescale costs of every admitted job)."""
         return self._monitor
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the events built, as plain data (JSON-ready): not the configuration,
+        the policy or what is kept only to save work. The reclaim predictor's counts, learned
+        from events though kept in the configuration, are in it. A fresh engine of the same
+        configuration given it by :meth:`load_state_dict` decides as this one does."""
+        lifetime = self.config.lifetime
+        return {"now": None if self._now == -math.inf else self._now,
+                "next_order": self._next_order,
+                "jobs": {jid: job.state_dict() for jid, job in self._jobs.items()},
+                "queue": list(self._queue), "admitted": list(self._admitted),
+                "ended": dict(self._ended),
+                "store": {model: curve_state(curve) for model, curve in self._store.items()},
+                "pool": self._pool.state_dict(), "monitor": self._monitor.state_dict(),
+                "profiler": self._advisor.state_dict(), "stats": self._stats.to_dict(),
+                "lifetime": None if lifetime is None else lifetime.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the state :meth:`state_dict` wrote (into a fresh engine: its configuration and
+        policy stay); raises KeyError, TypeError or ValueError on one it cannot read."""
+        if "engines" in state:
+            raise ValueError(f"the state is of a router of trainers {sorted(state['engines'])}, "
+                             "not of one engine")
+        now = state["now"]
+        self._now = -math.inf if now is None else float(now)
+        self._next_order = int(state["next_order"])
+        self._pool.load_state_dict(state["pool"])
+        self._monitor.load_state_dict(state["monitor"])
+        self._jobs.clear()  # in place: the profiler holds this mapping, the store and counters
+        for jid, job in state["jobs"].items():
+            self._jobs[jid] = JobRecord.from_state(job, self._pool.holding(jid))
+        self._store.clear()
+        self._store.update({model: load_curve(curve) for model, curve in state["store"].items()})
+        self._stats.load_state_dict(state["stats"])
+        self._advisor.load_state_dict(state["profiler"])
+        self._queue = [str(jid) for jid in state["queue"]]
+        self._admitted = dict.fromkeys(str(jid) for jid in state["admitted"])
+        self._ended = {str(jid): float(t) for jid, t in state["ended"].items()}
+        lifetime = self.config.lifetime
+        if lifetime is not None and state["lifetime"] is not None:
+            lifetime.load_state_dict(state["lifetime"])
 
     # ----------------------------------------------------------------- events
     def handle(self, event: ev.Event) -> list[ev.Action]:
@@ -182,8 +224,9 @@ class Engine:
         JobRecord.validate(req)
         if req.id in self._jobs:
             return False  # a repeat (a backend re-discovering the job): nothing new
-        self._jobs[req.id] = JobRecord(req, next(self._order), float(event.time),
+        self._jobs[req.id] = JobRecord(req, self._next_order, float(event.time),
                                        nodes=self._pool.holding(req.id))
+        self._next_order += 1
         self._queue.append(req.id)
         return True
 
@@ -352,17 +395,3 @@ class Engine:
         self._stats.shrinks += len(shrinks)
         self._stats.grows += len({g.job_id for g in grows})  # jobs grown, not grow actions
         return checkpoints + shrinks + grows
-
-
-def checked_counts(problem: Problem, solution: Solution) -> dict[str, int]:
-    """The solution's count for every job, refused if a policy broke bounds or capacity."""
-    counts = {j.id: int(solution.counts.get(j.id, 0)) for j in problem.jobs}
-    for j in problem.jobs:
-        k = counts[j.id]
-        if k != 0 and not j.min_nodes <= k <= j.max_nodes:
-            raise SolverError(f"the policy gave job {j.id!r} {k} nodes outside "
-                              f"{j.min_nodes}..{j.max_nodes}; fix the policy")
-    if sum(counts.values()) > problem.nodes:
-        raise SolverError(f"the policy used {sum(counts.values())} nodes of {problem.nodes}; "
-                          "fix the policy")
-    return counts

@@ -3,8 +3,10 @@ from, and the allocator's view of it (rebuilt only when something it depends on 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from ..events import JobRequest
 from ..model import Curve, Job
@@ -35,6 +37,18 @@ class Source:
     """Nothing measured yet: a placeholder linear curve until reports arrive."""
 
 
+def curve_state(curve: Curve | None) -> dict[str, list[Any]] | None:
+    """A curve as plain data (``None`` stays ``None``); :func:`load_curve` reads it."""
+    return None if curve is None else {"nodes": [int(k) for k in curve.nodes],
+                                       "throughput": [float(p) for p in curve.throughput]}
+
+
+def load_curve(state: dict[str, Any]) -> Curve:
+    """The curve :func:`curve_state` wrote, point for point."""
+    return Curve(tuple(int(k) for k in state["nodes"]),
+                 tuple(float(p) for p in state["throughput"]))
+
+
 @dataclass
 class JobRecord:
     """What an engine keeps per job (``nodes`` is the pool's live set for the job)."""
@@ -62,6 +76,30 @@ class JobRecord:
         Job(req.id, max_nodes=req.max_nodes, min_nodes=req.min_nodes, curve=req.curve,
             scale_up_s=0.0 if req.scale_up_s is None else req.scale_up_s,
             scale_down_s=0.0 if req.scale_down_s is None else req.scale_down_s)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The record as plain data (its nodes are the pool's; the allocator's view of it is
+        rebuilt when next needed); :meth:`from_state` reads it."""
+        req = {f.name: getattr(self.req, f.name) for f in dataclasses.fields(self.req)}
+        req["curve"] = curve_state(self.req.curve)
+        return {"req": req, "order": self.order, "submitted": self.submitted,
+                "phase": self.phase.value, "prior": curve_state(self.prior),
+                "source": self.source, "last_interrupted": self.last_interrupted,
+                "probe_point": None if self.probe_point is None else list(self.probe_point),
+                "curve": curve_state(self.curve), "curve_version": self._curve_version}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], nodes: set[str]) -> JobRecord:
+        """The record :meth:`state_dict` wrote, holding ``nodes`` (the pool's live set)."""
+        def curve(key: str, where: dict[str, Any] = state) -> Curve | None:
+            return None if where[key] is None else load_curve(where[key])
+
+        req = JobRequest(**{**state["req"], "curve": curve("curve", state["req"])})
+        probe = state["probe_point"]
+        return cls(req, int(state["order"]), state["submitted"], nodes,
+                   JobPhase(state["phase"]), curve("prior"), state["source"],
+                   state["last_interrupted"], None if probe is None else (int(probe[0]), probe[1]),
+                   curve("curve"), int(state["curve_version"]))
 
     def set_source(self, source: str, prior: Curve | None = None,
                    probe_point: tuple[int, float] | None = None) -> None:

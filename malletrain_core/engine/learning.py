@@ -26,7 +26,7 @@ from every stored scale (:meth:`StoreLearning.learn`)."""
 
 def on_ladder(k: int) -> bool:
     """Whether scale ``k`` is one the profile's ladder measures below its top (a power of two,
-    :func:`.profiler.plan_scales`)."""
+    :func:`.scales.plan_scales`)."""
     return k >= 1 and k & (k - 1) == 0
 
 
@@ -54,7 +54,7 @@ class StoreLearning:
         nodes apart would put their noise into the slope between them. A scale above the
         largest stored one is taken however close: the curve there is an extrapolation.
 
-        A scale of the profile's ladder (a power of two, :func:`.profiler.plan_scales`) the
+        A scale of the profile's ladder (a power of two, :func:`.scales.plan_scales`) the
         store lacks is taken however close too, and replaces the stored scales off the ladder
         within :data:`GAP` of it: those are what a reclaim left a cut profile (25 for 32, 12
         for 16), stand-ins between which the linear curve misses the bend at the planned scale

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Any
 
 from ..events import ProgressReport
 
@@ -51,6 +52,19 @@ class _Segment:
     def span_s(self) -> float:
         return self.last_t - self.t0
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "t0": self.t0, "last_t": self.last_t,
+                "last_samples": self.last_samples, "intervals": [list(i) for i in self.intervals],
+                "win_dt": self.win_dt, "win_ds": self.win_ds, "settled": self.settled,
+                "anchor": self.anchor, "others": list(self.others.items())}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> _Segment:
+        return cls(int(state["size"]), state["t0"], state["last_t"], state["last_samples"],
+                   deque((dt, ds) for dt, ds in state["intervals"]), state["win_dt"],
+                   state["win_ds"], bool(state["settled"]), state["anchor"],
+                   {int(k): v for k, v in state["others"]})
+
 
 @dataclass
 class _Track:
@@ -66,6 +80,25 @@ class _Track:
     down_median: float | None = None
     version: int = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"expected": self.expected, "pending_since": self.pending_since,
+                "pending_kind": self.pending_kind,
+                "segment": None if self.segment is None else self.segment.state_dict(),
+                "rates": list(self.rates.items()), "full": sorted(self.full),
+                "up_s": list(self.up_s), "down_s": list(self.down_s),
+                "up_median": self.up_median, "down_median": self.down_median,
+                "version": self.version}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> _Track:
+        segment = state["segment"]
+        return cls(int(state["expected"]), state["pending_since"], state["pending_kind"],
+                   None if segment is None else _Segment.from_state(segment),
+                   {int(k): v for k, v in state["rates"]}, {int(k) for k in state["full"]},
+                   deque(state["up_s"], maxlen=COST_HISTORY),
+                   deque(state["down_s"], maxlen=COST_HISTORY), state["up_median"],
+                   state["down_median"], int(state["version"]))
+
 
 class Monitor:
     """Per-job throughput and rescale-cost estimates from progress reports."""
@@ -75,6 +108,19 @@ class Monitor:
         self._tracks: dict[str, _Track] = {}
         self._all_up: deque[float] = deque(maxlen=4 * COST_HISTORY)
         self._all_down: deque[float] = deque(maxlen=4 * COST_HISTORY)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every job's track and the recent rescale costs as plain data (the window is
+        configuration); :meth:`load_state_dict` reads it."""
+        return {"tracks": {job: track.state_dict() for job, track in self._tracks.items()},
+                "all_up": list(self._all_up), "all_down": list(self._all_down)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the state :meth:`state_dict` wrote."""
+        self._tracks = {str(job): _Track.from_state(track)
+                        for job, track in state["tracks"].items()}
+        self._all_up = deque(state["all_up"], maxlen=self._all_up.maxlen)
+        self._all_down = deque(state["all_down"], maxlen=self._all_down.maxlen)
 
     def add(self, job_id: str) -> None:
         """Start tracking a job (idempotent)."""

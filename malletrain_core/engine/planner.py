@@ -2,15 +2,17 @@
 
 Two classes satisfy it: one :class:`~malletrain_core.engine.engine.Engine` (a single node set),
 and a :class:`~malletrain_core.engine.router.Router` over one engine per ``[[trainer]]``. The
-daemon's cycle, its status and metrics, the drain switch and the journal snapshots use these
-members only, so a newcomer can tell what the daemon may touch; mypy checks both classes
-against it (``tests/test_protocols.py`` too, at run time).
+daemon's cycle, the drain switch and the journal snapshots use these members only (a snapshot
+is :meth:`Planner.state_dict` written as JSON); the status and the metrics also read each
+trainer's engine of a router (:func:`~malletrain_core.engine.router.trainers`). So a newcomer
+can tell what the daemon may touch; mypy checks both classes against it
+(``tests/test_protocols.py`` too, at run time).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..events import Action, Event
 from .config import EngineStats, JobView
@@ -61,4 +63,12 @@ class Planner(Protocol):
 
     def trainer_of_node(self, node: str) -> str:
         """The trainer a node belongs to (``""``: a single engine, or unknown)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the events built, as plain JSON-ready data (not the configuration)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a :meth:`state_dict` into a fresh planner of the same configuration."""
         ...

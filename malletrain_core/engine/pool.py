@@ -11,6 +11,7 @@ import functools
 import heapq
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from ..events import IdleNode
 from ..model import Node
@@ -37,6 +38,26 @@ class NodePool:
         self.held: dict[str, set[str]] = {}
         self.delta: dict[str, Delta] = {}
         self.since: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pool as plain data (sets as sorted lists); :meth:`load_state_dict` reads it."""
+        return {"hole_end": dict(self.hole_end), "group": dict(self.group),
+                "since": dict(self.since), "free": sorted(self.free), "owner": dict(self.owner),
+                "held": {job: sorted(names) for job, names in self.held.items()},
+                "delta": {job: [before, sorted(released), sorted(taken)]
+                          for job, (before, released, taken) in self.delta.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the state :meth:`state_dict` wrote (the held sets are new objects: a job's
+        record takes its set again from :meth:`holding`)."""
+        self.hole_end = {str(k): v for k, v in state["hole_end"].items()}
+        self.group = {str(k): v for k, v in state["group"].items()}
+        self.since = {str(k): float(v) for k, v in state["since"].items()}
+        self.free = set(state["free"])
+        self.owner = {str(k): str(v) for k, v in state["owner"].items()}
+        self.held = {str(job): set(names) for job, names in state["held"].items()}
+        self.delta = {str(job): (int(before), set(released), set(taken))
+                      for job, (before, released, taken) in state["delta"].items()}
 
     def holding(self, job_id: str) -> set[str]:
         """The live set of nodes ``job_id`` holds (created empty on first use)."""

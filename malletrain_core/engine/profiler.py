@@ -25,16 +25,16 @@ by one factor while its later estimates agree (:func:`.curves.corrected_curve`).
 opts out of profiling and brings no curve gets one measurement at the largest scale
 available, and linear scaling is assumed from there.
 
-Over 400 lines on purpose: the plan (which scales, in which order), the lender choice and the
-Advisor that runs profiles all read and write the same ProfileRun records and the curve store;
-split, one profile's life would be spread over three modules. The curve arithmetic is
-:mod:`.curves`.
+The choices that depend on no state (the scales, their order, the lender) are
+:mod:`.scales`; the curve arithmetic is :mod:`.curves`; the store's side is :mod:`.learning`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..model import Curve
 from .config import EngineConfig, EngineStats, JobPhase
@@ -43,72 +43,9 @@ from .jobs import JobRecord, Source
 from .learning import StoreLearning
 from .monitor import Monitor
 from .pool import NodePool
+from .scales import Lender, choose_lender, choose_upward, plan_scales
 
-
-def plan_scales(top: int, min_nodes: int, upward: bool = False) -> list[int]:
-    """The scales to measure: ``top``, then the powers of two below it down to ``min_nodes``
-    (ascending if ``upward``).
-
-    Not halvings of ``top``: the believed curve is linear between measured scales, and
-    data-parallel training's throughput bends at powers of two (the collectives' recursive
-    halving and doubling, the per-node split of the batch; the curves the simulator replays
-    were measured there and are linear between them). Halving an odd top put every point
-    between the bends (53: 26, 13, 6, 3, 1, with a tripling from 1 to 3), so the curve
-    was wrong between them: on two Theta windows of the profiler sweep, three seeds each, the
-    store's AlexNet curve ended 2.6–5.1 % low at 32 nodes in the five replays whose profile
-    had not started at 64.
-
-    >>> plan_scales(64, 1)
-    [64, 32, 16, 8, 4, 2, 1]
-    >>> plan_scales(53, 1)
-    [53, 32, 16, 8, 4, 2, 1]
-    >>> plan_scales(48, 3)
-    [48, 32, 16, 8, 4, 3]
-    """
-    scales = [top]
-    k = 1 << (top.bit_length() - 1) if top >= 1 else 0
-    if k == top:
-        k //= 2
-    while k >= min_nodes and k >= 1:
-        scales.append(k)
-        k //= 2
-    if scales[-1] > min_nodes >= 1:
-        scales.append(min_nodes)
-    return scales[::-1] if upward else scales
-
-
-def choose_upward(measured_up_s: float | None, measured_down_s: float | None,
-                  default_up_s: float, default_down_s: float) -> bool:
-    """Profile upwards only where scale-ups are cheaper than scale-downs (as measured, else by
-    the configured defaults)."""
-    up = measured_up_s if measured_up_s is not None else default_up_s
-    down = measured_down_s if measured_down_s is not None else default_down_s
-    return up < down
-
-
-@dataclass
-class Lender:
-    """A running job that could lend nodes to a profiling job."""
-
-    job_id: str
-    spare: int
-    last_interrupted: float | None
-    order: int
-
-
-def choose_lender(candidates: Iterable[Lender]) -> Lender | None:
-    """The least recently interrupted job with nodes to spare (never-interrupted first, then
-    the one with most to spare, then the earliest submitted)."""
-    best: Lender | None = None
-    best_key: tuple[float, int, int] | None = None
-    for c in candidates:
-        if c.spare <= 0:
-            continue
-        key = (float("-inf") if c.last_interrupted is None else c.last_interrupted,
-               -c.spare, c.order)
-        if best_key is None or key < best_key:
-            best, best_key = c, key
-    return best
+__all__ = ["Advisor", "Lender", "ProfileRun", "choose_lender", "choose_upward", "plan_scales"]
 
 
 @dataclass
@@ -172,6 +109,22 @@ class Advisor(StoreLearning):
         self.remeasured: set[tuple[str, int]] = set()  # (job, scale): measured again once
         self.seen: dict[str, object] = {}  # job -> (full scales, stored scales) found nothing new
         self.far_memo: dict[tuple[int, ...], dict[int, bool]] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The runs in progress and the loan as plain data (what it remembers only to save
+        work is left out); :meth:`load_state_dict` reads it."""
+        return {"runs": {job: dataclasses.asdict(run) for job, run in self.runs.items()},
+                "borrower": self.borrower, "sent_back": list(self.sent_back),
+                "remeasured": sorted([job, k] for job, k in self.remeasured)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the state :meth:`state_dict` wrote."""
+        self.runs = {str(job): ProfileRun(**run) for job, run in state["runs"].items()}
+        self.borrower = state["borrower"]
+        self.sent_back = [str(job) for job in state["sent_back"]]
+        self.remeasured = {(str(job), int(k)) for job, k in state["remeasured"]}
+        self.seen.clear()
+        self.far_memo.clear()
 
     # ------------------------------------------------------------- queries
     def profiling_model(self, model: str) -> bool:

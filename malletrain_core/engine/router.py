@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from ..errors import ValidationError
 from ..events import (
@@ -48,6 +49,26 @@ class Router:
         self._node_engine: dict[str, str] = {}
         self._unowned: set[str] = set()
         self._job_engine: dict[str, str] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The routes and every engine's :meth:`Engine.state_dict`, as plain data."""
+        return {"routes": {"nodes": dict(self._node_engine), "jobs": dict(self._job_engine),
+                           "unowned": sorted(self._unowned)},
+                "engines": {name: engine.state_dict() for name, engine in self.engines.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the state :meth:`state_dict` wrote, of a router over trainers of the same
+        names; raises KeyError, TypeError or ValueError on one it cannot read."""
+        saved = state.get("engines")
+        if not isinstance(saved, dict) or set(saved) != set(self.engines):
+            raise ValueError(f"the state holds trainers {sorted(saved or [])}, this router "
+                             f"{sorted(self.engines)}")
+        for name, engine in self.engines.items():
+            engine.load_state_dict(saved[name])
+        routes = state["routes"]
+        self._node_engine = {str(k): str(v) for k, v in routes["nodes"].items()}
+        self._job_engine = {str(k): str(v) for k, v in routes["jobs"].items()}
+        self._unowned = {str(n) for n in routes["unowned"]}
 
     def _engine_for(self, owner: str, what: str) -> str:
         if owner not in self.engines:
@@ -160,5 +181,5 @@ class Router:
 
 def trainers(engine: Planner) -> dict[str, Engine] | None:
     """A router's engines by trainer name, or None for a single engine (what the daemon's
-    status, metrics and snapshots need to tell the two apart)."""
+    status and metrics need to tell the two apart)."""
     return dict(engine.engines) if isinstance(engine, Router) else None

@@ -229,6 +229,16 @@ class LifetimePredictor:
         return {"horizon_s": self.horizon_s, "learn_online": self.learn_online,
                 "survival": None if self.survival is None else self.survival.to_dict()}
 
+    def state_dict(self) -> dict[str, Any]:
+        """What it learned, as :meth:`to_dict` writes it (the horizon is configuration)."""
+        return self.to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take the fragment counts of a :meth:`state_dict` where both it and this predictor
+        learn them; the horizon and the learning switch stay as configured."""
+        if self.survival is not None and state.get("survival") is not None:
+            self.survival = SurvivalModel.from_dict(state["survival"])
+
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> LifetimePredictor:
         surv = state.get("survival")
