@@ -5,7 +5,7 @@ where the engine stopped with "the policy gave job '24' 2 nodes outside 3..3")."
 from __future__ import annotations
 
 from malletrain_core.allocator.lifetime import solve
-from malletrain_core.engine.engine import checked_counts
+from malletrain_core.engine.policy import checked_counts
 from malletrain_core.model import Curve, Job, Problem
 
 
