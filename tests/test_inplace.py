@@ -557,3 +557,49 @@ def test_many_pairs_reform_without_deadlock(tmp_path):
         for h in hogs:
             h.kill()
             h.wait()
+
+
+HANDOVER_SCRIPT = r"""
+import socket, sys
+import torch
+import torch.distributed as dist
+from malletrain_core.worker import inplace, training
+
+def port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+class Recording:
+    '''A stand-in hand-over: records what it was given, sends nothing.'''
+    def __init__(self):
+        self.calls = []
+    def contribution(self, member):
+        return {}
+    def apply(self, member, received):
+        pass
+    def hand_over(self, member, group):
+        self.calls.append((member.rank, member.world, group is dist.group.WORLD,
+                           member.holding_step))
+        return inplace.Handed(source=0, sent_bytes=7, digest="stand-in")
+
+seam = Recording()
+el = inplace.Elastic(training.Session(handle_sigterm=False), torch.nn.Linear(2, 2), None,
+                     control_dir=sys.argv[1], collective_timeout_s=10, handover=seam)
+el.lifecycle.to(inplace.GroupState.FORMING)
+el._apply(inplace.Membership(epoch=0, rank=0, world=1, master="127.0.0.1", port=port()), "start")
+change = el.changes[-1]
+print("calls", seam.calls, change["sent_bytes"], change["digest"], el.lifecycle.state.name)
+el.close()
+"""
+
+
+def test_the_hand_over_is_the_one_given(tmp_path):
+    """``Elastic(..., handover=...)``: the re-form calls that one, on the group just formed,
+    and its result is the change record's."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
+    out = subprocess.run([sys.executable, "-c", HANDOVER_SCRIPT, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("calls ")][-1]
+    assert line == "calls [(0, 1, True, False)] 7 stand-in TRAINING", line

@@ -59,10 +59,10 @@ def test_an_abandoned_gloo_group_is_forgotten_not_aborted():
         el._pending.abandon("a peer hung")
         el._teardown()
         assert not dist.is_initialized()
-        assert el.holds_abandoned and len(el._graveyard) == 1  # forgotten, kept referenced
+        assert el.holds_abandoned and len(el._old.graveyard) == 1  # forgotten, kept referenced
     finally:
         el.holds_abandoned = False  # nothing is pending in a one-rank group: exit normally
-        el._graveyard.clear()
+        el._old.graveyard.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -70,6 +70,7 @@ def test_an_abandoned_gloo_group_is_forgotten_not_aborted():
 HUNG_ABORT = textwrap.dedent("""
     import datetime as dt, sys, time, torch, torch.distributed as dist
     from malletrain_core.worker import inplace, training
+    from malletrain_core.worker.inplace import group, letgo
     store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 1, is_master=True,
                           timeout=dt.timedelta(seconds=10), wait_for_workers=False)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -78,11 +79,11 @@ HUNG_ABORT = textwrap.dedent("""
                          control_dir="")
     kind = sys.argv[2]
     if kind == "abort":
-        inplace.abandon_action = lambda backend: "abort"      # as NCCL's group would be
-        inplace._abort_group = lambda group: time.sleep(600)  # an abort stuck in the driver
+        group.abandon_action = lambda backend: "abort"      # as NCCL's group would be
+        letgo._abort_group = lambda group: time.sleep(600)  # an abort stuck in the driver
         el._pending.abandon("a peer hung")
     else:
-        inplace._shutdown_group = lambda group: time.sleep(600)  # a planned shut-down stuck
+        letgo._shutdown_group = lambda group: time.sleep(600)  # a planned shut-down stuck
     el.retire_bound_s = 0.5
     started = time.monotonic()
     el._teardown()

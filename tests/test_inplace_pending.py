@@ -8,6 +8,7 @@ import time
 import pytest
 
 from malletrain_core.worker import inplace
+from malletrain_core.worker.inplace import pending
 
 
 class Work:
@@ -20,7 +21,7 @@ class Work:
 
 def test_finished_works_are_let_go_after_a_minute_and_unfinished_ones_never(monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr(inplace.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(pending.time, "monotonic", lambda: clock[0])
     p = inplace._Pending()
     old_done = [Work(True) for _ in range(200)]
     old_hung = [Work(False) for _ in range(10)]
@@ -37,7 +38,7 @@ def test_finished_works_are_let_go_after_a_minute_and_unfinished_ones_never(monk
 
 
 def test_works_of_the_last_minute_are_all_kept(monkeypatch):
-    monkeypatch.setattr(inplace.time, "monotonic", lambda: 5.0)
+    monkeypatch.setattr(pending.time, "monotonic", lambda: 5.0)
     p = inplace._Pending()
     works = [Work(True) for _ in range(1000)]
     for w in works:

@@ -19,7 +19,7 @@ def test_the_config_default_look_ahead_is_the_model_one():
 
 def test_the_launcher_imports_neither_numpy_nor_torch_nor_the_training_side():
     """The control-file format is worker/control.py: the launcher does not load the in-place
-    training code (worker/inplace.py) to write a membership."""
+    training code (worker/inplace/) to write a membership."""
     banned = ("numpy", "torch", "malletrain_core.worker.inplace")
     out = subprocess.run(
         [sys.executable, "-c", "import sys, malletrain_core.worker.launcher; "

@@ -30,18 +30,14 @@ membership, sets what torchrun would (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``,
 exits with ``training.RESTART_EXIT_CODE`` at every change; ``malletrain-run --inplace`` starts
 it again at once, and it resumes from the last disk checkpoint like a restarted worker.
 
-Over 400 lines on purpose: :class:`LoopElastic` and the two ways in that the script's
-:class:`~.elastic.Run` calls (:func:`attach`, :func:`restart_in_place`) share the private group,
-the cursor and the checkpoint decision; the machinery they drive is :mod:`.inplace`, the
-frameworks' hosts :mod:`.hf_inplace` and :mod:`.lightning_inplace`.
+The machinery :class:`LoopElastic` drives is :mod:`.inplace`, the restart path
+:mod:`.inplace.restart`, the frameworks' hosts :mod:`.hf_inplace` and :mod:`.lightning_inplace`.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import sys
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +45,7 @@ from typing import Any, Protocol
 
 from . import inplace, training
 from .digest import params_digest
+from .inplace.restart import RESTART_WAIT_S, restart_in_place  # noqa: F401 - importable here
 
 
 class Run(Protocol):
@@ -84,7 +81,6 @@ def requested(env: Mapping[str, str] | None = None) -> bool:
 
 
 ENV_INPROCESS = "MALLETRAIN_INPROCESS"
-RESTART_WAIT_S = 120.0  # how long a process whose peer failed waits for the next membership
 
 
 def unsupported(version: str, env: Mapping[str, str] | None = None) -> str:
@@ -103,68 +99,6 @@ def unsupported(version: str, env: Mapping[str, str] | None = None) -> str:
 
 
 _backend: list[str] = []  # the backend the script asked for, with the private group
-
-
-def restart_in_place(why: str, poll_s: float = 0.05) -> None:
-    """Take the restart path under ``malletrain-run --inplace`` (see the module doc): wait for
-    this process's membership, set torchrun's variables for it, and watch for the next one."""
-    control = Path(os.environ[training.ENV_CONTROL_DIR])
-    local_rank, local_world = inplace.local_layout(os.environ)
-    print(f"malletrain: {why}: this job takes the restart path (the process restarts at every "
-          "membership change and resumes from the last checkpoint)", file=sys.stderr, flush=True)
-    (control / inplace.ready_name(local_rank, local_world)).write_text(f"{os.getpid()}\n")
-    node = inplace.read_membership(control)
-    while node is None:
-        time.sleep(poll_s)
-        node = inplace.read_membership(control)
-    if node.leave:
-        sys.exit(0)
-    m = node.for_process(local_rank, local_world)
-    os.environ.update({
-        "MASTER_ADDR": m.master, "MASTER_PORT": str(m.port), "RANK": str(m.rank),
-        "WORLD_SIZE": str(m.world), "GROUP_RANK": str(node.rank),
-        "GROUP_WORLD_SIZE": str(node.world), "ROLE_RANK": str(m.rank),
-        "ROLE_WORLD_SIZE": str(m.world), "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(local_world), training.ENV_EPOCH: str(m.epoch),
-        "TORCHELASTIC_RUN_ID": os.environ.get(training.ENV_JOB, "malletrain")})
-    if not os.environ.get(training.ENV_REPORT_ADDR):  # started ahead: the launcher wrote it
-        try:
-            addr, key = (control / training.REPORT_CHANNEL_NAME).read_text().split()
-            os.environ.update({training.ENV_REPORT_ADDR: addr, training.ENV_REPORT_KEY: key})
-        except (OSError, ValueError):
-            pass
-
-    def newer() -> inplace.Membership | None:
-        new = inplace.read_membership(control)
-        return new if new is not None and new.epoch > m.epoch else None
-
-    def restart(new: inplace.Membership) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()  # the launcher starts this command again (see RESTART_EXIT_CODE)
-        os._exit(0 if new.leave else training.RESTART_EXIT_CODE)
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_s)
-            new = newer()
-            if new is not None:
-                restart(new)
-
-    previous = sys.excepthook
-
-    def crashed(kind: Any, value: Any, tb: Any) -> None:
-        """A peer that left or was lost fails this process's collective, often before the new
-        membership is read: wait for it (as torchrun's restart would), else the crash stands."""
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while time.monotonic() < deadline:
-            new = newer()
-            if new is not None:
-                restart(new)
-            time.sleep(poll_s)
-        previous(kind, value, tb)
-
-    sys.excepthook = crashed
-    threading.Thread(target=watch, name="malletrain-restart", daemon=True).start()
 
 
 def init_process_group(backend: str | None, **kwargs: Any) -> None:
@@ -321,10 +255,10 @@ class LoopElastic(inplace.Elastic):
             if self.cursor is not None:
                 self.cursor.boundary = int(self.cursor.sampler.saved_cursor)
 
-    def _apply(self, m: inplace.Membership, kind: str) -> None:
+    def _apply(self, m: inplace.Membership, kind: str) -> inplace.Handed:
         if not (kind == "start" and self.resumed == "yes"):  # "yes": loaded from disk
             self.resumed = "memory" if self.has_state else "no"
-        super()._apply(m, kind)
+        out = super()._apply(m, kind)
         sampler = self.run.sampler
         if sampler is not None:
             per_rank = getattr(sampler, "per_rank_batch", None)
@@ -339,6 +273,7 @@ class LoopElastic(inplace.Elastic):
                       f"params={_params(self.model)} run={self.run.run_id} "
                       f"reform_s={handed.get('reform_s', 0)} kind={kind} pid={os.getpid()} "
                       f"source={handed.get('source', 0)} sent={handed.get('sent_bytes', 0)}")
+        return out
 
     # ----- the script's side ----------------------------------------------------------
     def start(self) -> None:
