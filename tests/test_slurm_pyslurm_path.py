@@ -22,7 +22,8 @@ from world_slurm import PARTITION, SlurmSim
 
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.backend import SlurmBackend
-from malletrain_core.backends.slurm.pyslurm_reader import choose, probe, series, split_job_list
+from malletrain_core.backends.slurm.pyslurm_reader import choose, series
+from malletrain_core.backends.slurm.pyslurm_rpc import probe, split_job_list
 from malletrain_core.errors import CommandError
 from malletrain_core.events import Grow
 from malletrain_core.runner import CommandRunner

@@ -245,7 +245,7 @@ def test_the_local_cluster_release_switch(monkeypatch: pytest.MonkeyPatch) -> No
     ("DOWN+NOT_RESPONDING", "down*", False)])
 def test_pyslurm_node_states_read_as_sinfo_prints_them(state: str, code: str,
                                                        usable: bool) -> None:
-    from malletrain_core.backends.slurm.pyslurm_reader import node_code
+    from malletrain_core.backends.slurm.pyslurm_rpc import node_code
     assert node_code(state) == code
     (row,) = sp.parse_sinfo(f"n01|{node_code(state)}\n").values()
     assert row.usable == usable
@@ -255,7 +255,7 @@ def test_pyslurm_snapshot_in_the_commands_formats() -> None:
     """A stand-in for pyslurm's Nodes/Jobs (the live test compares with real output)."""
     from types import SimpleNamespace as NS
 
-    from malletrain_core.backends.slurm.pyslurm_reader import snapshot
+    from malletrain_core.backends.slurm.pyslurm_rpc import snapshot
 
     def job(**kw: object) -> NS:
         base = dict(array_id=None, array_task_id=None, array_tasks_waiting=None,

@@ -19,7 +19,8 @@ from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
 from devtools.localcluster.releases import CLIENTS
 from malletrain_core.backends.slurm import parse as sp
-from malletrain_core.backends.slurm.pyslurm_reader import JOB_DESC, PyslurmSource, series
+from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource, series
+from malletrain_core.backends.slurm.pyslurm_rpc import JOB_DESC
 from malletrain_core.cli import main
 from malletrain_core.errors import CommandError
 

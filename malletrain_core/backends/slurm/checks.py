@@ -21,9 +21,9 @@ from ...errors import CommandError
 from ...hostlist import expand
 from ...runner import CommandRunner, with_bin_dir
 from ..checks import Check, missing, ok, wrong
-from .backend import TIME_LIMIT_CHECK_S, epilog_margin_for, grant_timeout_for, hole_margin_for
 from .pyslurm_reader import choose
 from .release import TESTED, SlurmRelease
+from .rules import TIME_LIMIT_CHECK_S, epilog_margin_for, grant_timeout_for, hole_margin_for
 from .settings import (
     EPILOG_MARKER,
     LUA_MARKER,

@@ -1,18 +1,18 @@
 """The ``[slurm]`` section of malletrain.toml: the Slurm backend's settings, their defaults and
 their checks, in one place.
 
-A leaf module (it imports only the TOML helpers and the errors): :mod:`malletrain_core.config`
-reads the section into a :class:`SlurmOptions` without importing the backend, and the Slurm
-registry entry (:mod:`.system`) names it. The backend's own defaults come from here.
+A leaf module (it imports only the errors): :mod:`malletrain_core.config` reads the section
+into a :class:`SlurmOptions` without importing the backend, and the Slurm registry entry
+(:mod:`.system`) names it. The backend's own defaults and checks come from here.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ...errors import ConfigError
-from ...tomltables import positive
 
 
 @dataclass(frozen=True)
@@ -45,22 +45,33 @@ class SlurmOptions:
     task_failures_max: int = 5
     task_failure_window_s: float = 600.0
 
-    def validate(self) -> None:
-        """The ``[slurm]`` section's own checks (one line naming the key)."""
-        positive(("slurm.command_timeout_s", self.command_timeout_s),
-                  ("slurm.default_time_limit_s", self.default_time_limit_s))
-        if not self.unplanned_wait_s >= 0 or not math.isfinite(self.unplanned_wait_s):
-            raise ConfigError(f"slurm.unplanned_wait_s: {self.unplanned_wait_s!r} must "
-                              "be a finite number ≥ 0 (0: grants never wait for other jobs)")
-        if not self.hole_margin_s >= 0 or not math.isfinite(self.hole_margin_s):
-            raise ConfigError(f"slurm.hole_margin_s: {self.hole_margin_s!r} must be a "
-                              "finite number ≥ 0 (bf_resolution + bf_interval of slurm.conf)")
-        if not self.epilog_margin_s >= 0 or not math.isfinite(self.epilog_margin_s):
-            raise ConfigError(f"slurm.epilog_margin_s: {self.epilog_margin_s!r} must be a "
-                              "finite number ≥ 0 (the node Epilog's longest run + 30; 0 "
-                              "without a node Epilog)")
-        positive(("slurm.grant_timeout_s", self.grant_timeout_s),
-                  ("slurm.task_failure_window_s", self.task_failure_window_s), unit="seconds")
+    def problems(self) -> Iterator[tuple[str, str]]:
+        """Each setting that cannot be meant: (its key, one line saying what it must be)."""
+        for key, value, what in (
+                ("command_timeout_s", self.command_timeout_s, "a finite number"),
+                ("default_time_limit_s", self.default_time_limit_s, "a finite number"),
+                ("grant_timeout_s", self.grant_timeout_s, "a finite number of seconds"),
+                ("task_failure_window_s", self.task_failure_window_s,
+                 "a finite number of seconds")):
+            if not value > 0 or not math.isfinite(value):
+                yield key, f"{value!r} must be {what} > 0"
+        if self.default_time_limit_s < 60:
+            yield "default_time_limit_s", (f"{self.default_time_limit_s:g} s is under Slurm's "
+                                           "one-minute unit")
+        for key, value, hint in (
+                ("unplanned_wait_s", self.unplanned_wait_s,
+                 "0: grants never wait for other jobs"),
+                ("hole_margin_s", self.hole_margin_s, "bf_resolution + bf_interval of slurm.conf"),
+                ("epilog_margin_s", self.epilog_margin_s,
+                 "the node Epilog's longest run + 30; 0 without a node Epilog")):
+            if not value >= 0 or not math.isfinite(value):
+                yield key, f"{value!r} must be a finite number ≥ 0 ({hint})"
         if self.task_failures_max < 1:
-            raise ConfigError(f"slurm.task_failures_max: {self.task_failures_max!r} must "
-                              "be at least 1 (task failures before a job is stopped)")
+            yield "task_failures_max", (f"{self.task_failures_max!r} must be at least 1 (task "
+                                        "failures before a job is stopped)")
+
+    def validate(self) -> None:
+        """The ``[slurm]`` section's own checks: a ConfigError naming the first wrong key (the
+        configuration calls it; the backend reads the same :meth:`problems`)."""
+        for key, problem in self.problems():
+            raise ConfigError(f"slurm.{key}: {problem}")
