@@ -281,7 +281,7 @@ def test_a_launch_lost_to_a_foreign_job_is_reclaimed(slurm: FakeSlurm,
 # ----------------------------------------------------------------------------- poll
 def test_poll_commands_are_filtered_and_formatted(slurm: FakeSlurm,
                                                   backend: SlurmBackend) -> None:
-    """In this order: the plan, then the nodes, then our tasks (see SlurmBackend._query)."""
+    """In this order: the plan, then the nodes, then our tasks (see CommandsClient.read)."""
     backend.poll(T)
     assert slurm.calls == [
         ["squeue", "-h", "-t", "PD", "--start", "-o", "%i|%F|%S|%Y|%P|%r|%V"],

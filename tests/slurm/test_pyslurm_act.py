@@ -51,7 +51,7 @@ def test_the_job_descriptor_layout_is_the_releases(cluster: LocalCluster,
                  str(tmp_path / "probe.c")])
     got = json.loads(cluster.run(["chroot", root, str(tmp_path / "probe")]).stdout)
     assert (got.pop("hold"), got.pop("running"), got.pop("infinite")) == (
-        2048, 1, 0xFFFFFFFF)  # JOB_REQUEUE_HOLD, JOB_RUNNING, INFINITE as in pyslurm_reader
+        2048, 1, 0xFFFFFFFF)  # JOB_REQUEUE_HOLD, JOB_RUNNING, INFINITE as in pyslurm_rpc
     assert JOB_DESC[series(pyslurm_source.slurm)] == got
 
 

@@ -95,7 +95,7 @@ class PyslurmSource:
 
     def _error(self, reason: str) -> Exception:
         """A CommandError, as a failed command would be: the daemon retries at the next poll."""
-        return CommandError([*(self.argv or ["pyslurm"]), "pyslurm_reader"], None, "", "",
+        return CommandError([*(self.argv or ["pyslurm"]), "pyslurm_rpc"], None, "", "",
                             f"pyslurm: {reason}")
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
