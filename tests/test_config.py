@@ -50,6 +50,10 @@ def test_tables_and_lists(tmp_path):
     ("[allocator]\nuser_max_nodes = { alice = \"8\" }\n", "a table of whole numbers"),
     ("[allocator]\nmin_share = 2\n", "must lie in [0, 1]"),
     ("[epochs]\njoin_wait_s = -1.0\n", "epochs.join_wait_s: -1.0 must be a finite number ≥ 0"),
+    ("[pbs]\nqueue = \" \"\n", "pbs.queue is empty; name the preemptable execution queue"),
+    ("[pbs]\ngrant_timeout_s = 0\n", "pbs.grant_timeout_s: 0.0 must be a finite number of seconds"),
+    ("[pbs]\ncommand_timeout_s = -1.0\n", "pbs.command_timeout_s: -1.0 must be a finite number"),
+    ("[slurm]\ntask_failures_max = 0\n", "slurm.task_failures_max: 0 must be at least 1"),
     ("[daemon\n", "not valid TOML"),
     ("daemon = 3\n", "must be a table"),
 ])
@@ -117,3 +121,26 @@ def test_each_batch_systems_settings_are_its_entrys_and_a_field_of_the_config():
         assert cls is not None
         cls().validate()  # the defaults are valid
         assert f"[{name}]" in config.DOCUMENTED_DEFAULTS.read_text()
+
+
+def test_every_batch_systems_section_is_validated_by_load(tmp_path):
+    """``Config.validate`` runs each batch system's own checks (its options' ``validate()``),
+    found from the fields :func:`config.batch_system_section` made, none named by hand."""
+    import dataclasses
+
+    from malletrain_core.backends.registry import BATCH_SYSTEMS
+
+    marked = {f.name for f in dataclasses.fields(config.Config)
+              if f.metadata.get(config.BATCH_SYSTEM_SECTION)}
+    assert marked == {e.section for e in BATCH_SYSTEMS.values() if e.section}
+    calls = []
+
+    class Counting:
+        def __init__(self, name):
+            self.name = name
+
+        def validate(self):
+            calls.append(self.name)
+
+    config.Config(**{name: Counting(name) for name in marked}).validate()
+    assert sorted(calls) == sorted(marked)

@@ -1,8 +1,9 @@
 """The one registry of batch systems: :data:`BATCH_SYSTEMS`: ``daemon.batch_system`` names one
 of its keys, and ``malletraind`` builds its backend from the configuration with the function
 registered there; the daemon and the CLI ask its entry (:class:`~.system.BatchSystem`) for
-everything else about it. Adding a batch system is one package under ``backends/`` and one
-line here (docs/extending.md).
+everything else about it. Adding a batch system is one package under ``backends/``, its import
+and one line here, and, where it has settings, their field in ``Config``
+(:func:`~malletrain_core.config.batch_system_section`; docs/extending.md).
 """
 
 from __future__ import annotations

@@ -24,9 +24,6 @@ costs every process CPU time; a joiner kept waiting idles its node).
 Pure: time is passed in, randomness comes from an injectable source, nothing here does I/O.
 The whole state round-trips through :meth:`EpochCoordinator.to_dict` so the daemon can persist
 it and, after a restart, recover the running epochs that the launchers kept training.
-
-Kept in one module (over 400 lines) on purpose: planning, check-ins and persistence all act
-on one per-job state.
 """
 
 from __future__ import annotations

@@ -19,9 +19,6 @@ With ``--inplace`` there is no torchrun: the launcher starts the node's N traini
 with ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, keeps them across epochs and relays each order as
 the node's membership file (:mod:`.control`). The node is one unit: ready when all N are,
 and when one of them exits the others are stopped and the node's exit is reported.
-
-Kept in one module (over 400 lines) on purpose: the launcher's loop, its order handling and
-the processes it runs share one state.
 """
 
 from __future__ import annotations

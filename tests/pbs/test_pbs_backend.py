@@ -13,7 +13,7 @@ from malletrain_core.backends.base import Backend
 from malletrain_core.backends.pbs import parse as pp
 from malletrain_core.backends.pbs.backend import PbsBackend
 from malletrain_core.backends.states import NodeState, TaskState
-from malletrain_core.errors import CommandError, CommandNotFound, ValidationError
+from malletrain_core.errors import CommandError, CommandNotFound, ConfigError
 from malletrain_core.events import (
     Checkpoint,
     EndReason,
@@ -68,9 +68,11 @@ def runner() -> RecordingRunner:
 def test_pbs_backend_is_a_backend(runner):
     backend: Backend = PbsBackend(runner)
     assert backend.name == "pbs"
-    with pytest.raises(ValidationError, match="grant_timeout_s: 0 must be a positive"):
+    # the [pbs] section's checks, written once in PbsOptions
+    with pytest.raises(ConfigError, match="pbs.grant_timeout_s: 0 must be a finite number of "
+                       "seconds > 0"):
         PbsBackend(runner, grant_timeout_s=0)
-    with pytest.raises(ValidationError, match="queue: empty"):
+    with pytest.raises(ConfigError, match="pbs.queue is empty"):
         PbsBackend(runner, queue=" ")
 
 

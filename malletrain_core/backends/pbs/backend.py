@@ -36,24 +36,20 @@ job after its Finish. A vnode is offered only when it is free (no state bit), ru
 no reservation pending and is not tied to another queue. Hole ends are not read from PBS's
 plan: IdleNode.hole_end is None.
 
-Kept in one module (over 400 lines) on purpose: one class, whose poll's reconciliations and
-whose actions share its bookkeeping (workers, launches, vnodes taken); the parsing of PBS's
-output is :mod:`.parse`, the admin checks :mod:`.checks`.
+The commands it runs are :mod:`.commands`, the reading of PBS's output :mod:`.parse`, the
+admin checks :mod:`.checks`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
-from ...errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
 from ...events import (
     EndReason,
     Event,
     Finish,
     Grow,
     IdleNode,
-    JobRequest,
     NodesReclaimed,
     Shrink,
     WorkerStarted,
@@ -63,42 +59,12 @@ from ...runner import CommandRunner
 from ..base import REUSE_SETTLE_S, Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
 from . import parse as pp
+from .commands import PbsCommands
 from .options import PbsOptions
 
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = PbsOptions.queue
-MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
-MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
-TRAINER_VAR = "MALLETRAIN_TRAINER"
-_ACTIVE = (TaskState.RUNNING, TaskState.ENDING)
-_RERUN_SUBSTATES = frozenset((60, 61, 62, 63))
-"""The substates of a job PBS is requeuing (``JOB_SUBSTATE_RERUN`` to ``RERUN3``: its output
-kept, staged out, its files and its record on the mom deleted), after a preemption by requeue,
-a ``qrerun`` or a node fault. Its processes are gone, but qstat still shows it ``E`` (or ``R``)
-for about a second (0.9 s on the local complex) before ``Q``."""
-
-
-def _requeuing(sub: pp.PbsJob) -> bool:
-    """``sub`` shows active but PBS is requeuing it (:data:`_RERUN_SUBSTATES`)."""
-    return sub.state in _ACTIVE and sub.substate in _RERUN_SUBSTATES
-
-
-def job_request(array: pp.PbsJob, subjobs: Sequence[pp.PbsJob]) -> JobRequest | None:
-    """The engine's request for an array, from the variables the queuejob hook set."""
-    max_nodes = pp.array_size(array.indices) or len(subjobs)
-    declared = pp._int(array.env.get(MAX_VAR))
-    if declared is not None and 0 < declared < max_nodes:
-        max_nodes = declared
-    min_nodes = pp._int(array.env.get(MIN_VAR), 1)
-    if max_nodes < 1 or min_nodes is None or not 1 <= min_nodes <= max_nodes:
-        log.warning("job %s ignored: %s=%s with %d subjobs; the queuejob hook normally refuses "
-                    "this", array.id, MIN_VAR, array.env.get(MIN_VAR), max_nodes)
-        return None
-    profile = array.env.get(PROFILE_VAR, "1").strip().lower() not in ("0", "no", "false")
-    return JobRequest(array.id, min_nodes=min_nodes, max_nodes=max_nodes, owner=array.owner,
-                      model=array.env.get(MODEL_VAR, ""), profile=profile,
-                      trainer=array.env.get(TRAINER_VAR, ""))
 
 
 class PbsBackend(TaskBackend):
@@ -115,18 +81,15 @@ class PbsBackend(TaskBackend):
     PBS has just picked that vnode for a job that is preempting ours and not running yet (seen:
     a worker and the preempting job on one vnode, ncpus -2/2, when the daemon acted 10 ms after
     the requeue's datagram); waiting as long as a burst does gives that job time to start.
-    Since then each batch of grows also reads the vnodes again first (:meth:`_fresh_nodes`)."""
+    Since then each batch of grows also reads the vnodes again first (:meth:`_grow`)."""
 
     def __init__(self, runner: CommandRunner, queue: str = DEFAULT_QUEUE,
                  grant_timeout_s: float = PbsOptions.grant_timeout_s,
                  group_resource: str | None = None) -> None:
-        if not queue.strip():
-            raise ValidationError("PbsBackend", "queue", "empty; name the preemptable queue")
-        if not grant_timeout_s > 0:
-            raise ValidationError("PbsBackend", "grant_timeout_s",
-                                  f"{grant_timeout_s!r} must be a positive number of seconds")
+        PbsOptions(queue=queue, grant_timeout_s=grant_timeout_s).validate()
         super().__init__()
         self.runner = runner
+        self.pbs = PbsCommands(runner, queue)
         self.queue = queue
         self.grant_timeout_s = float(grant_timeout_s)
         self.group_resource = group_resource
@@ -152,14 +115,8 @@ class PbsBackend(TaskBackend):
     def poll(self, now: float) -> list[Event]:
         """Reconcile with PBS and return what changed since the last poll."""
         # pbsnodes first: a worker that starts between the two calls then shows as ours.
-        argv = ["pbsnodes", "-a", "-F", "json"]
-        nodes = pp.parse_pbsnodes(self.runner.run(argv).stdout, argv)
-        # Given a queue, ``qstat -t`` lists the subjobs but not their arrays (OpenPBS 23.06,
-        # measured): the arrays come from a second call without -t, both scoped to the queue.
-        argv = ["qstat", "-f", "-F", "json", self.queue]
-        jobs = pp.parse_qstat(self.runner.run(argv).stdout, argv)
-        argv = ["qstat", "-f", "-t", "-F", "json", self.queue]
-        jobs.update(pp.parse_qstat(self.runner.run(argv).stdout, argv))
+        nodes = self.pbs.vnodes()
+        jobs = self.pbs.jobs()
         for aid in sorted(self._to_delete):
             self._delete(aid)
         arrays = {j.id: j for j in jobs.values() if j.is_array and j.queue == self.queue}
@@ -184,9 +141,9 @@ class PbsBackend(TaskBackend):
 
     def _admit_arrays(self, arrays: dict[str, pp.PbsJob],
                       subjobs: dict[str, list[pp.PbsJob]], now: float, out: PollEvents) -> None:
-        for aid in sorted(arrays, key=_job_number):
+        for aid in sorted(arrays, key=pp.job_number):
             if self._is_new(aid):
-                self._admit(aid, job_request(arrays[aid], subjobs.get(aid, [])), now, out)
+                self._admit(aid, pp.job_request(arrays[aid], subjobs.get(aid, [])), now, out)
 
     def _yield_clashes(self, current: dict[str, pp.PbsJob], nodes: dict[str, pp.PbsNode],
                        our_ids: set[str]) -> None:
@@ -197,10 +154,11 @@ class PbsBackend(TaskBackend):
         (NodesReclaimed), as for a preemption."""
         for sid, (node, _) in list(self._yielding.items()):
             seen = current.get(sid)
-            if seen is None or seen.state not in _ACTIVE or seen.node != node:
+            if seen is None or seen.state not in pp.ACTIVE or seen.node != node:
                 del self._yielding[sid]
         for sid, sub in sorted(current.items()):
-            if sub.state not in _ACTIVE or not sub.node or self._yielding.get(sid, ("", False))[1]:
+            if sub.state not in pp.ACTIVE or not sub.node \
+                    or self._yielding.get(sid, ("", False))[1]:
                 continue
             vnode = nodes.get(sub.node)
             others = [j for j in vnode.jobs if j not in our_ids] if vnode is not None else []
@@ -208,7 +166,7 @@ class PbsBackend(TaskBackend):
                 continue
             log.warning("vnode %s runs %s and our subjob %s: requeueing ours (qrerun)",
                         sub.node, ",".join(others), sid)
-            self._yielding[sid] = (sub.node, self._run(["qrerun", sid]))  # retried if refused
+            self._yielding[sid] = (sub.node, self.pbs.act("qrerun", sid))  # retried if refused
             self._workers.pop(sid, None)
             self._launching.pop(sid, None)
             self._unwanted.pop(sid, None)
@@ -220,12 +178,12 @@ class PbsBackend(TaskBackend):
             seen = current.get(sid)
             if seen is not None and seen.state is TaskState.RUNNING:
                 del self._unwanted[sid]
-                self._run(["qrerun", sid])  # started after the engine had shrunk it away
+                self.pbs.act("qrerun", sid)  # started after the engine had shrunk it away
             elif seen is None or seen.state is TaskState.DONE or now >= until:
                 del self._unwanted[sid]
         for sid, sub in sorted(current.items()):
-            if sub.array_id not in self._jobs or sub.state not in _ACTIVE or not sub.node \
-                    or _requeuing(sub):
+            if sub.array_id not in self._jobs or sub.state not in pp.ACTIVE or not sub.node \
+                    or sub.requeuing:
                 continue
             if sid in unwanted or sid in self._yielding:
                 continue
@@ -240,8 +198,8 @@ class PbsBackend(TaskBackend):
             # for the next epoch. (The jobobit hook runs only at the requeue's end, so this
             # helps when a poll falls inside it.) One the daemon itself requeued (a shrink) is
             # waited for as before.
-            if seen is not None and seen.state in _ACTIVE and seen.node == self._workers[sid][1] \
-                    and not (_requeuing(seen) and sid not in self._stopping):
+            if seen is not None and seen.state in pp.ACTIVE and seen.node == self._workers[sid][1] \
+                    and not (seen.requeuing and sid not in self._stopping):
                 continue
             aid, node = self._workers.pop(sid)
             if sid in self._stopping or seen is None or seen.state is TaskState.DONE:
@@ -258,7 +216,7 @@ class PbsBackend(TaskBackend):
                 if not self._granted_again(aid, node):
                     out.stopped.append(WorkerStopped(now, aid, node))
             elif seen is not None and (seen.state in (TaskState.PENDING, TaskState.HELD)
-                                       or _requeuing(seen)):
+                                       or seen.requeuing):
                 out.reclaimed.append(node)  # requeued by PBS: preempted
                 self._offered.pop(node, None)
             else:
@@ -346,17 +304,6 @@ class PbsBackend(TaskBackend):
         group = vnode.resources.get(self.group_resource) if self.group_resource else None
         return IdleNode(vnode.name, None, str(group) if group is not None else None)
 
-    def _run(self, argv: list[str]) -> bool:
-        """One command whose failure is logged (the next poll shows the truth)."""
-        try:
-            self.runner.run(argv)
-            return True
-        except CommandNotFound:
-            raise
-        except CommandError as exc:  # CommandTimeout included
-            log.warning("%s", exc)
-            return False
-
     def _shrink(self, shrinks: list[Shrink], now: float, events: list[Event]) -> None:
         for action in shrinks:
             self._shrink_one(action, now, events)
@@ -374,7 +321,7 @@ class PbsBackend(TaskBackend):
                 continue
             if sid in self._stopping:
                 continue
-            if self._run(["qrerun", sid]):
+            if self.pbs.act("qrerun", sid):
                 self._stopping.add(sid)
                 self._left[sid] = (node, now)
             else:
@@ -383,42 +330,17 @@ class PbsBackend(TaskBackend):
     def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
         if not any(action.nodes for action in grows):
             return
-        fresh = self._fresh_nodes()
+        # The vnodes read again once per batch of grows: the engine decided on the last poll's
+        # view, and ``qrun -H`` would run a subjob on a vnode that PBS has given to another job
+        # since (seen: a preempting job started 0.7 s before the grant, both ran on one vnode
+        # with ncpus -2/2). None when pbsnodes did not answer: the grows go ahead and the next
+        # poll's clash check (:meth:`_yield_clashes`) undoes any that collided.
+        fresh = self.pbs.fresh_vnodes()
         taken: list[str] = []
         for action in grows:
             events += self._grow_one(action, now, fresh, taken)
         if taken:
             events.append(NodesReclaimed(now, tuple(sorted(set(taken)))))
-
-    def _fresh_nodes(self) -> dict[str, pp.PbsNode] | None:
-        """The vnodes as PBS shows them now, read once per batch of grows: the engine decided
-        on the last poll's view, and ``qrun -H`` would run a subjob on a vnode that PBS has given
-        to another job since (seen: a preempting job started 0.7 s before the grant, both ran on
-        one vnode with ncpus -2/2). None when pbsnodes did not answer: the grows go ahead and
-        the next poll's clash check (:meth:`_yield_clashes`) undoes any that collided."""
-        argv = ["pbsnodes", "-a", "-F", "json"]
-        try:
-            return pp.parse_pbsnodes(self.runner.run(argv).stdout, argv)
-        except CommandNotFound:
-            raise
-        except CommandError as exc:
-            log.warning("%s: grows go ahead on the last poll's view", exc)
-            return None
-
-    def _taken(self, vnode: pp.PbsNode | None) -> str:
-        """Why a worker may not be started on ``vnode`` now ("" when it may): gone, down,
-        reserved, tied to another queue, or running a job that is not one of our subjobs. A
-        worker of ours still leaving it (a shrink just sent) does not count: PBS starts the new
-        one once it is gone, as before this check."""
-        if vnode is None:
-            return "gone"
-        others = [j for j in vnode.jobs if j not in self._subjobs]
-        if others:
-            return f"jobs {','.join(others)}"
-        if vnode.state is NodeState.DOWN or vnode.resv or vnode.queue not in ("", self.queue):
-            return f"state {','.join(vnode.words)}" + (f", reservation {vnode.resv}"
-                                                       if vnode.resv else "")
-        return ""
 
     def _grow_one(self, action: Grow, now: float, fresh: dict[str, pp.PbsNode] | None,
                   taken_nodes: list[str]) -> list[Event]:
@@ -432,7 +354,8 @@ class PbsBackend(TaskBackend):
                 log.warning("grow of %s on %s: no queued subjob left", action.job_id, node)
                 failed.append(WorkerStopped(now, action.job_id, node))
                 continue
-            why = self._taken(fresh.get(node)) if fresh is not None else None
+            why = pp.taken(fresh.get(node), self._subjobs, self.queue) \
+                if fresh is not None else None
             if why:
                 log.info("grow of %s on %s: not started, PBS has taken the vnode since the last "
                          "poll (%s)", action.job_id, node, why)
@@ -447,7 +370,7 @@ class PbsBackend(TaskBackend):
                 failed.append(WorkerStopped(now, action.job_id, node))
                 self._withdraw(node, taken_nodes)
                 continue
-            if self._run(["qrun", "-a", "-H", f"({node})", sid]):
+            if self.pbs.act("qrun", "-a", "-H", f"({node})", sid):
                 self._launching[sid] = Launch(action.job_id, node, now + self.grant_timeout_s)
                 self._runs_at_launch[sid] = self._subjobs[sid].run_count
             else:
@@ -462,19 +385,5 @@ class PbsBackend(TaskBackend):
     def _delete(self, aid: str) -> None:
         """``qdel`` the array; retried at the next poll when PBS did not answer."""
         self._to_delete.discard(aid)
-        try:
-            self.runner.run(["qdel", aid])
-        except CommandNotFound:
-            raise
-        except CommandTimeout as exc:
-            log.warning("%s: retried at the next poll", exc)
+        if not self.pbs.qdel(aid):
             self._to_delete.add(aid)
-        except CommandError as exc:
-            if "Unknown Job Id" in exc.stderr or "Job has finished" in exc.stderr:
-                return  # already gone: nothing to delete
-            log.warning("%s", exc)
-
-
-def _job_number(job_id: str) -> tuple[int, str]:
-    head = job_id.split("[", 1)[0].split(".", 1)[0]
-    return (int(head) if head.isdigit() else 0, job_id)

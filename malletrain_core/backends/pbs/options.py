@@ -1,15 +1,17 @@
 """The ``[pbs]`` section of malletrain.toml: the PBS backend's settings, their defaults and their
 checks, in one place.
 
-A leaf module (it imports only the TOML helpers): :mod:`malletrain_core.config` reads the
-section into a :class:`PbsOptions` without importing the backend, and the PBS registry entry
-(:mod:`.system`) names it. The backend's own defaults come from here.
+A leaf module (it imports only the TOML helpers and the errors): :mod:`malletrain_core.config`
+reads the section into a :class:`PbsOptions` without importing the backend, and the PBS
+registry entry (:mod:`.system`) names it. The backend's own defaults and checks come from
+here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...errors import ConfigError
 from ...tomltables import positive
 
 
@@ -30,6 +32,10 @@ class PbsOptions:
     (pbs_hooks/install.sh --job-key-file writes it; docs/pbs.md). Empty: launchers use munge."""
 
     def validate(self) -> None:
-        """The ``[pbs]`` section's own checks (one line naming the key)."""
+        """The ``[pbs]`` section's own checks (one line naming the key); the backend runs them
+        on its own arguments too, so they are written once."""
+        if not self.queue.strip():
+            raise ConfigError("pbs.queue is empty; name the preemptable execution queue "
+                              "(pbs_hooks/install.sh makes mt_preemptable)")
         positive(("pbs.command_timeout_s", self.command_timeout_s))
         positive(("pbs.grant_timeout_s", self.grant_timeout_s), unit="seconds")

@@ -1,4 +1,6 @@
-"""Reading PBS's own output: ``pbsnodes -a -F json`` and ``qstat -f -t -F json``.
+"""Reading PBS's own output: ``pbsnodes -a -F json`` and ``qstat -f -t -F json``, and what a
+record says on its own (a subjob being requeued, a vnode taken, an array's request as the
+queuejob hook set it).
 
 Both are parsed defensively. OpenPBS has printed JSON that ``json.loads`` refuses: backslashes
 before characters JSON does not escape (``\\'``, ``\\,`` from job environments), numbers with
@@ -13,11 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import CommandError
+from ...events import JobRequest
 from ..states import NodeState, TaskState, translate
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,18 @@ subjob; F: a finished job, shown with ``-x``; M: moved to another server)."""
 _RANK = {NodeState.DOWN: 3, NodeState.UNKNOWN: 2, NodeState.BUSY: 1, NodeState.IDLE: 0}
 _BAD_ESCAPE = re.compile(r'\\(["\\/bfnrtu])|\\')
 _LEADING_ZERO = re.compile(r'(:\s*)(-?0\d+(?:\.\d+)?)(\s*[,}\]\n])')
+
+
+ACTIVE = (TaskState.RUNNING, TaskState.ENDING)
+"""The states of a subjob that holds its vnode."""
+RERUN_SUBSTATES = frozenset((60, 61, 62, 63))
+"""The substates of a job PBS is requeuing (``JOB_SUBSTATE_RERUN`` to ``RERUN3``: its output
+kept, staged out, its files and its record on the mom deleted), after a preemption by requeue,
+a ``qrerun`` or a node fault. Its processes are gone, but qstat still shows it ``E`` (or ``R``)
+for about a second (0.9 s on the local complex) before ``Q``."""
+MIN_VAR, MAX_VAR = "MALLETRAIN_MIN_NODES", "MALLETRAIN_MAX_NODES"
+MODEL_VAR, PROFILE_VAR = "MALLETRAIN_MODEL", "MALLETRAIN_PROFILE"
+TRAINER_VAR = "MALLETRAIN_TRAINER"
 
 
 def pbs_node_state(words: Sequence[str]) -> NodeState:
@@ -188,6 +203,11 @@ class PbsJob:
     def node(self) -> str | None:
         return self.nodes[0] if self.nodes else None
 
+    @property
+    def requeuing(self) -> bool:
+        """Shown active, but PBS is requeuing it (:data:`RERUN_SUBSTATES`)."""
+        return self.state in ACTIVE and self.substate in RERUN_SUBSTATES
+
 
 _SUBJOB = re.compile(r"^(\d+)\[(\d+)\](.*)$")
 
@@ -218,3 +238,42 @@ def parse_qstat(text: str, argv: Sequence[str] = ("qstat",)) -> dict[str, PbsJob
             substate=_int(attrs.get("substate")),
             env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {})
     return out
+
+
+def job_number(job_id: str) -> tuple[int, str]:
+    """A sort key: the job's number, then its id."""
+    head = job_id.split("[", 1)[0].split(".", 1)[0]
+    return (int(head) if head.isdigit() else 0, job_id)
+
+
+def job_request(array: PbsJob, subjobs: Sequence[PbsJob]) -> JobRequest | None:
+    """The engine's request for an array, from the variables the queuejob hook set."""
+    max_nodes = array_size(array.indices) or len(subjobs)
+    declared = _int(array.env.get(MAX_VAR))
+    if declared is not None and 0 < declared < max_nodes:
+        max_nodes = declared
+    min_nodes = _int(array.env.get(MIN_VAR), 1)
+    if max_nodes < 1 or min_nodes is None or not 1 <= min_nodes <= max_nodes:
+        log.warning("job %s ignored: %s=%s with %d subjobs; the queuejob hook normally refuses "
+                    "this", array.id, MIN_VAR, array.env.get(MIN_VAR), max_nodes)
+        return None
+    profile = array.env.get(PROFILE_VAR, "1").strip().lower() not in ("0", "no", "false")
+    return JobRequest(array.id, min_nodes=min_nodes, max_nodes=max_nodes, owner=array.owner,
+                      model=array.env.get(MODEL_VAR, ""), profile=profile,
+                      trainer=array.env.get(TRAINER_VAR, ""))
+
+
+def taken(vnode: PbsNode | None, ours: Collection[str], queue: str) -> str:
+    """Why a worker may not be started on ``vnode`` now ("" when it may): gone, down,
+    reserved, tied to another queue than ``queue``, or running a job that is not one of
+    ``ours`` (our subjobs). A worker of ours still leaving it (a shrink just sent) does not
+    count: PBS starts the new one once it is gone."""
+    if vnode is None:
+        return "gone"
+    others = [j for j in vnode.jobs if j not in ours]
+    if others:
+        return f"jobs {','.join(others)}"
+    if vnode.state is NodeState.DOWN or vnode.resv or vnode.queue not in ("", queue):
+        return f"state {','.join(vnode.words)}" + (f", reservation {vnode.resv}"
+                                                   if vnode.resv else "")
+    return ""

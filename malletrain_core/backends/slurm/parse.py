@@ -8,9 +8,6 @@ version live in ``tests/golden/slurm/<version>/``.
 
 Times: Slurm prints local time (``2026-11-21T09:23:51``) unless ``SLURM_TIME_FORMAT`` says
 otherwise; :func:`parse_time` reads that and Unix seconds (``SLURM_TIME_FORMAT=%s``).
-
-Kept in one module (over 400 lines) on purpose: every parser of Slurm's output, tested together
-against the golden captures of each release.
 """
 
 from __future__ import annotations
