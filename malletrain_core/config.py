@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, get_type_hints
+from typing import Any, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,8 +25,7 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
 from . import hostlist
-from .backends.pbs.options import PbsOptions
-from .backends.slurm.options import SlurmOptions
+from .backends.sections import BatchSystemSections
 from .defaults import DEFAULT_LOOKAHEAD_S as DEFAULT_LOOKAHEAD_S
 from .errors import ConfigError, MalleTrainError
 from .tomltables import dataclass_from_table
@@ -109,37 +108,18 @@ class TrainerConfig:
     max_running_jobs: int = -1
 
 
-class SectionOptions(Protocol):
-    """A batch system's section: a frozen dataclass in its package's ``options.py`` whose
-    ``validate()`` raises a one-line ConfigError naming the key at fault."""
-
-    def validate(self) -> None: ...
-
-
-OptionsT = TypeVar("OptionsT", bound=SectionOptions)
-BATCH_SYSTEM_SECTION = "batch_system_section"
-
-
-def batch_system_section(options: type[OptionsT]) -> OptionsT:
-    """A field of :class:`Config` holding a batch system's section, with the defaults of
-    ``options``; :meth:`Config.validate` runs the section's own checks, so that a batch system
-    adds here its field and the import of its class, nothing else."""
-    return field(default_factory=options, metadata={BATCH_SYSTEM_SECTION: True})
-
-
 TRAINER_NAME = re.compile(r"^[A-Za-z0-9_.+/-]{1,64}$")
 """What ``--comment=trainer=NAME`` can carry through job_submit.lua."""
 
 
 @dataclass(frozen=True)
-class Config:
-    """Every setting of ``malletraind``; see ``malletrain.toml`` beside this module."""
+class Config(BatchSystemSections):
+    """Every setting of ``malletraind``; see ``malletrain.toml`` beside this module. The batch
+    systems' sections (``slurm``, ``pbs``) come from :class:`~.backends.sections.BatchSystemSections`."""
 
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
-    slurm: SlurmOptions = batch_system_section(SlurmOptions)
-    pbs: PbsOptions = batch_system_section(PbsOptions)
     munge: MungeConfig = field(default_factory=MungeConfig)
     epochs: EpochsConfig = field(default_factory=EpochsConfig)
     trainer: tuple[TrainerConfig, ...] = ()
@@ -183,9 +163,7 @@ class Config:
                               in self.allocator.user_max_nodes.items())):
             if not value >= 0 or not math.isfinite(value):
                 raise ConfigError(f"{name}: {value!r} must be a finite number ≥ 0")
-        for f in dataclasses.fields(self):
-            if f.metadata.get(BATCH_SYSTEM_SECTION):
-                getattr(self, f.name).validate()
+        self.validate_sections()
         for name, port in (("daemon.api_port", d.api_port), ("daemon.metrics_port", d.metrics_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name}: {port!r} is not a port number (0 turns it off)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_type_hints
+
 import pytest
 
 from malletrain_core import config
@@ -125,14 +127,15 @@ def test_each_batch_systems_settings_are_its_entrys_and_a_field_of_the_config():
 
 def test_every_batch_systems_section_is_validated_by_load(tmp_path):
     """``Config.validate`` runs each batch system's own checks (its options' ``validate()``),
-    found from the fields :func:`config.batch_system_section` made, none named by hand."""
-    import dataclasses
-
+    found from the fields of :class:`~malletrain_core.backends.sections.BatchSystemSections`,
+    none named in config.py; each field is the section and class its registry entry names."""
+    from malletrain_core.backends import sections
     from malletrain_core.backends.registry import BATCH_SYSTEMS
 
-    marked = {f.name for f in dataclasses.fields(config.Config)
-              if f.metadata.get(config.BATCH_SYSTEM_SECTION)}
-    assert marked == {e.section for e in BATCH_SYSTEMS.values() if e.section}
+    marked = set(sections.SECTIONS)
+    hints = get_type_hints(config.Config)
+    assert {(e.section, e.options) for e in BATCH_SYSTEMS.values() if e.section} == {
+        (name, hints[name]) for name in marked}
     calls = []
 
     class Counting:

@@ -59,18 +59,20 @@ def test_the_playing_snippet_runs(tmp_path: Path) -> None:
     assert ToyBackend(cluster).poll(0.0)  # the nodes are offered to a daemon reading it
 
 
-def test_a_batch_systems_settings_take_the_lines_of_config_py_the_doc_shows() -> None:
-    """Each batch system with settings is named in config.py on two lines, the import of its
-    options class and its field, as the doc's PBS example shows; nothing else there names it."""
-    (shown,) = re.findall(r"`malletrain_core/config\.py` takes one field.*?```python\n(.*?)```",
+def test_a_batch_systems_settings_take_the_lines_the_doc_shows() -> None:
+    """Each batch system with settings is named on two lines of backends/sections.py, the import
+    of its options class and its field, as the doc's PBS example shows; config.py names none."""
+    (shown,) = re.findall(r"`malletrain_core/backends/sections\.py` takes.*?```python\n(.*?)```",
                           DOC, re.S)
-    source = (ROOT / "malletrain_core" / "config.py").read_text().splitlines()
+    source = (ROOT / "malletrain_core" / "backends" / "sections.py").read_text().splitlines()
     for line in shown.splitlines():
-        assert line == "..." or line in source, f"config.py has no line {line!r}"
+        assert line == "..." or line in source, f"backends/sections.py has no line {line!r}"
+    config_py = (ROOT / "malletrain_core" / "config.py").read_text()
     for entry in BATCH_SYSTEMS.values():
         if entry.options is None:
             continue
         name = entry.options.__name__
+        assert not re.search(rf"\b{name}\b", config_py), f"config.py names {name}"
         naming = [ln.strip() for ln in source if re.search(rf"\b{name}\b", ln)]
-        assert naming == [f"from .backends.{entry.section}.options import {name}",
-                          f"{entry.section}: {name} = batch_system_section({name})"], naming
+        assert naming == [f"from .{entry.section}.options import {name}",
+                          f"{entry.section}: {name} = field(default_factory={name})"], naming

@@ -2,8 +2,8 @@
 of its keys, and ``malletraind`` builds its backend from the configuration with the function
 registered there; the daemon and the CLI ask its entry (:class:`~.system.BatchSystem`) for
 everything else about it. Adding a batch system is one package under ``backends/``, its import
-and one line here, and, where it has settings, their field in ``Config``
-(:func:`~malletrain_core.config.batch_system_section`; docs/extending.md).
+and one line here, and, where it has settings, their field in
+:class:`~.sections.BatchSystemSections` (docs/extending.md).
 """
 
 from __future__ import annotations
