@@ -1,0 +1,201 @@
+"""A sharded model's training state as named local tensors, and its manifest.
+
+A rank of an FSDP2 or HSDP model holds, for every parameter, the local shard of the parameter
+(a ``DTensor`` sharded on dim 0) and of each optimizer state of the same shape (AdamW's
+``exp_avg``, ``exp_avg_sq``), plus whole tensors every rank holds alike: the optimizer's
+``step`` and the model's buffers. :func:`inventory` names them all; the :class:`Manifest`
+(their global shapes and dtypes, the optimizer's hyper-parameters) is what a rank that holds
+nothing yet needs to allocate its part, and travels as JSON, never as a pickle.
+:func:`allocate` builds that part on a model freshly sharded on the new mesh.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SHARD = "shard"
+"""An entry sharded on dim 0 over the mesh's last dimension (its shape is the global one)."""
+WHOLE = "whole"
+"""An entry every rank holds whole and alike (its shape is the tensor's)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One named tensor of the state: ``p/<fqn>`` a parameter, ``o/<fqn>/<name>`` one of its
+    optimizer states, ``b/<fqn>`` a buffer."""
+
+    key: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def row_numel(self) -> int:
+        n = 1
+        for s in self.shape[1:]:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        import torch
+
+        return torch.empty(0, dtype=_dtype(self.dtype)).element_size()
+
+
+@dataclass
+class Manifest:
+    """The entries of a state, in the order every rank exchanges them, and the optimizer's
+    hyper-parameters per parameter group (``params`` left out)."""
+
+    entries: list[Entry]
+    groups: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        rows = [[e.key, e.kind, e.dtype, list(e.shape)] for e in self.entries]
+        try:
+            return json.dumps({"entries": rows, "groups": self.groups}).encode()
+        except TypeError as exc:
+            raise ValueError("an optimizer hyper-parameter is not a number, string or list "
+                             f"({exc}); a tensor learning rate cannot be re-sharded") from exc
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        doc = json.loads(data)
+        return cls([Entry(k, kind, dt, tuple(shape)) for k, kind, dt, shape in doc["entries"]],
+                   doc["groups"])
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name}")
+    return dtype
+
+
+def _local(t: Any) -> tuple[str, Any, tuple[int, ...]]:
+    """(kind, local tensor, global shape) of a parameter or state tensor."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if isinstance(t, DTensor):
+        last = t.placements[-1]
+        if not isinstance(last, Shard) or last.dim != 0 or any(
+                isinstance(p, Shard) for p in t.placements[:-1]):
+            raise ValueError(f"only dim-0 sharding on the mesh's last dimension is supported, "
+                             f"not {t.placements}")
+        return SHARD, t.to_local(), tuple(t.shape)
+    return WHOLE, t, tuple(t.shape)
+
+
+def _named_state(model: Any, optimizer: Any) -> list[tuple[str, Any]]:
+    """(key, tensor) for every parameter, optimizer state and buffer, in a fixed order."""
+    import torch
+
+    out: list[tuple[str, Any]] = []
+    params = list(model.named_parameters())
+    for fqn, p in params:
+        out.append((f"p/{fqn}", p))
+    for fqn, p in params:
+        state = optimizer.state.get(p, {}) if optimizer is not None else {}
+        for name in sorted(state):
+            value = state[name]
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"optimizer state {fqn}/{name} is not a tensor ({value!r})")
+            out.append((f"o/{fqn}/{name}", value))
+    out += [(f"b/{fqn}", b) for fqn, b in model.named_buffers()]
+    return out
+
+
+def _hyper(optimizer: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def inventory(model: Any, optimizer: Any) -> tuple[Manifest, dict[str, Any]]:
+    """The manifest of this rank's state and its local tensors by key (views, not copies)."""
+    import torch
+
+    entries, local = [], {}
+    with torch.no_grad():
+        for key, t in _named_state(model, optimizer):
+            kind, loc, shape = _local(t)
+            entries.append(Entry(key, kind, str(t.dtype).removeprefix("torch."), shape))
+            local[key] = loc
+    return Manifest(entries, _hyper(optimizer) if optimizer is not None else []), local
+
+
+def local_bytes(tensors: Mapping[str, Any]) -> int:
+    """The bytes of the data in ``tensors`` (FSDP's padding not counted)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def allocate(model: Any, optimizer: Any, manifest: Manifest) -> dict[str, Any]:
+    """Give ``optimizer`` (over ``model``'s parameters, freshly sharded and ``to_empty``'d) the
+    manifest's state entries and hyper-parameters, and return the local tensors to fill by key.
+    """
+    import torch
+
+    params = dict(model.named_parameters())
+    if len(optimizer.param_groups) != len(manifest.groups):
+        raise ValueError(f"the new optimizer has {len(optimizer.param_groups)} parameter "
+                         f"groups, the state held {len(manifest.groups)}")
+    group_of = {}
+    for g, hyper in zip(optimizer.param_groups, manifest.groups, strict=True):
+        for k, v in hyper.items():
+            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+        group_of.update({id(p): g for p in g["params"]})
+    with torch.no_grad():
+        for e in manifest.entries:
+            if not e.key.startswith("o/"):
+                continue
+            fqn, name = e.key[2:].rsplit("/", 1)
+            p = params[fqn]
+            dtype = _dtype(e.dtype)
+            g = group_of[id(p)]
+            # as torch's Adam keeps it: ``step`` on the CPU unless capturable or fused
+            on = p.device if g.get("capturable") or g.get("fused") else "cpu"
+            value = (torch.zeros_like(p, dtype=dtype) if e.kind == SHARD
+                     else torch.zeros(e.shape, dtype=dtype, device=on))
+            optimizer.state[p][name] = value
+    mine, local = inventory(model, optimizer)
+    if [(e.key, e.kind, e.dtype, e.shape) for e in mine.entries] != \
+            [(e.key, e.kind, e.dtype, e.shape) for e in manifest.entries]:
+        raise ValueError("the model built for the new layout does not match the state held "
+                         "(different parameters, buffers, shapes or dtypes)")
+    return local
+
+
+def rebuild(build: Callable[[Any], Any], make_optimizer: Callable[[Any], Any], mesh: Any,
+            manifest: Manifest, device: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """The model sharded on ``mesh`` by the script's ``build`` (on the meta device), given
+    memory with ``to_empty``, its optimizer with the manifest's state allocated, and the
+    local tensors to fill."""
+    model = build(mesh)
+    model.to_empty(device=device)
+    optimizer = make_optimizer(model)
+    return model, optimizer, allocate(model, optimizer, manifest)
+
+
+def empty_shards(manifest: Manifest, count: int, index: int, device: Any) -> dict[str, Any]:
+    """Plain tensors for shard ``index`` of ``count`` of every entry, to receive into before
+    the mesh they will be sharded on exists."""
+    import torch
+
+    from .plan import shard_rows
+
+    out = {}
+    for e in manifest.entries:
+        shape = e.shape
+        if e.kind == SHARD:
+            start, stop = shard_rows(e.rows, count, index)
+            shape = (stop - start, *e.shape[1:])
+        out[e.key] = torch.empty(shape, dtype=_dtype(e.dtype), device=device)
+    return out
