@@ -40,14 +40,11 @@ if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a
     sys.exit("run it as a module from the repository's root: python -m bench.byo "
              + " ".join(sys.argv[1:]))
 from bench.e2e_paths import SETTINGS, STANDIN, _gone, _running  # noqa: E402
-from bench.sections import (  # noqa: E402
-    host,
-    replace_section,
-    wait_until,  # noqa: E402
-)
+from bench.sections import host, replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 from devtools.runlogs.byo_logs import ENV, SCRIPTS, ByoLog, problems, read  # noqa: E402
+from devtools.waiting import wait_until  # noqa: E402
 
 BEGIN, END = "<!-- byo:begin -->", "<!-- byo:end -->"
 INPROCESS = {"torchrun", "lightning", "hf"}

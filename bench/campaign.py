@@ -69,8 +69,7 @@ from bench.campaign_rigs import (  # noqa: E402
     SlurmRig,
     pids_of,
 )
-from bench.e2e_common import say  # noqa: E402
-from bench.sections import host, replace_section  # noqa: E402
+from bench.sections import host, replace_section, say  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 150.0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devtools.runlogs.inplace_logs import json_line
+from devtools.runlogs.jsonlines import json_line
 
 RUN = 5
 """Consecutive global steps, in one epoch, that say a job trains again."""

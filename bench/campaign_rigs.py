@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.e2e_common import say
 from bench.e2e_paths import lost_tasks
+from bench.sections import say
 from devtools.localcluster import LocalCluster
 from devtools.localcluster import faults as slurm_faults
 from devtools.localcluster.daemon import LocalDaemon

@@ -51,9 +51,9 @@ REPO = Path(__file__).resolve().parents[1]
 if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
     sys.exit("run it as a module from the repository's root: python -m bench.e2e "
              + " ".join(sys.argv[1:]))
-from bench.e2e_common import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
+from bench.e2e_common import EpochWatcher, p95, timing_rows, wait  # noqa: E402
 from bench.e2e_paths import SETTINGS, lost_tasks, run_paths  # noqa: E402
-from bench.sections import host, replace_section  # noqa: E402
+from bench.sections import host, replace_section, say  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 

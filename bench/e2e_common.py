@@ -1,21 +1,18 @@
 """What the Slurm and PBS end-to-end benches share (bench/e2e.py, bench/e2e_pbs.py): the
-progress line, a polling wait, the epoch watcher over the workers' output files, the 95th
-percentile and the timing rows of their tables. Its own module so that the two benches
-import it and not each other."""
+timed wait, the epoch watcher over the workers' output files, the 95th percentile and the
+timing rows of their tables. Its own module so that the two benches import it and not each
+other."""
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from devtools.waiting import wait_until
+
 STEP = re.compile(r"^step=\d+ epoch=(\d+) world=(\d+) ")
-
-
-def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 class EpochWatcher:
@@ -41,23 +38,17 @@ class EpochWatcher:
 
     def wait_world(self, world: int, after: float, timeout_s: float) -> float:
         """The monotonic time the first epoch with ``world`` started after ``after``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def started() -> float | None:
             self.poll()
             hits = [t for w, t in self.first.values() if w == world and t >= after]
-            if hits:
-                return min(hits)
-            time.sleep(0.2)
-        raise TimeoutError(f"no training at world size {world} within {timeout_s:g} s")
+            return min(hits) if hits else None
+        return wait_until(f"training at world size {world}", started, timeout_s)
 
 
 def wait(what: str, check: Any, timeout_s: float, interval_s: float = 0.05) -> float:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return time.monotonic()
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+    """When (monotonic) ``check`` first held: the benches time from it."""
+    wait_until(what, check, timeout_s, interval_s)
+    return time.monotonic()
 
 
 def p95(xs: list[float]) -> float:

@@ -30,10 +30,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
-from bench.sections import wait_until  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 from devtools.runlogs.inplace_logs import change, daemon_epochs, read  # noqa: E402
+from devtools.waiting import wait_until  # noqa: E402
 
 TRAIN = [sys.executable, "tests/workers/inplace_train.py", "--batch", "8", "--sleep", "0.05",
          "--checkpoint-every-s", "10", "--digest-every", "50"]

@@ -37,8 +37,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
-from bench.e2e_common import EpochWatcher, p95, say, timing_rows, wait  # noqa: E402
-from bench.sections import host, replace_section  # noqa: E402
+from bench.e2e_common import EpochWatcher, p95, timing_rows, wait  # noqa: E402
+from bench.sections import host, replace_section, say  # noqa: E402
 from devtools.localcluster.pbs import PbsComplex  # noqa: E402
 from devtools.localcluster.pbs_helpers import complex_root, start_daemon, subjob  # noqa: E402
 from malletrain_core.worker.client import UnixClient  # noqa: E402

@@ -35,10 +35,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.e2e_common import say, wait
+from bench.e2e_common import wait
 from bench.e2e_paths import STANDIN, TRAIN, summarize, world_epoch
 from bench.e2e_pbs import ended, state_of, training_script
-from bench.sections import host, replace_section
+from bench.sections import host, replace_section, say
 from devtools.localcluster.pbs import PbsComplex
 from devtools.localcluster.pbs_helpers import complex_root, job_number, start_daemon, subjob
 from devtools.runlogs.inplace_logs import read

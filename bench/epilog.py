@@ -38,13 +38,14 @@ if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a
     sys.exit("run it as a module from the repository's root: python -m bench.epilog "
              + " ".join(sys.argv[1:]))
 from bench.e2e import clear_phase, prod_starts, prod_starts_on_workers, state_of  # noqa: E402
-from bench.e2e_common import p95, say, wait  # noqa: E402
-from bench.sections import host, replace_section  # noqa: E402
+from bench.e2e_common import p95, wait  # noqa: E402
+from bench.sections import host, replace_section, say  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
+from devtools.waiting import poll_until  # noqa: E402
 from malletrain_core.backends.slurm.backend import SlurmBackend, epilog_margin_for  # noqa: E402
 from malletrain_core.errors import MalleTrainError  # noqa: E402
-from malletrain_core.events import Event, Grow, JobSubmitted, WorkerStarted  # noqa: E402
+from malletrain_core.events import Grow, JobSubmitted, WorkerStarted  # noqa: E402
 
 BEGIN, END = "<!-- epilog:begin -->", "<!-- epilog:end -->"
 IDLE = 4
@@ -53,17 +54,6 @@ GRANT_BEFORE_S = 123.8
 hole margin a two-minute limit still fits, so without the Epilog margin the task ends within
 seconds of the planned start, as a task fitted to a hole can."""
 STAGGER_S = 7
-
-
-def _poll_until(backend: SlurmBackend, done: Any, timeout_s: float) -> list[Event]:
-    seen: list[Event] = []
-    deadline = time.monotonic() + timeout_s
-    while not done(seen):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"backend events not seen within {timeout_s:g} s: {seen}")
-        seen += backend.poll(time.time())
-        time.sleep(0.3)
-    return seen
 
 
 def _stamp(t: float) -> str:
@@ -120,8 +110,8 @@ def planned_round(cluster: LocalCluster, pairs: int, epilog_s: float,
         # is its setting at the moment of each grant.
         backend = SlurmBackend(cluster.runner(), grant_timeout_s=60, unplanned_wait_s=0,
                                hole_margin_s=hole_margin)
-        _poll_until(backend, lambda ev: {e.job.id for e in ev if isinstance(e, JobSubmitted)}
-                    >= set(jobs.values()), 30)
+        poll_until(backend, lambda ev: {e.job.id for e in ev if isinstance(e, JobSubmitted)}
+                   >= set(jobs.values()), 30)
         wait("the prod jobs planned at the reservations' end",
              lambda: all(_planned_at(cluster, p, planned, b) for b, p in prods.items()), 60, 0.5)
         for i in range(pairs):
@@ -135,8 +125,8 @@ def planned_round(cluster: LocalCluster, pairs: int, epilog_s: float,
                 if refused:
                     raise RuntimeError(f"grant refused ({m}, {b}): {refused}")
         want = {(jobs[m], b) for m in modes for _, b in plan[m]}
-        _poll_until(backend, lambda ev: {(e.job_id, e.node) for e in ev
-                                         if isinstance(e, WorkerStarted)} >= want, 30)
+        poll_until(backend, lambda ev: {(e.job_id, e.node) for e in ev
+                                        if isinstance(e, WorkerStarted)} >= want, 30)
         limits: dict[str, str] = {}
         for m in modes:
             out = cluster.run(["squeue", "-h", "-r", "-j", jobs[m], "-t", "R", "-o", "%N|%l"])

@@ -37,6 +37,7 @@ if __name__ == "__main__" and not __package__:
 from bench.sections import host, replace_section  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.releases import RELEASES, release  # noqa: E402
+from devtools.waiting import wait_until  # noqa: E402
 from malletrain_core.errors import ConfigError  # noqa: E402
 
 BEGIN, END = "<!-- grant-latency:begin -->", "<!-- grant-latency:end -->"
@@ -48,12 +49,8 @@ def _state(cluster: LocalCluster, job: str) -> str:
 
 
 def _wait(cluster: LocalCluster, job: str, running: bool, limit_s: float = 30.0) -> None:
-    end = time.monotonic() + limit_s
-    while (_state(cluster, job) == "RUNNING") != running:
-        if time.monotonic() > end:
-            raise RuntimeError(f"job {job} not {'running' if running else 'ended'} within "
-                               f"{limit_s:.0f} s")
-        time.sleep(POLL_S)
+    wait_until(f"job {job} {'running' if running else 'ended'}",
+               lambda: (_state(cluster, job) == "RUNNING") == running, limit_s, POLL_S)
 
 
 def trials(cluster: LocalCluster, count: int, rng: random.Random) -> list[dict[str, Any]]:

@@ -39,11 +39,13 @@ if not __package__:  # started as a file: bench/ is a package, run from the repo
     sys.exit("run it as a module from the repository's root: python -m bench.joiner "
              + " ".join(sys.argv[1:]))
 
-from bench.sections import host, replace_section, wait_until  # noqa: E402
+from bench.sections import host, replace_section, say  # noqa: E402
 from bench.sim_to_real_costs import elastic_starts  # noqa: E402
 from devtools.demo.slurmctld_log import job_times  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
+from devtools.runlogs.jsonlines import read_json_lines  # noqa: E402
+from devtools.waiting import wait_until  # noqa: E402
 
 BEGIN, END = "<!-- joiner:begin -->", "<!-- joiner:end -->"
 WORKER = [sys.executable, "tests/workers/joiner_train.py", "--compute-s", "0.1"]
@@ -97,21 +99,9 @@ What each part is, and what of it can be cut:
 """
 
 
-def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def joiner_lines(outdir: Path) -> list[dict[str, Any]]:
     """Every first-step line the job's processes printed (their tasks' output)."""
-    out = []
-    for path in sorted(outdir.glob("task-*.out")):
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith('{"joiner"'):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    return out
+    return read_json_lines(*sorted(outdir.glob("task-*.out")), prefix='{"joiner"')
 
 
 def running_nodes(cluster: LocalCluster, job: str) -> list[str]:

@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
     sys.exit("run it as a module from the repository's root: python -m bench.pbs_prod_trace "
              + " ".join(sys.argv[1:]))
-from bench.e2e import say, wait  # noqa: E402
+from bench.e2e_common import wait  # noqa: E402
 from bench.e2e_pbs import IDLE, MOMS, QUIET, ended, running_subjobs, state_of  # noqa: E402
+from bench.sections import say  # noqa: E402
 from devtools.localcluster.pbs import PbsComplex  # noqa: E402
 from devtools.localcluster.pbs_helpers import complex_root, start_daemon  # noqa: E402
 

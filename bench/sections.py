@@ -1,12 +1,13 @@
-"""Shared by the bench scripts: one section of BENCHMARKS.md, rewritten in place."""
+"""Shared by the bench scripts: the progress line, and one section of BENCHMARKS.md rewritten
+in place."""
 
 from __future__ import annotations
 
 import os
 import platform
 import re
+import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 
@@ -37,12 +38,6 @@ def replace_section(path: Path, begin: str, end: str, body: str, heading: str) -
     path.write_text(text)
 
 
-def wait_until(what: str, check: Callable[[], object], timeout_s: float,
-               interval_s: float = 0.2) -> None:
-    """Poll ``check`` until it is true; TimeoutError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+def say(msg: str) -> None:
+    """One progress line on stderr, with the time of day (stdout carries the result)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

@@ -34,7 +34,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
-from bench.sections import host  # noqa: E402
+from bench.sections import host, say  # noqa: E402
 from bench.sim_to_real_costs import censored_starts, step_gaps, step_samples, step_stats  # noqa: E402
 from devtools.demo import summary, workload  # noqa: E402
 from devtools.localcluster.pbs import PbsComplex  # noqa: E402
@@ -200,7 +200,3 @@ def measure(out: Path, window: tuple[float, float], node_names: list[str],
             "member_stalls_s": stalls, "handovers_s": handovers,
             "preemptions": len(requeued), "rescales": None,
             "idle_counted_from": "the PBS server's accounting log (prod queue, whole seconds)"}
-
-
-def say(text: str) -> None:
-    print(f"sim_to_real (pbs): {text}", file=sys.stderr, flush=True)

@@ -41,8 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
     sys.exit("run it as a module from the repository's root: python -m bench.slurm_paths "
              + " ".join(sys.argv[1:]))
-from bench.e2e import say  # noqa: E402
-from bench.sections import host, replace_section  # noqa: E402
+from bench.sections import host, replace_section, say  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from malletrain_core.backends.slurm.backend import SlurmBackend  # noqa: E402
 from malletrain_core.backends.slurm.pyslurm_reader import PyslurmSource, choose  # noqa: E402

@@ -58,8 +58,8 @@ REPO = Path(__file__).resolve().parents[1]
 if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
     sys.exit("run it as a module from the repository's root: python -m bench.slurmctld_load "
              + " ".join(sys.argv[1:]))
-from bench.e2e import machine, say  # noqa: E402
-from bench.sections import replace_section  # noqa: E402
+from bench.e2e import machine  # noqa: E402
+from bench.sections import replace_section, say  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 from malletrain_core.backends.slurm import parse as sp  # noqa: E402

@@ -59,9 +59,9 @@ import psutil  # noqa: E402
 if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
     sys.exit("run it as a module from the repository's root: python -m bench.soak "
              + " ".join(sys.argv[1:]))
-from bench.e2e import machine, say  # noqa: E402
+from bench.e2e import machine  # noqa: E402
 from bench.load import Churn, elastic_tasks, end_elastic, job_script, sent_reports, squeue  # noqa: E402
-from bench.sections import replace_section  # noqa: E402
+from bench.sections import replace_section, say  # noqa: E402
 from devtools.localcluster import LocalCluster  # noqa: E402
 from devtools.localcluster.daemon import LocalDaemon  # noqa: E402
 

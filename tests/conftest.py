@@ -17,6 +17,9 @@ _REPO = str(Path(__file__).resolve().parents[1])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+# The backend contract's scenarios assert outside the test modules: show what they compared.
+pytest.register_assert_rewrite("backend_contract", "live_contract")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slurm-release", default=None, metavar="RELEASE",

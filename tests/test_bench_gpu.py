@@ -1,4 +1,5 @@
-"""bench/gpu.py: without CUDA it prints one skip JSON and exits 0 at once; its report, pause and
+"""bench/gpu.py and its halves (bench/gpu_child.py, gpu_parts.py, gpu_examples.py,
+gpu_report.py): without CUDA it prints one skip JSON and exits 0 at once; its report, pause and
 step-time arithmetic on made-up runs; bad options refused. The GPU figures themselves come
 from running it on a machine with one (``--cpu-check`` runs every part on gloo here)."""
 
@@ -16,6 +17,8 @@ from typing import Any
 
 import pytest
 from script_module import ROOT
+
+from bench import gpu_examples, gpu_parts, gpu_report
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +60,9 @@ def test_bad_options_are_usage_errors() -> None:
     assert proc.returncode == 2 and "must be ≥ 1" in proc.stderr
 
 
-def test_a_failing_child_is_one_line_naming_its_part(gpu: ModuleType) -> None:
-    with pytest.raises(gpu.PartFailed, match=r"^nope: exit 1: KeyError: 'nope'$"):
-        gpu.run_children("nope", [{"backend": "gloo", "rank": 0}], 60)
+def test_a_failing_child_is_one_line_naming_its_part() -> None:
+    with pytest.raises(gpu_parts.PartFailed, match=r"^nope: exit 1: KeyError: 'nope'$"):
+        gpu_parts.run_children("nope", [{"backend": "gloo", "rank": 0}], 60)
 
 
 def _spread(*xs: float) -> dict[str, Any]:
@@ -97,10 +100,10 @@ RUN: dict[str, Any] = {
 }
 
 
-def test_the_section_reports_a_made_up_gpu_run(gpu: ModuleType) -> None:
-    text = gpu.section(RUN, "python -m bench.gpu --json")
+def test_the_section_reports_a_made_up_gpu_run() -> None:
+    text = gpu_report.section(RUN, "python -m bench.gpu --json")
     lines = text.splitlines()
-    assert lines[0] == gpu.BEGIN and lines[-1] == gpu.END
+    assert lines[0] == gpu_report.BEGIN and lines[-1] == gpu_report.END
     assert "NVIDIA H100" in lines[1] and "`python -m bench.gpu --json`" in lines[1]
     assert "CPU/gloo check" not in text
     assert "an async all-reduce of 1024 MiB" in text
@@ -117,30 +120,30 @@ def test_the_section_reports_a_made_up_gpu_run(gpu: ModuleType) -> None:
     assert "Failed parts: examples." in text
 
 
-def test_the_section_of_a_skipped_run_says_why(gpu: ModuleType) -> None:
-    text = gpu.section({"skipped": "no CUDA: a CPU build of torch", "date": "d"}, "cmd")
-    assert text.splitlines() == [gpu.BEGIN, "Not measured (d, `cmd`): no CUDA: a CPU build of "
-                                 "torch.", gpu.END]
+def test_the_section_of_a_skipped_run_says_why() -> None:
+    text = gpu_report.section({"skipped": "no CUDA: a CPU build of torch", "date": "d"}, "cmd")
+    assert text.splitlines() == [gpu_report.BEGIN, "Not measured (d, `cmd`): no CUDA: a CPU "
+                                 "build of torch.", gpu_report.END]
 
 
-def test_pauses_are_the_gaps_between_epochs(gpu: ModuleType) -> None:
+def test_pauses_are_the_gaps_between_epochs() -> None:
     records: list[dict[str, Any]] = [{"t": t, "step": i, "epoch": e, "failed": False}
                for i, (t, e) in enumerate([(1.0, 0), (1.1, 0), (1.2, 0), (1.9, 1), (2.0, 1),
                                            (3.5, 2)])]
     records.insert(3, {"change": {"epoch": 1, "reform_s": 0.6}})
     records.insert(4, {"t": 1.5, "step": 3, "epoch": 1, "failed": True})  # a dropped step
-    got = gpu.pauses(records)
+    got = gpu_parts.pauses(records)
     assert [g["epoch"] for g in got] == [1, 2]
     assert [g["pause_s"] for g in got] == pytest.approx([0.7, 1.5])
     assert [g["step_interval_s"] for g in got] == pytest.approx([0.1, 0.1])
 
 
-def test_step_times_skip_the_warm_up(gpu: ModuleType) -> None:
+def test_step_times_skip_the_warm_up() -> None:
     arrivals = [0.0, 2.0, 2.1, 2.2, 2.35, 2.45]
-    got = gpu.step_times(arrivals, 2)
+    got = gpu_examples.step_times(arrivals, 2)
     assert got["steps"] == 5 and got["first_interval_s"] == pytest.approx(2.0)
     assert got["step_s"] == pytest.approx(0.1)
-    assert gpu.step_times([], 2) == {"steps": 0, "step_s": None, "first_interval_s": None}
+    assert gpu_examples.step_times([], 2) == {"steps": 0, "step_s": None, "first_interval_s": None}
 
 
 def test_from_json_rewrites_only_its_section(gpu: ModuleType, tmp_path: Path) -> None:
@@ -228,3 +231,17 @@ def test_an_interrupted_run_prints_what_it_measured() -> None:
     assert len(res["joiner"]["ready_s"]["all"]) == 1
     psutil.wait_procs(kids, timeout=10)
     assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_the_child_half_imports_nothing_of_the_parent() -> None:
+    """A child measures from its own start: bench/gpu_child.py imports only the standard library
+    at its top (torch and the package inside each part), and no other bench module."""
+    import ast
+
+    tree = ast.parse((ROOT / "bench" / "gpu_child.py").read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names}
+    names |= {(n.module or "").split(".")[0] for n in top if isinstance(n, ast.ImportFrom)}
+    assert names <= set(sys.stdlib_module_names) | {"__future__"}, names
+    assert not any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("bench")
+                   for n in ast.walk(tree))

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from devtools.waiting import NotReached, wait_until
 from malletrain_core.daemon.api import Dispatcher, TcpApiServer
 from malletrain_core.daemon.epochs import EpochCoordinator
 from malletrain_core.daemon.intake import ReportListener
@@ -133,14 +134,13 @@ def start_launcher(daemon_addr: str, munged: PrivateMunged, node: str, task: int
 
 
 def wait_for(pred, timeout_s: float, what: str, dump: list[Path] = ()):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in dump if p.exists())
-    pytest.fail(f"timed out waiting for {what}\n{logs}")
+    """``pred``'s first true value; a test failure with the tails of ``dump`` after
+    ``timeout_s``."""
+    try:
+        return wait_until(what, pred, timeout_s, detail=lambda: "\n".join(
+            f"--- {p.name}\n{p.read_text()[-3000:]}" for p in dump if p.exists()))
+    except NotReached as exc:
+        pytest.fail(str(exc))
 
 
 def gone(pid: int) -> bool:

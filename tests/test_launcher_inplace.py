@@ -6,7 +6,6 @@ daemon's replies scripted.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import socket
@@ -15,6 +14,7 @@ import time
 
 import pytest
 
+from devtools.runlogs.jsonlines import read_json_lines
 from malletrain_core.wire import reports
 from malletrain_core.wire.orders import Order
 from malletrain_core.worker import inplace, training
@@ -37,11 +37,7 @@ def free_port() -> int:
 
 
 def steps(log):
-    out = []
-    for line in log.read_text().splitlines() if log.exists() else []:
-        if line.startswith('{"t"'):
-            out.append(json.loads(line))
-    return out
+    return read_json_lines(log, prefix='{"t"')
 
 
 def test_run_orders_reform_the_live_process_and_stop_makes_it_leave(munged, tmp_path):

@@ -34,6 +34,7 @@ from malletrain_core.backends.slurm.parse import parse_scontrol_show_job
 from malletrain_core.errors import CommandError, ConfigError, MalleTrainError
 from malletrain_core.runner import CommandRunner, Result
 
+from ..waiting import NotReached, wait_until
 from .procs import (
     PORT_RANGE,
     ClusterError,
@@ -335,15 +336,12 @@ class LocalCluster:
         """Poll ``check`` until true; returns the seconds waited, raises ClusterError (with a
         dump of sinfo/squeue/logs) after ``timeout_s``."""
         t0 = time.monotonic()
-        while True:
-            try:
-                if check():
-                    return time.monotonic() - t0
-            except CommandError:
-                pass
-            if time.monotonic() - t0 > timeout_s:
-                raise ClusterError(f"{what}: not reached within {timeout_s:g} s\n{self.dump()}")
-            time.sleep(interval_s)
+        try:
+            wait_until(what, check, timeout_s, interval_s, ignore=(CommandError,),
+                       detail=self.dump)
+        except NotReached as exc:
+            raise ClusterError(str(exc)) from None
+        return time.monotonic() - t0
 
     def wait_idle(self, timeout_s: float = 60.0) -> float:
         """Wait until every node is idle (no job, responding); returns the seconds waited.

@@ -20,11 +20,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from malletrain_core.backends.slurm.backend import epilog_margin_for
 from malletrain_core.errors import MalleTrainError
 
+from ..waiting import wait_until
 from . import REPO, LocalCluster
 
 EPOCH_PORTS = (61000, 65535)
@@ -48,22 +49,65 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise MalleTrainError(f"no port free for both TCP and UDP on {host}")
 
 
+View = tuple[dict[str, set[str]], set[str]]
+"""(elastic job -> the nodes it runs on, the nodes free of elastic work) as one side sees them:
+the batch system (read with its own commands) or the daemon (:func:`daemon_view`)."""
+
+
+class Queried(Protocol):
+    """A daemon the tests read through its API (``LocalDaemon``, the PBS tests' ``Daemon``)."""
+
+    def query(self, op: str) -> Any: ...
+
+
+def daemon_view(daemon: Queried, job_key: Callable[[str], str] = str) -> View:
+    """The daemon's :data:`View` as its API says; ``job_key`` turns its job ids into the
+    batch system's (PBS's ``12[].server`` into ``12``)."""
+    held: dict[str, set[str]] = {}
+    free = set()
+    for rec in daemon.query("nodes")["nodes"]:
+        if rec["state"] == "held":
+            held.setdefault(job_key(str(rec["job"])), set()).add(rec["node"])
+        else:
+            free.add(rec["node"])
+    return held, free
+
+
+def view_differences(batch_system: str, batch: View, daemon: Queried,
+                     job_key: Callable[[str], str] = str) -> str:
+    """Empty when the daemon's nodes and jobs equal ``batch`` (the batch system's view), else
+    every difference in one line."""
+    b_held, b_free = batch
+    d_held, d_free = daemon_view(daemon, job_key)
+    problems = [f"job {j}: {batch_system} runs it on {sorted(b_held.get(j, ()))}, the daemon "
+                f"holds {sorted(d_held.get(j, ()))}"
+                for j in sorted(set(b_held) | set(d_held))
+                if b_held.get(j, set()) != d_held.get(j, set())]
+    if b_free != d_free:
+        problems.append(f"free nodes: {batch_system} {sorted(b_free)}, the daemon "
+                        f"{sorted(d_free)}")
+    jobs = {job_key(str(j["job"])): j for j in daemon.query("jobs")["jobs"]}
+    problems += [f"job {j}: the daemon's jobs say {jobs[j]['nodes']} nodes, {batch_system} "
+                 f"runs {len(nodes)}" for j, nodes in sorted(b_held.items())
+                 if j in jobs and jobs[j]["nodes"] != len(nodes)]
+    return "; ".join(problems)
+
+
 def wait_views_agree(differ: Callable[[], str], batch_system: str, timeout_s: float) -> None:
     """Wait until the daemon's view of its nodes and jobs equals the batch system's on two reads
     1.2 s apart; ``differ()`` says how they differ ("" when they agree). The live tests of
     Slurm and PBS both use it."""
-    deadline = time.monotonic() + timeout_s
     last = ""
-    while time.monotonic() < deadline:
+
+    def agree_twice() -> bool:
+        nonlocal last
         last = differ()
         if not last:
             time.sleep(1.2)
             last = differ()
-            if not last:
-                return
-        time.sleep(0.5)
-    raise AssertionError(f"the daemon's view never matched {batch_system}'s within "
-                         f"{timeout_s:g} s: {last}")
+        return not last
+    wait_until(f"the daemon's view matching {batch_system}'s", agree_twice, timeout_s, 0.5,
+               detail=lambda: f"last difference: {last}")
 
 
 def _toml(value: Any) -> str:

@@ -48,6 +48,7 @@ from pathlib import Path
 from malletrain_core.errors import CommandError, ConfigError, MalleTrainError
 from malletrain_core.runner import CommandRunner, Result
 
+from ..waiting import NotReached, wait_until
 from .procs import ClusterError, PhaseClock, comm, kill, start_or_clean_up
 
 REPO = Path(__file__).resolve().parents[2]
@@ -448,15 +449,12 @@ class PbsComplex:
         """Poll ``check`` until true; returns the seconds waited, raises ClusterError (with a
         dump) after ``timeout_s``."""
         t0 = time.monotonic()
-        while True:
-            try:
-                if check():
-                    return time.monotonic() - t0
-            except (CommandError, OSError, ValueError, IndexError):
-                pass
-            if time.monotonic() - t0 > timeout_s:
-                raise ClusterError(f"{what}: not reached within {timeout_s:g} s\n{self.dump()}")
-            time.sleep(interval_s)
+        try:
+            wait_until(what, check, timeout_s, interval_s,
+                       ignore=(CommandError, OSError, ValueError, IndexError), detail=self.dump)
+        except NotReached as exc:
+            raise ClusterError(str(exc)) from None
+        return time.monotonic() - t0
 
     def wait_free(self, timeout_s: float = 60.0) -> float:
         """Wait until every node is free (no job, mom up); returns the seconds waited."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devtools.localcluster.daemon import free_port, wait_views_agree
+from devtools.localcluster.daemon import free_port, view_differences, wait_views_agree
 from devtools.localcluster.pbs import REPO, SERVER_ADDR, PbsComplex
 from malletrain_core.wire.api import ApiUnavailable
 from malletrain_core.worker.client import UnixClient
@@ -188,29 +188,9 @@ def pbs_view(cx: PbsComplex) -> tuple[dict[str, set[str]], set[str]]:
     return held, free
 
 
-def daemon_view(daemon: Daemon) -> tuple[dict[str, set[str]], set[str]]:
-    """(elastic job number -> nodes it holds, free nodes) as malletraind's API says."""
-    held: dict[str, set[str]] = {}
-    free = set()
-    for rec in daemon.query("nodes")["nodes"]:
-        if rec["state"] == "held":
-            held.setdefault(job_number(str(rec["job"])), set()).add(rec["node"])
-        else:
-            free.add(rec["node"])
-    return held, free
-
-
 def views_differ(cx: PbsComplex, daemon: Daemon) -> str:
     """Empty when the daemon's nodes equal PBS's, else what differs."""
-    p_held, p_free = pbs_view(cx)
-    d_held, d_free = daemon_view(daemon)
-    problems = [f"job {j}: PBS runs its workers on {sorted(p_held.get(j, ()))}, the daemon "
-                f"holds {sorted(d_held.get(j, ()))}"
-                for j in sorted(set(p_held) | set(d_held))
-                if p_held.get(j, set()) != d_held.get(j, set())]
-    if p_free != d_free:
-        problems.append(f"free nodes: PBS {sorted(p_free)}, daemon {sorted(d_free)}")
-    return "; ".join(problems)
+    return view_differences("PBS", pbs_view(cx), daemon, job_number)
 
 
 def wait_agree(cx: PbsComplex, daemon: Daemon, timeout_s: float = 30.0) -> None:

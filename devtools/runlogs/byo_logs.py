@@ -17,6 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .epochs import EpochSteps
+
 PREFIX = r"(?:^|[^\w-])malletrain: "   # progress bars may share the line
 START = re.compile(PREFIX + r"start step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) "
                    r"resumed=(yes|no|memory) cursor=(-?\d+) params=(\w+) run=(\S+)")
@@ -57,7 +59,7 @@ class Step:
 
 
 @dataclass
-class ByoLog:
+class ByoLog(EpochSteps):
     """Everything the tasks of one job printed."""
 
     starts: dict[int, list[tuple[int, int, int, int, str, str]]] = field(
@@ -65,20 +67,6 @@ class ByoLog:
     in_memory: set[int] = field(default_factory=set)  # epochs whose state was handed over in process
     steps: dict[int, list[Step]] = field(default_factory=lambda: defaultdict(list))
     checkpoints: list[tuple[int, int, int]] = field(default_factory=list)  # (epoch, step, cursor)
-
-    @property
-    def epochs(self) -> list[int]:
-        return sorted(set(self.steps) | set(self.starts))
-
-    def latest(self) -> tuple[int, int, set[int]] | None:
-        if not self.steps:
-            return None
-        epoch = max(self.steps)
-        rows = self.steps[epoch]
-        return epoch, max(r.world for r in rows), {r.rank for r in rows}
-
-    def max_step(self) -> int:
-        return max((r.step for rows in self.steps.values() for r in rows), default=0)
 
     def runs(self) -> set[str]:
         return {r.run for rows in self.steps.values() for r in rows} | \

@@ -10,13 +10,14 @@ tests/slurm/test_inplace_slurm.py and bench/e2e_paths.py.
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .jsonlines import read_json_lines
 
 EPOCH_LINE = r"job[= ]{job}:? epoch (\d+), world (\d+), path (\w+)( \(abandon\))?"
 
@@ -44,24 +45,10 @@ class InplaceLog:
         return max((r["step"] for r in self.steps), default=0)
 
 
-def json_line(line: str) -> dict[str, Any] | None:
-    """A worker's JSON line as a dict; None for any other line, or one cut by a kill."""
-    if not line.startswith("{"):
-        return None
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
 def read(outdir: Path, job: str) -> InplaceLog:
     log = InplaceLog()
     for path in sorted(outdir.glob(f"task-{job}_*.out")):
-        for line in path.read_text(errors="replace").splitlines():
-            rec = json_line(line)
-            if rec is None:
-                continue
+        for rec in read_json_lines(path):
             # one process of the task: several per node share its output
             rec["task"] = f"{path.name}:{rec.get('local', 0)}"
             if "change" in rec:

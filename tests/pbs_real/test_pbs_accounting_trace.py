@@ -9,6 +9,7 @@ from pathlib import Path
 
 from devtools.localcluster.pbs import PbsComplex
 from devtools.localcluster.pbs_helpers import submit, wait_state
+from devtools.waiting import wait_until
 from malletrain_core.sim.accounting import (
     AccountingFilter,
     load_accounting_trace,
@@ -18,12 +19,8 @@ from malletrain_core.sim.accounting import (
 
 
 def started(log_path: Path, job_id: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log_path.exists() and f";S;{job_id};" in log_path.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"no S record of {job_id} in {log_path} within {timeout_s:.0f} s")
+    wait_until(f"the S record of {job_id} in {log_path}", lambda: log_path.exists()
+               and f";S;{job_id};" in log_path.read_text(errors="replace"), timeout_s)
 
 
 def test_the_servers_accounting_gives_each_vnode_its_own_jobs(pbs: PbsComplex,

@@ -1,17 +1,28 @@
-"""PbsBackend against the real server: submit, grow onto idle vnodes, shrink, preemption by a
-``prod`` job, finish. Each step is checked against PBS's own view (qstat), not only against
-the backend's events."""
+"""PbsBackend against the real server.
+
+First the backend contract every batch system keeps (tests/backend_contract.py: submit, grow,
+shrink, preemption by a ``prod`` job, a node taken while a worker starts or stops, training
+done, cancels, finish, a restart, the engine over it), each scenario on the real complex
+(tests/live_contract.py); then what only a real PBS shows: where the workers run and in which
+queue, a preempted subjob taken back while PBS still requeues it, a vnode that ``qrun -H``
+would share, a shrink and a grow onto the same vnodes within a second.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from backend_contract import SCENARIOS
+from live_contract import LiveWorld, flag_dir_fixture  # noqa: F401  (flag_dir)
 
 from devtools.localcluster.pbs import PbsComplex
 from devtools.localcluster.pbs_helpers import job, state, subjob, submit, wait_state
+from devtools.waiting import poll_until
 from malletrain_core.backends.pbs.backend import PbsBackend
 from malletrain_core.events import (
-    Event,
+    Action,
     Finish,
     Grow,
     JobSubmitted,
@@ -22,18 +33,93 @@ from malletrain_core.events import (
     WorkerStopped,
 )
 
+MOVING_STATES = ("E", "T", "W")
+REQUEUEING = range(60, 64)
+"""The substates of a subjob PBS is requeuing (it shows R or E meanwhile)."""
 
-def poll_until(backend: PbsBackend, done: Callable[[list[Event]], bool],
-               timeout_s: float = 30.0, interval_s: float = 0.3) -> list[Event]:
-    seen: list[Event] = []
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen += backend.poll(time.time())
-        if done(seen):
-            return seen
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not seen within {timeout_s:g} s; events: {seen}")
-        time.sleep(interval_s)
+
+class PbsLive(LiveWorld):
+    """The contract's World on the local complex: arrays of the test user (both of the
+    scenarios' owners: PBS runs no root job) through the ``malletrain`` route queue, vnodes
+    taken by ``prod`` jobs pinned to them, training done when the array's flag file appears.
+    PBS refuses an array of one subjob (``-J 1-1``): a job of at most one node is submitted
+    with two, of which the scenarios use one."""
+
+    name = "pbs"
+
+    def __init__(self, pbs: PbsComplex, test_user: str, flags: Path) -> None:
+        super().__init__(pbs.node_names, {"alice": test_user, "bob": test_user},
+                         lambda: PbsBackend(pbs.runner(), grant_timeout_s=60))
+        self.pbs, self.user, self.flags = pbs, test_user, flags
+        self.prod: dict[str, str] = {}   # scenario node -> the prod job on it
+
+    def submit(self, min_nodes: int, max_nodes: int, owner: str) -> str:
+        script = (f'while [ ! -e "{self.flags}/done-$PBS_ARRAY_ID" ]; do sleep 0.2; done\n')
+        return self.submitted(submit(
+            self.pbs, self.user, "-q", "malletrain", "-J", f"1-{max(max_nodes, 2)}", "-l",
+            "select=1:ncpus=2", "-v", f"MALLETRAIN_MIN_NODES={min_nodes}", script=script), owner)
+
+    def take(self, node: str) -> None:
+        prod = self.prod[node] = submit(self.pbs, self.user, "-q", "prod", "-l",
+                                        f"select=1:ncpus=2:host={self.real(node)}")
+        wait_state(self.pbs, prod, "R")
+
+    def free(self, node: str) -> None:
+        self.deleted(self.prod.pop(node))
+
+    def complete(self, job_id: str) -> None:
+        (self.flags / f"done-{job_id}").touch()
+        self.pbs.wait_for(f"the workers of {job_id} done", lambda: not self._running(job_id), 30)
+
+    def cancel(self, job_id: str) -> None:
+        self.deleted(job_id)
+
+    def deleted(self, job_id: str) -> None:
+        """``qdel`` ``job_id`` and wait until it is finished: PBS shows a deleted job running
+        unchanged until its mom reports the kill (4 s measured here)."""
+        self.pbs.run(["qdel", job_id])
+        wait_state(self.pbs, job_id, "F")
+
+    def acted(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Finish):  # the backend's qdel
+                wait_state(self.pbs, action.job_id, "F")
+
+    def _running(self, job_id: str) -> set[str]:
+        return {str(a.get("exec_vnode", "")).strip("()").split(":", 1)[0]
+                for sid, a in self.pbs.jobs(job_id).items()
+                if sid != job_id and a.get("job_state") == "R"}
+
+    def settle(self) -> None:
+        """Until two reads 0.5 s apart show the same jobs and vnodes and no job is exiting,
+        being requeued or waiting to run on a free vnode."""
+        last: tuple[object, object] | None = None
+
+        def quiet() -> bool:
+            nonlocal last
+            jobs = {sid: (a.get("job_state"), a.get("substate"), a.get("exec_vnode"))
+                    for sid, a in self.pbs.jobs().items()}
+            nodes = {n: (a.get("state"), tuple(a.get("jobs", ()))) for n, a in
+                     self.pbs.nodes().items()}
+            now, last = last, (jobs, nodes)
+            moving = [sid for sid, (st, sub, _) in jobs.items() if st in MOVING_STATES
+                      or (st == "R" and int(str(sub or 42)) != 42)
+                      or int(str(sub or 0)) in REQUEUEING]
+            return now == last and not moving
+        self.pbs.wait_for("the complex settled", quiet, 60, interval_s=0.5)
+
+
+NOT_YET = {"training_done": "an array whose every subjob exited 0 leaves qstat at once (as "
+           "F, in the history only): unless a poll saw a subjob X in between, PbsBackend "
+           "reports the job CANCELLED, not COMPLETED"}
+"""Scenarios the real PBS shows the backend does not keep yet, and why."""
+
+
+@pytest.mark.parametrize("scenario", [
+    pytest.param(name, marks=pytest.mark.xfail(reason=NOT_YET[name], strict=True))
+    if name in NOT_YET else name for name in sorted(SCENARIOS)])
+def test_contract(scenario: str, pbs: PbsComplex, test_user: str, flag_dir: Path) -> None:
+    SCENARIOS[scenario](PbsLive(pbs, test_user, flag_dir))
 
 
 def on(backend: PbsBackend, node: str) -> str:
@@ -41,36 +127,30 @@ def on(backend: PbsBackend, node: str) -> str:
     return sid
 
 
-def test_backend_drives_an_elastic_job(pbs: PbsComplex, test_user: str) -> None:
+def test_workers_run_in_the_worker_queue_and_a_requeue_is_taken_as_a_preemption(
+        pbs: PbsComplex, test_user: str) -> None:
+    """The array's bounds and model from its variables, no hole ends (PBS plans none), each
+    worker in ``mt_preemptable`` on its vnode; a worker a prod job preempts is taken back
+    while PBS still requeues it, and Finish ends the array."""
     backend = PbsBackend(pbs.runner(), grant_timeout_s=60)
     first = backend.poll(time.time())
-    idle = [n.name for e in first if isinstance(e, NodesIdle) for n in e.nodes]
-    assert idle == pbs.node_names
     assert all(n.hole_end is None for e in first if isinstance(e, NodesIdle) for n in e.nodes)
-
     array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-4", "-l", "select=1:ncpus=2",
                    "-v", "MALLETRAIN_MIN_NODES=2,MALLETRAIN_MODEL=resnet50")
     ev = poll_until(backend, lambda ev: any(isinstance(e, JobSubmitted) for e in ev))
     (req,) = [e.job for e in ev if isinstance(e, JobSubmitted)]
-    assert (req.id, req.min_nodes, req.max_nodes, req.model, req.owner) == (
-        array, 2, 4, "resnet50", test_user)
+    assert (req.id, req.min_nodes, req.max_nodes, req.model) == (array, 2, 4, "resnet50")
 
     t0 = time.monotonic()
     assert backend.execute([Grow(array, ("n02", "n03"), 600.0)], time.time()) == []
-    ev = poll_until(backend, lambda ev: len([e for e in ev if isinstance(e, WorkerStarted)]) == 2)
+    poll_until(backend, lambda ev: len([e for e in ev if isinstance(e, WorkerStarted)]) == 2)
     print(f"grow onto 2 vnodes: workers seen running after {time.monotonic() - t0:.2f} s")
-    assert sorted(e.node for e in ev if isinstance(e, WorkerStarted)) == ["n02", "n03"]
-    on_n02, on_n03 = on(backend, "n02"), on(backend, "n03")
-    for sid, node in ((on_n02, "n02"), (on_n03, "n03")):
+    on_n02 = on(backend, "n02")
+    for sid, node in ((on_n02, "n02"), (on(backend, "n03"), "n03")):
         attrs = job(pbs, sid)
         assert attrs["job_state"] == "R"
         assert str(attrs["exec_vnode"]).strip("()").split(":")[0] == node, attrs
         assert attrs["queue"] == "mt_preemptable"
-
-    backend.execute([Shrink(array, ("n03",))], time.time())
-    ev = poll_until(backend, lambda ev: WorkerStopped in {type(e) for e in ev})
-    assert [(e.job_id, e.node) for e in ev if isinstance(e, WorkerStopped)] == [(array, "n03")]
-    assert state(pbs, on_n03) == "Q"  # back in the stopped queue: nothing restarts it
 
     t0 = time.monotonic()
     prod = submit(pbs, test_user, "-q", "prod", "-l", "select=1:ncpus=2:host=n02")
@@ -79,18 +159,14 @@ def test_backend_drives_an_elastic_job(pbs: PbsComplex, test_user: str) -> None:
     print(f"preemption by prod seen by the backend after {time.monotonic() - t0:.2f} s")
     # taken as preempted while PBS still requeues it (R or E, substate 60-63), or once queued
     attrs = job(pbs, on_n02)
-    assert attrs["job_state"] == "Q" or int(str(attrs.get("substate"))) in range(60, 64), attrs
+    assert attrs["job_state"] == "Q" or int(str(attrs.get("substate"))) in REQUEUEING, attrs
     wait_state(pbs, on_n02, "Q")
     wait_state(pbs, prod, "R", 30)
     assert not [e for e in ev if isinstance(e, WorkerStopped)]  # reclaimed, not stopped
-    assert backend.workers == {}
 
     backend.execute([Finish(array)], time.time())
     wait_state(pbs, array, "F", 30)
     assert all(state(pbs, subjob(array, i)) in ("X", "F") for i in range(1, 5))
-    later = poll_until(backend, lambda ev: True)
-    assert not [e for e in later if getattr(e, "job_id", None) == array]
-    assert array not in backend.jobs
 
 
 def test_a_vnode_pbs_gives_another_job_is_never_shared_with_a_worker(

@@ -41,6 +41,7 @@ from devtools.localcluster.pbs_helpers import (
     worker_processes,
 )
 from devtools.localcluster.procs import ClusterError
+from devtools.waiting import wait_until
 from malletrain_core.backends.pbs import parse as pp
 from malletrain_core.worker.client import UnixClient
 
@@ -113,21 +114,23 @@ def wait_consistent(pbs: PbsComplex, array: str, outdir: Path, want: int, timeou
     """Wait until the newest epoch (after ``after_epoch``) trains with exactly ``want`` ranks,
     the job's running subjobs; returns that epoch."""
     number = array.split("[", 1)[0]
-    deadline = time.monotonic() + timeout_s
-    seen = ""
-    while time.monotonic() < deadline:
+    seen = "no step lines"
+
+    def consistent() -> tuple[int] | None:
+        nonlocal seen
         k = len(running_nodes(pbs, array))
         latest = read_job(outdir, number).latest()
-        if latest is not None:
-            epoch, world, ranks = latest
-            seen = f"{k} running subjobs, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
-            if epoch > after_epoch and k == want == world and ranks == set(range(want)):
-                return epoch
-        time.sleep(1.0)
-    raise AssertionError(f"{array}: training never matched {want} running subjobs within "
-                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})\n"
-                         + "".join(p.read_text(errors="replace")[-3000:]
-                                   for p in sorted(outdir.glob("task-*.out"))))
+        if latest is None:
+            return None
+        epoch, world, ranks = latest
+        seen = f"{k} running subjobs, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
+        ok = epoch > after_epoch and k == want == world and ranks == set(range(want))
+        return (epoch,) if ok else None    # a tuple: epoch 0 counts as reached
+    (epoch,) = wait_until(f"{array}: training on {want} running subjobs", consistent,
+                          timeout_s, 1.0, detail=lambda: f"last seen: {seen}\n" + "".join(
+                              p.read_text(errors="replace")[-3000:]
+                              for p in sorted(outdir.glob("task-*.out"))))
+    return epoch
 
 
 def lost_steps(log: JobLog, epoch: int, resumed_at: int) -> tuple[int, int]:

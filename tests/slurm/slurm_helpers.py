@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 from training_logs import read_job
 
 from devtools.localcluster import LocalCluster
-from devtools.localcluster.daemon import LocalDaemon, wait_views_agree
+from devtools.localcluster.daemon import LocalDaemon, view_differences, wait_views_agree
+from devtools.waiting import wait_until
 from malletrain_core.wire.hooks import HookSocket, JobEnd, Received
 
 
@@ -165,34 +167,9 @@ def slurm_view(cluster: LocalCluster) -> tuple[dict[str, set[str]], set[str]]:
     return held, set(idle)
 
 
-def daemon_view(daemon: LocalDaemon) -> tuple[dict[str, set[str]], set[str]]:
-    held: dict[str, set[str]] = {}
-    free = set()
-    for rec in daemon.query("nodes")["nodes"]:
-        if rec["state"] == "held":
-            held.setdefault(str(rec["job"]), set()).add(rec["node"])
-        else:
-            free.add(rec["node"])
-    return held, free
-
-
 def views_differ(cluster: LocalCluster, daemon: LocalDaemon) -> str:
     """Empty when the daemon's nodes equal Slurm's, else what differs."""
-    s_held, s_idle = slurm_view(cluster)
-    d_held, d_free = daemon_view(daemon)
-    problems = []
-    for job in sorted(set(s_held) | set(d_held)):
-        if s_held.get(job, set()) != d_held.get(job, set()):
-            problems.append(f"job {job}: Slurm runs it on {sorted(s_held.get(job, ()))}, "
-                            f"the daemon holds {sorted(d_held.get(job, ()))}")
-    if s_idle != d_free:
-        problems.append(f"idle nodes: Slurm {sorted(s_idle)}, daemon free {sorted(d_free)}")
-    jobs = {str(j["job"]): j for j in daemon.query("jobs")["jobs"]}
-    for job, nodes in s_held.items():
-        if job in jobs and jobs[job]["nodes"] != len(nodes):
-            problems.append(f"job {job}: daemon's jobs says {jobs[job]['nodes']} nodes, "
-                            f"Slurm runs {len(nodes)}")
-    return "; ".join(problems)
+    return view_differences("Slurm", slurm_view(cluster), daemon)
 
 
 def wait_agree(cluster: LocalCluster, daemon: LocalDaemon, timeout_s: float = 60.0) -> None:
@@ -350,21 +327,31 @@ def running(cluster: LocalCluster, job: str) -> int:
     return len(out.split())
 
 
+class Latest(Protocol):
+    """What a reader of the workers' step lines returns (``read_job``, the integrations' log)."""
+
+    def latest(self) -> tuple[int, int, set[int]] | None: ...
+
+
 def wait_consistent(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
-                    at_least: int = 1, after_epoch: int = -1) -> tuple[int, int]:
+                    at_least: int = 1, after_epoch: int = -1, world: int | None = None,
+                    reader: Callable[[Path, str], Latest] = read_job) -> tuple[int, int]:
     """Wait until the job's newest epoch (later than ``after_epoch``) trains with exactly its
-    RUNNING tasks as ranks; returns (tasks, epoch)."""
-    deadline = time.monotonic() + timeout_s
-    seen = ""
-    while time.monotonic() < deadline:
+    RUNNING tasks as ranks (at least ``at_least``, ``world`` when given), as ``reader`` reads
+    the workers' step lines; returns (tasks, epoch)."""
+    seen = "no step lines"
+
+    def consistent() -> tuple[int, int] | None:
+        nonlocal seen
         k = running(cluster, job)
-        latest = read_job(outdir, job).latest()
-        if latest is not None:
-            epoch, world, ranks = latest
-            seen = f"{k} RUNNING tasks, epoch {epoch}: world {world}, ranks {sorted(ranks)}"
-            if epoch > after_epoch and k >= at_least and world == k \
-                    and ranks == set(range(k)) and running(cluster, job) == k:
-                return k, epoch
-        time.sleep(1.0)
-    raise AssertionError(f"job {job}: training never matched its RUNNING tasks within "
-                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})")
+        latest = reader(outdir, job).latest()
+        if latest is None:
+            return None
+        epoch, w, ranks = latest
+        seen = f"{k} RUNNING tasks, epoch {epoch}: world {w}, ranks {sorted(ranks)}"
+        if epoch > after_epoch and k >= at_least and w == k and (world is None or k == world) \
+                and ranks == set(range(k)) and running(cluster, job) == k:
+            return k, epoch
+        return None
+    return wait_until(f"job {job}: training matching its RUNNING tasks", consistent, timeout_s,
+                      1.0, detail=lambda: f"last seen: {seen}")

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_helpers import running
+from slurm_helpers import wait_consistent
 from test_training_e2e import daemon  # noqa: F401  (the daemon fixture)
 
 from devtools.localcluster import LocalCluster
@@ -39,20 +39,8 @@ def wait_world(cluster: LocalCluster, job: str, outdir: Path, timeout_s: float,
                after_epoch: int = -1, world: int | None = None) -> tuple[int, int]:
     """Wait until the newest epoch (after ``after_epoch``) trains with exactly the job's
     RUNNING tasks as ranks (and ``world`` of them); returns (world, epoch)."""
-    deadline = time.monotonic() + timeout_s
-    seen = ""
-    while time.monotonic() < deadline:
-        k = running(cluster, job)
-        latest = read(outdir, job).latest()
-        if latest is not None:
-            epoch, w, ranks = latest
-            seen = f"{k} RUNNING tasks, epoch {epoch}: world {w}, ranks {sorted(ranks)}"
-            if epoch > after_epoch and w == k and ranks == set(range(k)) \
-                    and (world is None or k == world) and running(cluster, job) == k:
-                return k, epoch
-        time.sleep(1.0)
-    raise AssertionError(f"job {job}: training never matched its RUNNING tasks within "
-                         f"{timeout_s:g} s (last seen: {seen or 'no step lines'})")
+    return wait_consistent(cluster, job, outdir, timeout_s, after_epoch=after_epoch,
+                           world=world, reader=read)
 
 
 def wait_gone(cluster: LocalCluster, job: str, timeout_s: float) -> None:

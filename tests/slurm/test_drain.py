@@ -78,15 +78,6 @@ def running(cluster: LocalCluster, *jobs: str) -> int:
     return sum(state == "RUNNING" for job in jobs for state in tasks(cluster, job).values())
 
 
-def wait(what: str, check: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"{what}: not within {timeout_s:g} s")
-
-
 def stays(what: str, check: Callable[[], bool], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -98,13 +89,13 @@ def test_drain_shrinks_to_zero_keeps_jobs_and_survives_a_restart(
         daemon: LocalDaemon, test_user: str) -> None:
     cluster = daemon.cluster
     first = elastic(cluster, "1-3", "--comment=profile=no", user=test_user)
-    wait("3 tasks running", lambda: running(cluster, first) == 3, 60)
+    cluster.wait_for("3 tasks running", lambda: running(cluster, first) == 3, 60)
 
     res = cli(daemon, "admin", "drain", "--json")
     assert res.returncode == 0, res.stderr
     answer = json.loads(res.stdout)
     assert answer["drained"] is True and answer["changed"] is True
-    wait("every task back to held", lambda: running(cluster, first) == 0, 60)
+    cluster.wait_for("every task back to held", lambda: running(cluster, first) == 0, 60)
     assert len(tasks(cluster, first)) == 3  # the job is still queued, nothing cancelled
     second = elastic(cluster, "1-2", "--comment=profile=no", user=test_user)
     stays("nothing starts while drained", lambda: running(cluster, first, second) == 0, 8)
@@ -129,8 +120,8 @@ def test_drain_shrinks_to_zero_keeps_jobs_and_survives_a_restart(
     res = cli(daemon, "admin", "resume", "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["drained"] is False
-    wait("the jobs grow again", lambda: running(cluster, first) >= 1
-         and running(cluster, second) >= 1, 60)
+    cluster.wait_for("the jobs grow again", lambda: running(cluster, first) >= 1
+                     and running(cluster, second) >= 1, 60)
     assert daemon.query("status")["drain"]["drained"] is False
     again = cli(daemon, "admin", "resume")
     assert again.returncode == 0 and "not drained" in again.stdout

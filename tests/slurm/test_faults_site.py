@@ -55,6 +55,7 @@ from devtools.localcluster.faults import (
     start_munged,
     stop_munged,
 )
+from devtools.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.torch]
 
@@ -154,10 +155,8 @@ def lost_since(outdir: Path, job: str, epoch: int) -> int:
 
 
 def wait_steps(outdir: Path, job: str, past: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while read_job(outdir, job).max_step() <= past:
-        assert time.monotonic() < deadline, f"job {job} made no step past {past}"
-        time.sleep(0.5)
+    wait_until(f"job {job} stepping past {past}",
+               lambda: read_job(outdir, job).max_step() > past, timeout_s, 0.5)
 
 
 def error_lines(daemon: LocalDaemon, offset: int = 0) -> list[str]:

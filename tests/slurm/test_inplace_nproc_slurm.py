@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 from faults_common import daemons_fixture
-from slurm_helpers import running
-from test_inplace_slurm import BATCH, SETTINGS, STANDIN, check, nodes_of, prod, report
+from test_inplace_slurm import BATCH, SETTINGS, STANDIN, check, nodes_of, prod, report, wait_world
 
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
@@ -44,25 +43,6 @@ def submit(cluster: LocalCluster, daemon: LocalDaemon, nodes: str, outdir: Path,
     return cluster.sbatch("--qos=malletrain", "-N", nodes, "--open-mode=append",
                           "--comment=profile=no", "-o", f"{outdir}/task-%A_%a.out",
                           script=script)
-
-
-def wait_nodes(cluster: LocalCluster, outdir: Path, job: str, nodes: int, nproc: int,
-               after: int = -1, timeout_s: float = 120.0) -> int:
-    """The first epoch after ``after`` in which ``nodes × nproc`` ranks train (3 steps each)
-    on ``nodes`` RUNNING tasks; returns its number."""
-    found: list[int] = []
-
-    def ok() -> bool:
-        log = read(outdir, job)
-        hits = [e for e in log.epochs() if e > after and log.trained(e, nodes * nproc)]
-        if hits and running(cluster, job) == nodes:
-            found.append(hits[0])
-            return True
-        return False
-
-    cluster.wait_for(f"job {job} training on {nodes} nodes × {nproc} after epoch {after}", ok,
-                     timeout_s, interval_s=0.5)
-    return found[0]
 
 
 def check_layout(outdir: Path, job: str, nproc: int, epochs: list[int]) -> None:
@@ -101,11 +81,11 @@ def test_two_processes_per_node_grow_then_preemption(cluster: LocalCluster,
     prod(cluster, 6)
     one = prod(cluster, 1)                      # 1 node stays idle
     job = submit(cluster, daemon, "1-2", outdir, nproc=2)
-    e0 = wait_nodes(cluster, outdir, job, 1, 2, timeout_s=150)
+    e0 = wait_world(cluster, outdir, job, 1, nproc=2, timeout_s=150)
     cluster.run(["scancel", one])
-    e1 = wait_nodes(cluster, outdir, job, 2, 2, after=e0)
+    e1 = wait_world(cluster, outdir, job, 2, nproc=2, after=e0)
     prod(cluster, 1, "-w", nodes_of(cluster, job)[-1])
-    e2 = wait_nodes(cluster, outdir, job, 1, 2, after=e1)
+    e2 = wait_world(cluster, outdir, job, 1, nproc=2, after=e1)
 
     epochs = daemon_epochs(daemon.log_text(), job)
     first = min(epochs)
@@ -133,12 +113,12 @@ def test_three_processes_per_node_planned_shrink_then_grow(cluster: LocalCluster
     leaves (1 → 2 again): in place, no step lost."""
     prod(cluster, 6)                            # 2 nodes stay idle
     job = submit(cluster, daemon, "1-2", outdir, nproc=3)
-    e0 = wait_nodes(cluster, outdir, job, 2, 3, timeout_s=150)
+    e0 = wait_world(cluster, outdir, job, 2, nproc=3, timeout_s=150)
     other = cluster.sbatch("--qos=malletrain", "-N", "1-1", "--comment=profile=no",
                            "-o", "/dev/null", "--chdir=/tmp", script=STANDIN)
-    e1 = wait_nodes(cluster, outdir, job, 1, 3, after=e0)
+    e1 = wait_world(cluster, outdir, job, 1, nproc=3, after=e0)
     cluster.run(["scancel", other])
-    e2 = wait_nodes(cluster, outdir, job, 2, 3, after=e1)
+    e2 = wait_world(cluster, outdir, job, 2, nproc=3, after=e1)
 
     epochs = daemon_epochs(daemon.log_text(), job)
     first = min(epochs)

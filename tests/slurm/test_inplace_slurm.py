@@ -73,21 +73,22 @@ def nodes_of(cluster: LocalCluster, job: str) -> list[str]:
     return sorted(out.split())
 
 
-def wait_world(cluster: LocalCluster, outdir: Path, job: str, world: int, after: int = -1,
-               timeout_s: float = 120.0) -> int:
-    """The first epoch after ``after`` in which ``world`` ranks train (3 steps each) on as
-    many RUNNING tasks; returns its number."""
+def wait_world(cluster: LocalCluster, outdir: Path, job: str, nodes: int, after: int = -1,
+               timeout_s: float = 120.0, nproc: int = 1) -> int:
+    """The first epoch after ``after`` in which ``nodes × nproc`` ranks train (3 steps each)
+    on ``nodes`` RUNNING tasks; returns its number."""
     found: list[int] = []
 
     def ok() -> bool:
         log = read(outdir, job)
-        hits = [e for e in log.epochs() if e > after and log.trained(e, world)]
-        if hits and running(cluster, job) == world:
+        hits = [e for e in log.epochs() if e > after and log.trained(e, nodes * nproc)]
+        if hits and running(cluster, job) == nodes:
             found.append(hits[0])
             return True
         return False
 
-    cluster.wait_for(f"job {job} training at world {world} after epoch {after}", ok,
+    per_node = f" × {nproc}" if nproc > 1 else ""
+    cluster.wait_for(f"job {job} training on {nodes} nodes{per_node} after epoch {after}", ok,
                      timeout_s, interval_s=0.5)
     return found[0]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 from slurm_helpers import elastic
-from test_backend_live import poll_until
 
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
+from devtools.waiting import poll_until
 from malletrain_core.backends.slurm.backend import SlurmBackend
 from malletrain_core.events import (
     EndReason,

@@ -53,15 +53,6 @@ def daemon_rpcs(cluster: LocalCluster, seconds: float) -> int:
     return sp.sdiag_daemon_share(sp.parse_sdiag_rpcs(cluster.run(["sdiag"]).stdout))["count"]
 
 
-def wait(check, timeout_s: float) -> float:  # type: ignore[no-untyped-def]
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if check():
-            return time.monotonic() - t0
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s:g} s")
-
-
 def test_quiet_daemon_costs_no_rpcs_and_hooks_wake_it(quiet_daemon: LocalDaemon,
                                                       test_user: str) -> None:
     cluster = quiet_daemon.cluster
@@ -70,7 +61,8 @@ def test_quiet_daemon_costs_no_rpcs_and_hooks_wake_it(quiet_daemon: LocalDaemon,
     # Polling every second would be about 60 RPCs (sinfo and two squeues, 6 RPCs a poll).
     assert idle == 0, f"{idle} RPCs in 10 s of nothing"
     job = elastic(cluster, "1-2", "--comment=profile=no", user=test_user)
-    started = wait(lambda: len(elastic_nodes(cluster)) == 2, 30.0)
+    started = cluster.wait_for("the job on 2 nodes", lambda: len(elastic_nodes(cluster)) == 2,
+                               30.0)
     assert started < 20.0  # the submit hook woke it: not the 120 s idle poll
     time.sleep(5.0)  # its follow-up polls (admin holds) settle
     held = daemon_rpcs(cluster, 10.0)
@@ -79,10 +71,12 @@ def test_quiet_daemon_costs_no_rpcs_and_hooks_wake_it(quiet_daemon: LocalDaemon,
     # sees them back held; when the prod job ends, it grows the job again.
     prod = cluster.sbatch("-p", "prod", "-N", str(cluster.nodes), "-o", "/dev/null",
                           "--chdir=/tmp", "--wrap", "sleep 4", user=test_user)
-    wait(lambda: not elastic_nodes(cluster), 30.0)
-    wait(lambda: cluster.run(["squeue", "-h", "-j", prod, "-o", "%T"], check=False)
-         .stdout.strip() in ("", "COMPLETED"), 60.0)
-    regrown = wait(lambda: len(elastic_nodes(cluster)) == 2, 60.0)
+    cluster.wait_for("the job shrunk to 0", lambda: not elastic_nodes(cluster), 30.0)
+    cluster.wait_for(f"prod job {prod} ended", lambda: cluster.run(
+        ["squeue", "-h", "-j", prod, "-o", "%T"], check=False).stdout.strip() in ("", "COMPLETED"),
+        60.0)
+    regrown = cluster.wait_for("the job back on 2 nodes",
+                               lambda: len(elastic_nodes(cluster)) == 2, 60.0)
     assert regrown < 30.0, "the prod job's end did not wake the daemon"
     log = quiet_daemon.log_text()
     assert " ERROR " not in log

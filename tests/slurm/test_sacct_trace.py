@@ -28,15 +28,12 @@ def sbatch(cluster: LocalCluster, *args: str) -> str:
 
 def wait_recorded(cluster: LocalCluster, jobs: list[str], timeout_s: float = 60.0) -> None:
     """Until sacct has an end for every job (slurmctld hands records to slurmdbd)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ended() -> bool:
         out = cluster.run(["sacct", "-n", "-X", "-P", "-j", ",".join(jobs), "-o",
                            "JobID,End"]).stdout
         ends = dict(line.split("|", 1) for line in out.split() if "|" in line)
-        if all(ends.get(j, "Unknown") not in ("Unknown", "") for j in jobs):
-            return
-        time.sleep(0.5)
-    pytest.fail(f"sacct has no end for some of {jobs} after {timeout_s} s")
+        return all(ends.get(j, "Unknown") not in ("Unknown", "") for j in jobs)
+    cluster.wait_for(f"an end in sacct for each of {jobs}", ended, timeout_s, 0.5)
 
 
 def test_sacct_of_the_live_cluster_gives_each_node_its_own_gaps(

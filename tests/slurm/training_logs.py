@@ -10,6 +10,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
+
+from devtools.runlogs.epochs import EpochSteps
 
 STEP = re.compile(r"^step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) samples=\S+ loss=\S+ "
                   r"params=(\w+)")
@@ -17,30 +20,22 @@ START = re.compile(r"^start step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) .*resu
 CKPT = re.compile(r"^checkpoint step=(\d+) epoch=(\d+) world=(\d+)")
 
 
+class StepRow(NamedTuple):
+    step: int
+    world: int
+    rank: int
+    params: str
+
+
 @dataclass
-class JobLog:
+class JobLog(EpochSteps):
     """Everything the tasks of one job printed, keyed by epoch."""
 
-    steps: dict[int, list[tuple[int, int, int, str]]] = field(
-        default_factory=lambda: defaultdict(list))       # epoch -> (step, world, rank, params)
+    steps: dict[int, list[StepRow]] = field(
+        default_factory=lambda: defaultdict(list))       # epoch -> its step lines
     starts: dict[int, list[tuple[int, int, int]]] = field(
         default_factory=lambda: defaultdict(list))       # epoch -> (step, world, rank)
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (epoch, step)
-
-    @property
-    def epochs(self) -> list[int]:
-        return sorted(set(self.steps) | set(self.starts))
-
-    def latest(self) -> tuple[int, int, set[int]] | None:
-        """(epoch, world, ranks that logged steps) of the newest epoch with step lines."""
-        if not self.steps:
-            return None
-        epoch = max(self.steps)
-        worlds = {w for _, w, _, _ in self.steps[epoch]}
-        return epoch, max(worlds), {r for _, _, r, _ in self.steps[epoch]}
-
-    def max_step(self) -> int:
-        return max((s for rows in self.steps.values() for s, *_ in rows), default=0)
 
 
 def read_job(outdir: Path, job: str) -> JobLog:
@@ -49,7 +44,7 @@ def read_job(outdir: Path, job: str) -> JobLog:
         for line in path.read_text(errors="replace").splitlines():
             if m := STEP.match(line):
                 step, epoch, world, rank = (int(x) for x in m.groups()[:4])
-                log.steps[epoch].append((step, world, rank, m.group(5)))
+                log.steps[epoch].append(StepRow(step, world, rank, m.group(5)))
             elif m := START.match(line):
                 step, epoch, world, rank = (int(x) for x in m.groups()[:4])
                 log.starts[epoch].append((step, world, rank))
