@@ -578,6 +578,8 @@ class Recording:
         return {}
     def apply(self, member, received):
         pass
+    def before_reform(self, member, group, coming):
+        pass
     def hand_over(self, member, group):
         self.calls.append((member.rank, member.world, group is dist.group.WORLD,
                            member.holding_step))

@@ -45,23 +45,26 @@ class Log:
 
 
 class Node:
-    """A node's ``NPROC`` training processes sharing one control folder."""
+    """A node's ``count`` training processes sharing one control folder, each running
+    ``command`` (by default the test worker)."""
 
-    def __init__(self, tmp: Path, name: str, sleep: float = 0.03) -> None:
+    def __init__(self, tmp: Path, name: str, sleep: float = 0.03,
+                 command: list[str] | None = None, count: int = NPROC) -> None:
         self.name = name
         self.control = tmp / name
         self.control.mkdir()
         self.procs: list[Log] = []
-        for i in range(NPROC):
+        for i in range(count):
             env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo",
-                       OMP_NUM_THREADS="1", LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(NPROC))
+                       OMP_NUM_THREADS="1", LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(count))
             env[training.ENV_CONTROL_DIR] = str(self.control)
             env[training.ENV_INPLACE] = "1"
             env[training.ENV_CHECKPOINT_DIR] = str(tmp / "checkpoints")
             path = tmp / f"{name}.{i}.log"
             with open(path, "w") as out:
-                popen = subprocess.Popen([sys.executable, str(WORKER), "--sleep", str(sleep)],
-                                         env=env, stdout=out, stderr=subprocess.STDOUT)
+                popen = subprocess.Popen(
+                    [sys.executable, *(command or [str(WORKER), "--sleep", str(sleep)])],
+                    env=env, stdout=out, stderr=subprocess.STDOUT)
             self.procs.append(Log(f"{name}.{i}", path, popen))
 
     def tell(self, m: inplace.Membership) -> None:

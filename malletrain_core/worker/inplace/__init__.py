@@ -55,7 +55,9 @@ digest-checked; with none in memory, each loads the last checkpoint. Every colle
 through ``member._collective``, so that a peer lost meanwhile fails it at once and the
 re-form moves on to the next epoch. The default, :class:`BroadcastHandover`, sends the whole
 state in one broadcast; a sharded state (each member holding its shards, re-sharded for the
-new world) plugs in as ``Elastic(..., handover=...)``.
+new world) plugs in as ``Elastic(..., handover=...)`` (:mod:`..sharded`). At a planned change
+the hand-over also runs on the old group before it is let go (``before_reform``, empty for
+the broadcast): a sharded state's leavers hand over the rows only they hold there.
 """
 
 from __future__ import annotations

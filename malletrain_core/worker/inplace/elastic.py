@@ -238,7 +238,22 @@ class Elastic(GroupMember):
             elif self.epoch is not None and target is not None and target > self.epoch:
                 m = self._channel.await_epoch(target)
                 self.lifecycle.to(GroupState.REFORMING)
-                self._apply(m, "planned")
+                self._apply(*self._before_reform(m))
+
+    def _before_reform(self, m: Membership) -> tuple[Membership, str]:
+        """The hand-over's turn on the old group before a planned change into ``m``
+        (:meth:`~.handover.StateHandover.before_reform`); a member lost meanwhile makes it
+        the next epoch's change, as a loss."""
+        import torch.distributed as dist
+
+        try:
+            self.handover.before_reform(self, dist.group.WORLD, m)
+        except Exception as exc:
+            if not self._is_peer_failure(exc):
+                raise
+            self._note_abandoned()
+            return self._channel.await_epoch(m.epoch + 1), "lost"
+        return m, "planned"
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:

@@ -47,6 +47,7 @@ class GroupMember(TrainingState):
         self.epoch: int | None = None
         self.rank = session.rank
         self.world = session.world_size
+        self.local_world = 1   # processes per node (Elastic reads its environment)
         self.changes: list[dict[str, Any]] = []
         self.lifecycle = Lifecycle()
         self._pending = _Pending(device_sync=backend == "nccl")

@@ -73,9 +73,14 @@ class HandoverMember(Protocol):
 
     rank: int
     world: int
+    local_world: int
     step: int
     has_state: bool
     model: Any
+    optimizer: Any
+    scheduler: Any
+    net: Any
+    extra: dict[str, Any]
     session: Any
 
     @property
@@ -121,6 +126,13 @@ class StateHandover(Protocol):
     def hand_over(self, member: HandoverMember, group: Any) -> Handed:
         """Bring every member to the most advanced member's state over ``group``."""
 
+    def before_reform(self, member: HandoverMember, group: Any, coming: Any) -> None:
+        """At a planned change, on every member of the current ``group`` before it is let
+        go (leavers included), ``coming`` being this member's next membership
+        (:class:`~malletrain_core.worker.control.Membership`; ``coming.leave`` on a leaver):
+        what the members that stay need from the leavers moves now. Collectives through
+        ``member._collective``, as in :meth:`hand_over`; a no-op when nothing must move."""
+
 
 class BroadcastHandover:
     """The whole state, pickled with ``torch.save`` (model, optimizer, scheduler, extras,
@@ -136,6 +148,9 @@ class BroadcastHandover:
 
     def apply(self, member: HandoverMember, received: dict[str, Any]) -> None:
         member._load(received)
+
+    def before_reform(self, member: HandoverMember, group: Any, coming: Any) -> None:
+        """Nothing: every member holds the whole state."""
 
     @staticmethod
     def _digest_without_buffers(member: HandoverMember) -> str:

@@ -17,35 +17,24 @@ be: no rank holds it whole, and none should. This package moves the shards thems
 * :mod:`.state` names a rank's local tensors and their JSON manifest; :mod:`.exchange` moves
   slices of them in bounded buckets, one ``all_to_all_single`` each, and counts the buffers.
 
-Not yet wired into :class:`~malletrain_core.worker.inplace.Elastic`: nothing in the in-place
-group calls this package. What the wiring is to do, against the seam in
-:mod:`~malletrain_core.worker.inplace.handover`:
-
-* a ``ShardedHandover`` implementing ``StateHandover``, given to ``Elastic`` as ``handover=``.
-  Its ``hand_over(member, group)`` serves both modes: :func:`~.heal.heal_hsdp` when the
-  replica count changes (HSDP), :func:`~.reshard.reshard_fsdp` when the shard count does
-  (FSDP). It passes ``member._collective`` as ``collective`` (each collective abandonable, a
-  lost peer failing it at once) and ``member._device`` as ``device``; it learns
-  ``old_ranks`` by an all-gather of each member's previous rank (and ``survivors`` from
-  ``member.has_state``); the script gives ``build(mesh)`` and ``make_optimizer(model)``, and
-  the new model and optimizer replace the member's old ones (``member.model`` and its
-  optimizer) before the model is used again. ``contribution`` and
-  ``apply``, the one-payload hooks, serve only what is not sharded: the sampler's position,
-  the RNGs and the scheduler still travel as ``BroadcastHandover`` sends them.
-* a planned FSDP shrink: the leavers hold rows the survivors need, so the exchange runs on
-  the old group before they leave (a hook before the re-form, which the seam lacks today),
-  with ``new_mesh=None``; after the re-form each survivor calls :func:`~.reshard.adopt`.
-* the digest check after a hand-over becomes one per shard index (replicas of a shard agree;
-  FSDP shards differ by design).
-* a member lost without warning under FSDP takes rows nobody else holds: until a buddy copy
-  of each shard exists, that change still reads the last checkpoint.
+Wired into the in-place loop by :mod:`.handover` (:class:`~.handover.ShardedHandover`, the
+:class:`~malletrain_core.worker.inplace.StateHandover` of a sharded state: HSDP heals joining
+replicas, FSDP re-shards over the new group on a grow and over the old group before a planned
+shrink) and :mod:`.elastic` (:class:`~.elastic.Elastic`, what a script uses: it gives
+``build(mesh)`` and ``make_optimizer(model)`` instead of a model, since a sharded model exists
+only on a group's mesh). A member lost without warning under FSDP takes rows nobody else
+holds: that change reads the last (DCP) checkpoint; under HSDP nothing is lost while a replica
+survives.
 """
 
+from .elastic import Elastic
 from .exchange import Collective, Move, Traffic, run_collective
+from .handover import FSDP, HSDP, ShardedHandover, local_digest
 from .heal import Healed, heal_hsdp
 from .plan import Piece, Source, chunk_rows, heal_plan, reshard_plan, shard_rows
 from .reshard import Resharded, adopt, reshard_fsdp
 
-__all__ = ["Collective", "Healed", "Move", "Piece", "Resharded", "Source", "Traffic",
-           "adopt", "chunk_rows", "heal_hsdp", "heal_plan", "reshard_fsdp", "reshard_plan",
-           "run_collective", "shard_rows"]
+__all__ = ["FSDP", "HSDP", "Collective", "Elastic", "Healed", "Move", "Piece", "Resharded",
+           "ShardedHandover", "Source", "Traffic", "adopt", "chunk_rows", "heal_hsdp",
+           "heal_plan", "local_digest", "reshard_fsdp", "reshard_plan", "run_collective",
+           "shard_rows"]

@@ -1,0 +1,229 @@
+"""Sharded models rescaled in place, with real torch + gloo processes on loopback (no Slurm).
+
+A driver stands in for the daemon and the launchers (as in tests/test_inplace_nproc.py): each
+node has one control folder and one membership file for its processes (``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``). The training processes (tests/workers/sharded_train.py) train an
+FSDP2 or HSDP model on the same batch on every rank and print, at the start of every step,
+the digest of the full state (gathered). Every rank trains on the same batch, so at 1 and 2
+ranks per shard the sums over ranks are exact and the state after every step must be BITWISE
+the one of a run at a fixed world (the reference, run after the job): any byte a re-shard or
+a heal got wrong shows at the next step's digest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from malletrain_core.worker import inplace
+from tests import test_inplace_nproc as nproc
+from tests.test_inplace import Proc, wait_for
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "workers" / "sharded_train.py"
+
+
+def changes(p: nproc.Log) -> list[dict]:
+    """The change records a process printed."""
+    return [r for r in Proc.records(p) if "change" in r]
+
+
+class Driver(nproc.Driver):
+    """tests/test_inplace_nproc.py's driver (epochs with fresh ports, node by node) for
+    ``count`` processes per node, each running ``command`` (by default the test worker in
+    ``mode``)."""
+
+    def __init__(self, tmp: Path, mode: str, count: int,
+                 command: list[str] | None = None) -> None:
+        super().__init__(tmp)
+        self.mode, self.nproc, self.command = mode, count, command
+
+    def start(self, name: str, steps: int = 0, args: tuple[str, ...] = ()) -> nproc.Node:
+        command = self.command or [str(WORKER), "--mode", self.mode, "--sleep", "0.03",
+                                   "--steps", str(steps)]
+        node = nproc.Node(self.tmp, name, command=[*command, *args], count=self.nproc)
+        self.nodes.append(node)
+        wait_for(lambda: inplace.is_ready(node.control, self.nproc), 90, f"{name} ready",
+                 self.logs)
+        return node
+
+
+def driver(tmp: Path, mode: str, count: int) -> Iterator[Driver]:
+    d = Driver(tmp / "job", mode, count)
+    d.tmp.mkdir()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def hsdp(tmp_path):
+    yield from driver(tmp_path, "hsdp", 2)
+
+
+@pytest.fixture
+def fsdp(tmp_path):
+    yield from driver(tmp_path, "fsdp", 1)
+
+
+def digests(logs: list[nproc.Log]) -> dict[int, set[str]]:
+    """The full-state digests every process printed, by step."""
+    out: dict[int, set[str]] = {}
+    for p in logs:
+        for r in p.steps():
+            out.setdefault(r["step"], set()).add(r["before"])
+    return out
+
+
+def reference(tmp: Path, mode: str, count: int, until: int) -> dict[int, str]:
+    """The same training at a fixed world (one node of ``count`` processes, one epoch), its
+    full-state digest at the start of each step up to ``until``."""
+    d = Driver(tmp / "reference", mode, count)
+    d.tmp.mkdir()
+    try:
+        node = d.start("ref", steps=until + 1)
+        d.change([node])
+        for p in node.procs:
+            assert p.popen.wait(300) == 0, p.log.read_text()[-3000:]
+        got = digests(node.procs)
+    finally:
+        d.stop()
+    assert all(len(v) == 1 for v in got.values()), "the reference's ranks differ"
+    return {s: v.pop() for s, v in got.items()}
+
+
+def check_against(ref: dict[int, str], logs: list[nproc.Log]) -> int:
+    """Every step every process printed has the reference's digest, and its scheduler and
+    sampler position have counted every step once; returns the steps seen."""
+    for p in logs:
+        for r in p.steps():
+            assert (r["scheduled"], r["pos"]) == (r["step"] + 1, 8 * (r["step"] + 1)), (p.name, r)
+    got = digests(logs)
+    for step, seen in sorted(got.items()):
+        assert seen == {ref[step]}, f"step {step}: {seen} != the reference's {ref[step]}"
+    return len(got)
+
+
+def check_changes(logs: list[nproc.Log], kinds: list[str]) -> None:
+    for p in logs:
+        seen = [r["change"]["kind"] for r in changes(p)]
+        assert seen[-len(kinds):] == kinds, (p.name, seen)
+        assert not any(r["moved"].get("from_disk") for r in changes(p)[1:]), p.name
+
+
+def no_disk(d: Driver) -> None:
+    for p in d.logs:
+        assert all(not r["checkpoints"] for r in p.steps()), f"{p.name} saved a checkpoint"
+    folder = d.tmp / "checkpoints"
+    assert not folder.exists() or not any(folder.iterdir()), list(folder.iterdir())
+
+
+def grow_one_to_two(d: Driver) -> tuple[nproc.Node, nproc.Node]:
+    """Node a trains alone, then b joins (1 → 2 nodes): b's processes received their shards
+    over the new group."""
+    a = d.start("a")
+    d.wait_trained(d.change([a]), 4)
+    b = d.start("b")
+    e2 = d.change([a, b])
+    d.wait_trained(e2, 4)
+    for p in b.procs:
+        change = changes(p)[-1]
+        assert change["change"]["epoch"] == e2 and change["moved"]["received_bytes"] > 0
+    return a, b
+
+
+def test_hsdp_replicas_grow_shrink_and_lose_a_node_in_memory(hsdp, tmp_path):
+    """HSDP, 2 processes per node sharding among themselves, nodes as replicas: 1 → 2 nodes
+    (the joining node's ranks heal from the survivor's), planned 2 → 1, 1 → 2 again, then the
+    new node's processes SIGKILLed (2 → 1, abandon): the survivors keep training, nothing read
+    from disk, every step's full state bitwise the fixed-world reference's."""
+    d = hsdp
+    a, b = grow_one_to_two(d)
+    e3 = d.change([a])                                        # planned shrink 2 → 1
+    d.wait_trained(e3, 4)
+    assert [p.popen.wait(30) for p in b.procs] == [0, 0], "the leaving node did not exit 0"
+    c = d.start("c")
+    e4 = d.change([a, c])
+    d.wait_trained(e4, 4)
+    for p in c.procs:                                         # the node is lost
+        os.kill(p.popen.pid, signal.SIGKILL)
+    e5 = d.change([a], abandon=True)
+    d.wait_trained(e5, 4)
+    check_changes(a.procs, ["start", "planned", "planned", "planned", "lost"])
+    for p in a.procs:
+        assert len({r["pid"] for r in p.steps()}) == 1, f"{p.name} was restarted"
+        assert all(r["resumed_from"] is None for r in p.steps())
+    finish(d, tmp_path)
+
+
+def finish(d: Driver, tmp: Path, disk: bool = False) -> None:
+    """The members leave (exit 0); no checkpoint written (unless ``disk``); every step's full
+    state the fixed-world reference's."""
+    d.epoch += 1
+    for n in d.members:
+        n.tell(inplace.Membership(epoch=d.epoch))
+    assert [p.popen.wait(30) for n in d.members for p in n.procs] == [0] * (
+        d.nproc * len(d.members))
+    if not disk:
+        no_disk(d)
+    last = max(r["step"] for p in d.logs for r in p.steps())
+    ref = reference(tmp, d.mode, d.nproc, last)
+    assert check_against(ref, d.logs) == last + 1
+
+
+def test_fsdp_reshards_on_grow_and_planned_shrink_in_memory(fsdp, tmp_path):
+    """FSDP across the job, one process per node: 1 → 2 (the shards re-sharded over the new
+    group), planned 2 → 1 (re-sharded over the old group before the leaver goes, the survivor
+    adopting them), 1 → 2 again, then one member replaced by another in one change (the
+    shards re-sharded to the one that stays, then from it to both): no step lost, nothing read
+    from or written to disk, every step's full state bitwise the fixed-world reference's."""
+    d = fsdp
+    a, b = grow_one_to_two(d)
+    e3 = d.change([a])                                        # planned shrink 2 → 1
+    d.wait_trained(e3, 4)
+    assert b.procs[0].popen.wait(30) == 0, "the leaver did not exit 0"
+    shrink = changes(a.procs[0])[-1]
+    assert "before_reform_s" in shrink["moved"] and shrink["moved"]["received_bytes"] > 0
+    c = d.start("c")
+    e4 = d.change([a, c])                                     # grow again
+    d.wait_trained(e4, 4)
+    e = d.start("e")
+    e5 = d.change([a, e])                 # c leaves and e joins at once: re-sharded twice
+    d.wait_trained(e5, 4)
+    assert c.procs[0].popen.wait(30) == 0, "the leaver did not exit 0"
+    assert changes(e.procs[0])[-1]["moved"]["received_bytes"] > 0
+    check_changes(a.procs, ["start", "planned", "planned", "planned", "planned"])
+    steps = [r["step"] for r in a.procs[0].steps()]
+    assert steps == list(range(steps[0], steps[-1] + 1)), "a step was lost or repeated"
+    finish(d, tmp_path)
+
+
+def test_fsdp_member_lost_without_warning_reads_the_last_checkpoint(fsdp, tmp_path):
+    """FSDP, a member SIGKILLed: its rows are held nowhere else, so the survivor rebuilds the
+    model and loads the last DCP checkpoint (written by both members at one step); from there
+    every step's full state is again the fixed-world reference's."""
+    d = fsdp
+    every = ("--checkpoint-every-s", "1")
+    a = d.start("a", args=every)
+    e1 = d.change([a])
+    d.wait_trained(e1, 2)
+    b = d.start("b", args=every)
+    e2 = d.change([a, b])
+    wait_for(lambda: any(r["checkpoints"] and r["epoch"] == e2 for r in b.procs[0].steps()),
+             60, "a checkpoint at world 2", d.logs)
+    d.wait_trained(e2, 2 + len(b.procs[0].steps()))
+    os.kill(b.procs[0].popen.pid, signal.SIGKILL)
+    e3 = d.change([a], abandon=True)
+    d.wait_trained(e3, 4)
+    lost = changes(a.procs[0])[-1]
+    assert lost["change"]["kind"] == "lost" and lost["moved"]["from_disk"], lost
+    resumed = [r["resumed_from"] for r in a.procs[0].steps() if r["epoch"] == e3]
+    saved = {c for p in (a.procs[0], b.procs[0]) for r in p.steps() for c in r["checkpoints"]}
+    assert resumed[0] is not None and resumed[0] in saved, (resumed, saved)
+    finish(d, tmp_path, disk=True)

@@ -1,0 +1,125 @@
+"""A sharded training process that rescales in place (driven by tests/test_inplace_sharded.py).
+
+Every rank trains on the same batch (a function of the step only), so that the sum over ranks
+is exact at the world sizes the tests use (1 and 2 ranks per shard: x + x = 2x, and a halving
+is exact): the state after each step is then bitwise the one of a run at a fixed world. Each
+step prints one JSON line with the digest of the FULL state at its start (every parameter and
+optimizer state gathered), comparable across layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+from inplace_train import Position  # this folder's: the sampler position, handed over
+from torch import nn
+
+from malletrain_core.worker import sharded, training
+
+
+def emit(record: dict) -> None:
+    os.write(sys.stdout.fileno(), (json.dumps(record) + "\n").encode())
+
+
+class Net(nn.Module):
+    """Rows uneven at every world (13, 7, 3), a LayerNorm and a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 13)
+        self.norm = nn.LayerNorm(13)
+        self.b = nn.Linear(13, 7)
+        self.c = nn.Linear(7, 3)
+        self.register_buffer("scale", torch.tensor([0.5, 2.0, 1.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.norm(self.a(x)))))) * self.scale
+
+
+def build(mesh: object) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    model = Net()
+    for part in (model.a, model.b, model.c):
+        fully_shard(part, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+
+
+def full_digest(el: sharded.Elastic) -> str:
+    """The digest of every parameter and optimizer state, gathered whole (a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in el.model.named_parameters():
+            tensors = {"p": p, **el.optimizer.state.get(p, {})}
+            for k in sorted(tensors):
+                t = tensors[k]
+                t = t.full_tensor() if isinstance(t, DTensor) else t
+                h.update(f"{name}/{k}".encode())
+                h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=("fsdp", "hsdp"), required=True)
+    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--checkpoint-every-s", type=float, default=3600.0)
+    args = p.parse_args()
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_APPEND)
+    torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    session = training.Session(handle_sigterm=False, checkpoint_every_s=args.checkpoint_every_s)
+    pos = Position()
+    el = sharded.Elastic(session, build, make_optimizer, mode=args.mode, extra={"sampler": pos},
+                         collective_timeout_s=20, make_scheduler=lambda opt: torch.optim.
+                         lr_scheduler.StepLR(opt, step_size=10_000, gamma=0.5))
+    shown = 0
+    for step in el.steps(args.steps):
+        for change in el.changes[shown:]:
+            emit({"change": change, "moved": el.sharding.moved, "t": time.time(),
+                  "pid": os.getpid(), "local": el.local_rank})
+        shown = len(el.changes)
+        before = None
+        with el.guard():
+            before = full_digest(el)
+            g = torch.Generator().manual_seed(step * 1009)
+            x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+            loss = nn.functional.mse_loss(el.model(x), y)
+            el.optimizer.zero_grad()
+            loss.backward()
+            el.optimizer.step()
+            el.scheduler.step()
+            pos.pos += 8
+        failed = el._step_failed
+        session.report(samples=0 if failed else 8)
+        if args.sleep:
+            time.sleep(args.sleep)
+        emit({"t": time.time(), "step": step, "failed": failed, "epoch": el.epoch,
+              "world": el.world, "rank": el.rank, "local": el.local_rank, "pid": os.getpid(),
+              "before": before, "pos": pos.pos, "scheduled": el.scheduler.last_epoch,
+              "checkpoints": list(el.checkpoints),
+              "resumed_from": el.resumed_from})
+    el.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
