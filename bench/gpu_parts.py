@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_child import RESULT, last_line
+from devtools.runlogs.jsonlines import json_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -203,14 +204,7 @@ class Lines:
             return list(self.lines)
 
     def records(self) -> list[dict[str, Any]]:
-        out = []
-        for _, line in self.snapshot():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        return json_lines(line for _, line in self.snapshot())
 
 
 def _wait(cond: Any, timeout_s: float, what: str, proc: subprocess.Popen[str]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.runlogs.jsonlines import read_json_lines
 from malletrain_core.worker import heartbeat, inplace, training
 from tests import test_launcher
 
@@ -57,14 +58,7 @@ class Proc:
                 env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def records(self) -> list[dict]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        return read_json_lines(self.log)
 
     def steps(self) -> list[dict]:
         return [r for r in self.records() if "step" in r and "change" not in r]

@@ -7,7 +7,6 @@ in nodes: each node has one control folder and one membership file for its two p
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.runlogs.jsonlines import read_json_lines
 from malletrain_core.worker import inplace, training
 from tests.test_inplace import WORKER, free_port, wait_for
 
@@ -34,14 +34,7 @@ class Log:
         self.name, self.log, self.popen = name, path, popen
 
     def steps(self) -> list[dict]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            if line.startswith('{"t"'):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return [r for r in out if not r["failed"]]
+        return [r for r in read_json_lines(self.log, prefix='{"t"') if not r["failed"]]
 
 
 class Node:
