@@ -28,7 +28,8 @@ test-pbs: setup-pbs
 
 ## Long loops (not in `make test`): 200 cancellations during rescale churn on real Slurm, the
 ## two slowest fault scenarios (a hung slurmd, the checkpoint folder full and read-only), the
-## restart path's Lightning and HF runs under real Slurm, 200
+## restart path's Lightning and HF runs under real Slurm, every backend contract scenario on
+## the real PBS complex, 200
 ## re-forms of two processes (threads, fds and memory flat), and
 ## 40 pairs of processes re-formed in place 21 times each beside two busy processes.
 test-long: setup-full
@@ -37,6 +38,7 @@ test-long: setup-full
 	MALLETRAIN_REVIVAL_CANCELS=200 $(PYTEST) -q -s tests/slurm/test_revival.py
 	MALLETRAIN_LONG_FAULTS=1 $(PYTEST) -q tests/slurm/test_faults_site.py -k "slurmd_hung or checkpoint_folder"
 	MALLETRAIN_BYO_RESTART_ALL=1 $(PYTEST) -q tests/slurm/test_byo_e2e.py -k "lightning or hf"
+	MALLETRAIN_LIVE_CONTRACT_ALL=1 $(PYTEST) -q tests/pbs_real/test_pbs_backend_real.py -k contract
 
 ## The fault scenarios that change an epoch under the fault, on the in-place path
 ## (malletrain-run --inplace; the others are skipped with why): about 3 minutes.
