@@ -9,6 +9,7 @@ on start, then per step the indices this rank trained and the digest after the s
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -96,8 +97,16 @@ def main() -> None:
     if world > 1:
         # Drop DDP first: torch 2.13 can deadlock when the DDP reducer holds the last
         # reference to a gloo group (its destructor joins a thread that waits for the GIL).
-        del net, run
+        # Drop the model and optimizer too: the reducer's autograd hooks on the parameters keep
+        # it, and so the group and its worker threads, alive past destroy_process_group(); a
+        # worker thread that then frees its last all-reduce while the interpreter finalizes
+        # needs the GIL and ends the process with SIGABRT ("terminate called without an
+        # active exception": seen in gdb on a core, one world-3 phase in seven beside a busy
+        # loop). Collected here, the group's destructor joins its threads while Python lives.
+        del net, run, model, opt, sched, loader, sampler
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
 
 
 if __name__ == "__main__":

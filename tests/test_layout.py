@@ -398,6 +398,33 @@ def test_the_long_modules_are_the_ones_listed_within_their_caps() -> None:
     assert size_violations(PACKAGE, LONG_MODULES, MAX_LONG_MODULES) == []
 
 
+MAX_CLASS_LINES = 400
+
+
+def long_classes(root: Path, limit: int = MAX_CLASS_LINES) -> list[str]:
+    """Every class under ``root`` longer than ``limit`` lines, as ``path:Class (lines)``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > limit:
+                    found.append(f"{path.relative_to(root)}:{node.name} ({size})")
+    return found
+
+
+def test_no_class_is_over_400_lines() -> None:
+    """No class in the package is over 400 lines: a class that grows past it is split into
+    parts (as ``worker/inplace/``'s were), whatever its module's size."""
+    assert long_classes(PACKAGE) == []
+
+
+def test_the_class_size_rule_sees_a_long_class(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(401))
+    (tmp_path / "big.py").write_text(f"class Big:\n{body}\n")
+    assert long_classes(tmp_path) == ["big.py:Big (402)"]
+
+
 def test_the_long_benches_are_the_ones_listed_within_their_caps() -> None:
     assert size_violations(REPO / "bench", LONG_BENCH_MODULES, MAX_LONG_BENCH_MODULES) == []
 

@@ -101,6 +101,110 @@ class JobState:
     :meth:`EpochCoordinator.checkin`)."""
 
 
+def in_place(st: JobState, cur: Epoch, nodes: list[str]) -> bool:
+    """Can the change to ``nodes`` happen in place? Every launcher involved keeps its
+    process alive, and some member of ``cur`` that stays runs it now (holds the state)."""
+    return not_in_place(st, cur, nodes) is None
+
+def not_in_place(st: JobState, cur: Epoch, nodes: list[str]) -> str | None:
+    """Why the change to ``nodes`` cannot happen in place (None: it can)."""
+    unknown = [n for n in nodes if n not in st.launchers]
+    if unknown:
+        return f"no launcher known on {','.join(unknown)}"
+    involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
+    restart = [n for n, la in st.launchers.items() if n in involved and not la.inplace]
+    if restart:
+        return f"the launcher on {','.join(restart)} runs the restart path"
+    # Any epoch: a running in-place process holds the job's state (or takes it in its
+    # epoch's hand-over). Asking for ``cur``'s own number failed after a restart: the
+    # state saved before ``cur``'s order went out (see LauncherService.persist) still
+    # has the members running the epoch before, and a loss then went through the disk.
+    # A member whose process abandoned ``cur`` (a peer went silent while the daemon was
+    # away) waits, ready, for the next membership with the state in memory: it counts
+    # too. (Were every such process new, the hand-over resumes from the checkpoint.)
+    staying = [st.launchers[n] for n in nodes if n in cur.members]
+    if any((la.state is LauncherState.RUNNING and la.epoch is not None)
+           or (la.state is LauncherState.IDLE and la.ready) for la in staying):
+        return None
+    return "no member that stays runs a process: " + ", ".join(
+        f"{la.node} {la.state.value} epoch {la.epoch}" for la in staying)
+
+def runs_ahead(st: JobState, cur: Epoch) -> bool:
+    """Does a member's live process run an epoch newer than ``cur``? Only after a restart
+    of the daemon that lost its last epochs (killed before it saved them): the next epoch
+    is then started in place for everyone (its number after the newest one reported), so
+    the members that were told the lost epoch and those that were not meet again, instead
+    of the newer ones being stopped (their processes restarted) as members of an epoch
+    that is over."""
+    return any(launcher_ahead(la, cur)
+               for n, la in st.launchers.items() if n in cur.members or n in st.target)
+
+def launcher_ahead(la: Launcher, cur: Epoch) -> bool:
+    """Does ``la``'s live process run an epoch newer than ``cur`` (see :func:`runs_ahead`)?"""
+    return la.inplace and la.state is LauncherState.RUNNING and la.epoch is not None \
+        and la.epoch > cur.number
+
+
+def order_for(st: JobState, la: Launcher, max_failures: int) -> Order:
+    """The order for launcher ``la`` of job ``st`` now (``max_failures``: epochs failed in a
+    row before the job stops)."""
+    if st.failed:
+        return Order(OrderKind.EXIT, rc=1, reason=f"more than {max_failures} epochs failed "
+                     "in a row; see the job's output")
+    if st.finished:
+        return Order(OrderKind.EXIT, rc=0, reason="training finished")
+    cur = st.epoch
+    running = la.epoch if la.state is LauncherState.RUNNING else None
+    if cur is not None and la.node in cur.members:
+        if la.inplace and running is not None and (
+                cur.path == "inplace" or running > cur.number
+                or (running == cur.number and st.failed_at is not None)):
+            # its live process re-forms in place (or waits for the next membership after
+            # a peer failed): no stop first
+            running = cur.number
+            if st.failed_at is not None:
+                return Order(OrderKind.RUN, epoch=cur.number, rank=cur.members.index(la.node),
+                             world=len(cur.members), master=cur.master, port=cur.port,
+                             rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
+        if running is not None and running != cur.number:
+            return Order(OrderKind.STOP, epoch=running, reason=f"epoch {running} is over")
+        if running is not None and st.failed_at is not None:
+            return Order(OrderKind.STOP, epoch=running, reason="a worker of this epoch failed")
+        if running == cur.number and st.ckpt_requested_at is not None \
+                and la.node == cur.members[0] and la.ckpt_seen < st.ckpt_request:
+            return Order(OrderKind.CHECKPOINT, epoch=cur.number, request=st.ckpt_request,
+                         reason="membership changes next")
+        if la.state is LauncherState.EXITED and la.epoch == cur.number:
+            return Order(OrderKind.WAIT, reason="waiting for the next epoch")
+        return Order(OrderKind.RUN, epoch=cur.number, rank=cur.members.index(la.node),
+                     world=len(cur.members), master=cur.master, port=cur.port,
+                     rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
+    if cur is not None and la.node in st.target and launcher_ahead(la, cur):
+        return Order(OrderKind.WAIT, reason=f"epoch {running} is newer than this daemon's "
+                     f"{cur.number}: the next epoch takes this node in place")
+    if running is not None:
+        why = "the job left this node" if la.node not in st.target else \
+            f"not a member of epoch {cur.number if cur else 'none'}"
+        if la.inplace:
+            la.ready = False  # its process leaves; the next one must get ready first
+        return Order(OrderKind.STOP, epoch=running, reason=why)
+    return Order(OrderKind.WAIT, reason=st.problem or "no epoch for this node yet")
+
+
+def next_free_port(port_range: tuple[int, int], cursor: int,
+                   busy: set[int | None]) -> tuple[int, int]:
+    """The first port of ``port_range`` from ``cursor`` on (round robin) not in ``busy``, and
+    the cursor after it."""
+    lo, hi = port_range
+    span = hi - lo + 1
+    for i in range(span):
+        port = lo + (cursor - lo + i) % span
+        if port not in busy:
+            return port, lo + (port - lo + 1) % span
+    raise EpochError(f"no free master port in {lo}-{hi}: every port is used by a running "
+                     "epoch; widen the coordinator's port range")
+
+
 class EpochCoordinator:
     """Per-job epochs, membership targets, launcher check-ins and the orders they get."""
 
@@ -254,7 +358,7 @@ class EpochCoordinator:
         if lost is not None and cur is not None:
             self._silent_peers(st, cur, node, lost, now)
         self._plan(st, now)
-        return self._order(st, st.launchers[node])
+        return order_for(st, st.launchers[node], self.max_failures)
 
     def _silent_peers(self, st: JobState, cur: Epoch, node: str,
                       lost: tuple[int, tuple[int, ...]], now: float) -> None:
@@ -373,15 +477,15 @@ class EpochCoordinator:
                 self._start(st, waited, now)
             return
         desired = [n for n in ready if n in cur.members or joined
-                   or self._runs_ahead(st.launchers[n], cur)]
+                   or launcher_ahead(st.launchers[n], cur)]
         if not joined:
             early = [n for n in ready if n not in cur.members and self._waited(st, n, now)]
-            if early and self._in_place(st, cur, desired + early):
+            if early and in_place(st, cur, desired + early):
                 desired += early
-        if set(desired) == set(cur.members) and not self._ahead(st, cur):
+        if set(desired) == set(cur.members) and not runs_ahead(st, cur):
             st.ckpt_requested_at = None
             return
-        if self._in_place(st, cur, desired):
+        if in_place(st, cur, desired):
             self._start(st, desired, now)  # the state stays in the members' memory
             return
         if st.ckpt_requested_at is None:
@@ -403,53 +507,6 @@ class EpochCoordinator:
         la = st.launchers.get(node)
         return la is not None and la.inplace and la.ready_since is not None \
             and now - la.ready_since >= self.join_wait_s
-
-    @staticmethod
-    def _in_place(st: JobState, cur: Epoch, nodes: list[str]) -> bool:
-        """Can the change to ``nodes`` happen in place? Every launcher involved keeps its
-        process alive, and some member of ``cur`` that stays runs it now (holds the state)."""
-        return EpochCoordinator._not_in_place(st, cur, nodes) is None
-
-    @staticmethod
-    def _not_in_place(st: JobState, cur: Epoch, nodes: list[str]) -> str | None:
-        """Why the change to ``nodes`` cannot happen in place (None: it can)."""
-        unknown = [n for n in nodes if n not in st.launchers]
-        if unknown:
-            return f"no launcher known on {','.join(unknown)}"
-        involved = set(nodes) | set(cur.members)  # lost members' launchers are forgotten
-        restart = [n for n, la in st.launchers.items() if n in involved and not la.inplace]
-        if restart:
-            return f"the launcher on {','.join(restart)} runs the restart path"
-        # Any epoch: a running in-place process holds the job's state (or takes it in its
-        # epoch's hand-over). Asking for ``cur``'s own number failed after a restart: the
-        # state saved before ``cur``'s order went out (see LauncherService.persist) still
-        # has the members running the epoch before, and a loss then went through the disk.
-        # A member whose process abandoned ``cur`` (a peer went silent while the daemon was
-        # away) waits, ready, for the next membership with the state in memory: it counts
-        # too. (Were every such process new, the hand-over resumes from the checkpoint.)
-        staying = [st.launchers[n] for n in nodes if n in cur.members]
-        if any((la.state is LauncherState.RUNNING and la.epoch is not None)
-               or (la.state is LauncherState.IDLE and la.ready) for la in staying):
-            return None
-        return "no member that stays runs a process: " + ", ".join(
-            f"{la.node} {la.state.value} epoch {la.epoch}" for la in staying)
-
-    @staticmethod
-    def _ahead(st: JobState, cur: Epoch) -> bool:
-        """Does a member's live process run an epoch newer than ``cur``? Only after a restart
-        of the daemon that lost its last epochs (killed before it saved them): the next epoch
-        is then started in place for everyone (its number after the newest one reported), so
-        the members that were told the lost epoch and those that were not meet again, instead
-        of the newer ones being stopped (their processes restarted) as members of an epoch
-        that is over."""
-        return any(EpochCoordinator._runs_ahead(la, cur)
-                   for n, la in st.launchers.items() if n in cur.members or n in st.target)
-
-    @staticmethod
-    def _runs_ahead(la: Launcher, cur: Epoch) -> bool:
-        """Does ``la``'s live process run an epoch newer than ``cur`` (see :meth:`_ahead`)?"""
-        return la.inplace and la.state is LauncherState.RUNNING and la.epoch is not None \
-            and la.epoch > cur.number
 
     def _restart(self, st: JobState, now: float) -> None:
         """Unplanned: the survivors (members still checking in) start the next epoch now."""
@@ -480,7 +537,7 @@ class EpochCoordinator:
             return
         st.problem = ""
         master = st.launchers[nodes[0]].addr
-        why = self._not_in_place(st, previous, nodes) if previous is not None else None
+        why = not_in_place(st, previous, nodes) if previous is not None else None
         inplace = previous is not None and why is None
         if why is not None:
             log.info("job=%s epoch %d on the disk path: %s", st.job, number, why)
@@ -496,62 +553,10 @@ class EpochCoordinator:
                        "abandon": st.epoch.abandon, "started": now}]
 
     def _free_port(self, exclude: int | None, ignore_job: str) -> int:
-        lo, hi = self.port_range
         busy = {s.epoch.port for s in self._jobs.values()
-                if s.epoch is not None and s.job != ignore_job}
-        if exclude is not None:
-            busy.add(exclude)
-        span = hi - lo + 1
-        for i in range(span):
-            port = lo + (self._port_cursor - lo + i) % span
-            if port not in busy:
-                self._port_cursor = lo + (port - lo + 1) % span
-                return port
-        raise EpochError(f"no free master port in {lo}-{hi}: every port is used by a running "
-                         "epoch; widen the coordinator's port range")
-
-    def _order(self, st: JobState, la: Launcher) -> Order:
-        if st.failed:
-            return Order(OrderKind.EXIT, rc=1, reason=f"more than {self.max_failures} epochs failed "
-                         "in a row; see the job's output")
-        if st.finished:
-            return Order(OrderKind.EXIT, rc=0, reason="training finished")
-        cur = st.epoch
-        running = la.epoch if la.state is LauncherState.RUNNING else None
-        if cur is not None and la.node in cur.members:
-            if la.inplace and running is not None and (
-                    cur.path == "inplace" or running > cur.number
-                    or (running == cur.number and st.failed_at is not None)):
-                # its live process re-forms in place (or waits for the next membership after
-                # a peer failed): no stop first
-                running = cur.number
-                if st.failed_at is not None:
-                    return Order(OrderKind.RUN, epoch=cur.number, rank=cur.members.index(la.node),
-                                 world=len(cur.members), master=cur.master, port=cur.port,
-                                 rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
-            if running is not None and running != cur.number:
-                return Order(OrderKind.STOP, epoch=running, reason=f"epoch {running} is over")
-            if running is not None and st.failed_at is not None:
-                return Order(OrderKind.STOP, epoch=running, reason="a worker of this epoch failed")
-            if running == cur.number and st.ckpt_requested_at is not None \
-                    and la.node == cur.members[0] and la.ckpt_seen < st.ckpt_request:
-                return Order(OrderKind.CHECKPOINT, epoch=cur.number, request=st.ckpt_request,
-                             reason="membership changes next")
-            if la.state is LauncherState.EXITED and la.epoch == cur.number:
-                return Order(OrderKind.WAIT, reason="waiting for the next epoch")
-            return Order(OrderKind.RUN, epoch=cur.number, rank=cur.members.index(la.node),
-                         world=len(cur.members), master=cur.master, port=cur.port,
-                         rdzv_id=cur.rdzv_id, abandon=cur.abandon or None)
-        if cur is not None and la.node in st.target and self._runs_ahead(la, cur):
-            return Order(OrderKind.WAIT, reason=f"epoch {running} is newer than this daemon's "
-                         f"{cur.number}: the next epoch takes this node in place")
-        if running is not None:
-            why = "the job left this node" if la.node not in st.target else \
-                f"not a member of epoch {cur.number if cur else 'none'}"
-            if la.inplace:
-                la.ready = False  # its process leaves; the next one must get ready first
-            return Order(OrderKind.STOP, epoch=running, reason=why)
-        return Order(OrderKind.WAIT, reason=st.problem or "no epoch for this node yet")
+                if s.epoch is not None and s.job != ignore_job} | {exclude}
+        port, self._port_cursor = next_free_port(self.port_range, self._port_cursor, busy)
+        return port
 
     # ----- persistence -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
