@@ -220,19 +220,7 @@ class LoopElastic(inplace.Elastic):
         """Decided with the epoch agreement instead (:meth:`_agree`): DCP needs every rank."""
 
     def _agree(self) -> int:
-        import torch
-        import torch.distributed as dist
-
-        m = self._newest()
-        seen = m.epoch if m is not None else -1
-        want = 1 if self.session.should_checkpoint() else 0
-        if self.world > 1:
-            t = torch.tensor([seen, want], dtype=torch.int64, device=self._device)
-            self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
-            seen, want = int(t[0]), int(t[1])
-        if want:
-            self._save()
-        return seen
+        return self._agree_and_save(self._save)
 
     def _save(self) -> None:
         """Checkpoint now: DCP on every rank (torchrun), or the framework's own save by rank 0

@@ -164,6 +164,23 @@ class Elastic(GroupMember):
         self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
         return int(t[0])
 
+    def _agree_and_save(self, save: Callable[[], object]) -> int:
+        """:meth:`_agree`, with whether any member's session asks for a checkpoint in the same
+        all-reduce: every member then calls ``save`` at this step (for a save that every rank
+        takes part in, such as DCP's)."""
+        import torch
+        import torch.distributed as dist
+
+        m = self._newest()
+        seen, want = (m.epoch if m is not None else -1), int(self.session.should_checkpoint())
+        if self.world > 1:
+            t = torch.tensor([seen, want], dtype=torch.int64, device=self._device)
+            self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
+            seen, want = int(t[0]), int(t[1])
+        if want:
+            save()
+        return seen
+
     def _start(self) -> None:
         if not self.inplace:
             import torch.distributed as dist

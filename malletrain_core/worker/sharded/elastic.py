@@ -102,18 +102,7 @@ class Elastic(_Elastic):
         return bool(t[0])
 
     def _agree(self) -> int:
-        import torch
-        import torch.distributed as dist
-
-        m = self._newest()
-        seen, want = (m.epoch if m is not None else -1), int(self.session.should_checkpoint())
-        if self.world > 1:
-            t = torch.tensor([seen, want], dtype=torch.int64, device=self._device)
-            self._collective(dist.all_reduce, t, dist.ReduceOp.MAX)
-            seen, want = int(t[0]), int(t[1])
-        if want:
-            self.save()
-        return seen
+        return self._agree_and_save(self.save)
 
     def save(self) -> bool:
         """Every rank writes its shards with DCP; then the chief writes the checkpoint file
