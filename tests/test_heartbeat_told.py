@@ -15,7 +15,7 @@ class Scripted(Heartbeat):
     """A heartbeat whose store calls answer from ``counters`` (epoch -> the watched rank's
     counter; an epoch missing from it: the store does not answer), on a clock set by hand."""
 
-    def __init__(self, memberships: list[Membership], counters: dict[int, int],
+    def __init__(self, memberships: list[Membership | None], counters: dict[int, int],
                  beating: tuple[int, ...] = ()) -> None:
         self.now = 0.0
         self.counters = counters
@@ -49,7 +49,7 @@ def test_a_peer_not_yet_told_is_waited_for_while_the_old_epoch_is_sound() -> Non
 
 
 def test_a_store_not_yet_listening_is_waited_for_likewise() -> None:
-    beat = Scripted([_m(2)], {})
+    beat = Scripted([None, _m(2)], {})  # nothing formed yet; epoch 2 told
     beat.run_until(heartbeat.TOLD_WAIT_S - 1.0)
     assert beat.found == []
     beat.run_until(heartbeat.TOLD_WAIT_S + 1.0)
@@ -76,3 +76,21 @@ def test_no_connection_to_the_store_of_an_epoch_let_go_since_the_beat_began() ->
     with pytest.raises(OSError, match="epoch 1 is no longer watched"):
         beat._store(watch)
     assert hosted == [] and watch.client is None
+
+
+def test_the_epoch_formed_is_judged_by_the_normal_bound_even_if_never_heard() -> None:
+    """A process that trained a few steps in its epoch before its first beat was answered (a
+    busy machine), whose rank 0 then stopped as the next epoch was told: the store of the
+    epoch it formed is silent after the normal bound, not TOLD_WAIT_S (every member met at
+    that store to form the group). Before: both epochs waited TOLD_WAIT_S (10.0 s in CI)."""
+    beat = Scripted([_m(1), _m(2)], {})  # neither store ever answers this watcher
+    beat.run_until(3.0)  # found in the epoch formed, then in the new one in that beat
+    assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(1, [0]), (2, [0])]
+    assert beat.now <= 1.25 + 2 * heartbeat.PERIOD_S + 1e-9
+
+
+def test_a_peer_of_the_epoch_formed_that_never_beat_is_found_in_the_normal_bound() -> None:
+    beat = Scripted([_m(1)], {1: 0})  # the watched peer's counter never moves from 0
+    beat.run_until(3.0)
+    assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(1, [1])]
+    assert beat.now <= 1.25 + 2 * heartbeat.PERIOD_S + 1e-9

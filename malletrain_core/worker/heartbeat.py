@@ -30,7 +30,9 @@ its main thread reaches the step boundary, while the members meet at the new sto
 the new group is made — is found within the same bound as in training. A peer that never beats
 in the new epoch (or a store that never answers) is silent from the moment the watcher was told
 it once a loss was found in any epoch watched (a peer stopped as the epoch is told is found in
-the epoch it trained in first), else after :data:`TOLD_WAIT_S`: the daemon hands an epoch's
+the epoch it trained in first: there the bound is always ``timeout_s``, even for a store or a
+peer not yet heard by this watcher, as everyone formed that group), else after
+:data:`TOLD_WAIT_S`: the daemon hands an epoch's
 orders to its launchers together, unless it dies between two of them.
 """
 
@@ -111,6 +113,7 @@ class _Watch:
     watched: int | None = None         # the next rank's counter, when it last moved
     done: bool = False                 # this epoch's loss was reported
     heard: bool = False                # the store answered once
+    formed: bool = False               # the process formed its group here: all were told
     io: _Exchange | None = None        # store calls in flight (or done, not yet read)
 
 
@@ -127,8 +130,10 @@ Current = Callable[[], "Membership | None | Sequence[Membership | None]"]
 
 class Heartbeat:
     """One process's beat and watch, for the memberships ``current()`` returns: one (None:
-    none formed, or alone) or several, each watched on its own (the epoch a process trains in
-    and the one it re-forms into); ``on_lost`` is called once per epoch in which a peer went
+    none formed, or alone) or several, each watched on its own: first the epoch whose group
+    the process formed and trains in (None: none), then the one it re-forms into. A silence in
+    the first is judged by ``timeout_s`` alone (its members were all told: they formed the
+    group); ``on_lost`` is called once per epoch in which a peer went
     silent. ``host(m)``, if given, is called before the first store call of an epoch in which
     this process is rank 0: it makes the store listen (see :mod:`.inplace`, which hosts an
     epoch's store from the moment it is told). :meth:`beat` is one round (the thread calls it
@@ -162,10 +167,13 @@ class Heartbeat:
         for epoch in [e for e in self._watches if e not in live]:
             del self._watches[epoch]  # calls stuck in that epoch's store are left behind
         todo = []
+        first = listed[0] if listed else None
+        formed = first.epoch if first is not None else None
         for epoch, m in sorted(live.items()):
             w = self._watches.get(epoch)
             if w is None or (w.m.rank, w.m.world) != (m.rank, m.world):
                 w = self._watches[epoch] = _Watch(m, moved_at=now, answered_at=now)
+            w.formed = w.formed or epoch == formed
             if not w.done:
                 todo.append(w)
         for w in todo:  # every epoch's calls in flight at once, then waited for together
@@ -189,11 +197,14 @@ class Heartbeat:
         if value != w.watched:
             w.watched, w.moved_at = value, now
         # A store never heard, or a peer that never beat here, is most likely not told yet
-        # while every epoch watched is sound (see TOLD_WAIT_S).
+        # while every epoch watched is sound (see TOLD_WAIT_S) - unless this process formed
+        # the epoch's group: every member was told then, met at the store and connected.
         sound = now - self._loss_at > TOLD_WAIT_S
 
         def bound(heard: bool) -> float:
-            return self.timeout_s if heard or not sound else max(self.timeout_s, TOLD_WAIT_S)
+            if heard or w.formed or not sound:
+                return self.timeout_s
+            return max(self.timeout_s, TOLD_WAIT_S)
 
         store_bound, peer_bound = bound(w.heard), bound((w.watched or 0) > 0)
         if flagged:
