@@ -16,7 +16,8 @@ each rank's calls go to two stores). The beat runs on a Python thread: a
 process whose main thread holds the GIL for longer than ``timeout_s`` (pickling a large state
 by hand) looks hung to its peers; ``MALLETRAIN_PEER_TIMEOUT_S`` raises the bound.
 
-The store calls run on a thread of their own, waited for at most :data:`IO_WAIT_S` per beat: a
+The store calls run on a thread of their own (one per epoch watched, for as long as it is
+watched: :class:`_Caller`), waited for at most :data:`IO_WAIT_S` per beat: a
 client's call to a store whose process hangs (SIGSTOP, a process stuck in the kernel) never
 returns — torch's TCPStore client has no timeout on ``add``, and the kernel still accepts
 connections for a stopped process — so a beat that made the calls itself hung with it and the
@@ -44,7 +45,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .control import Membership
@@ -94,12 +95,61 @@ class Lost:
 
 @dataclass
 class _Exchange:
-    """One beat's store calls on their own thread: (the watched counter, the lost flag) and
-    when they returned, once they have."""
+    """One beat's store calls: (the watched counter, the lost flag) and when they returned,
+    once they have (``done`` set, whatever the outcome)."""
 
-    thread: threading.Thread | None = None
     result: tuple[int, int] | None = None
     done_at: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _Caller:
+    """The store calls of one watched epoch, on one thread for as long as the epoch is
+    watched: :meth:`submit` hands it a beat's exchange unless the last one is still in flight
+    (a hung store then holds this one thread; the beat judges the silence), :meth:`close`
+    ends it once its call in flight, if any, returns. Before: a new thread per beat and epoch
+    (five a second per rank)."""
+
+    def __init__(self, calls: Callable[[_Exchange], None], name: str) -> None:
+        self._calls = calls
+        self._cv = threading.Condition()
+        self._next: _Exchange | None = None
+        self._busy = False
+        self._closed = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self) -> _Exchange | None:
+        """A new exchange, queued, or None while the previous one has not returned."""
+        with self._cv:
+            if self._busy or self._closed:
+                return None
+            self._next, self._busy = _Exchange(), True
+            self._cv.notify()
+            return self._next
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._next is None and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                io, self._next = self._next, None
+            assert io is not None
+            try:
+                self._calls(io)
+            except Exception:  # noqa: BLE001 - a failed call is a beat not answered
+                pass
+            finally:
+                with self._cv:
+                    self._busy = False
+                io.done.set()
 
 
 @dataclass
@@ -115,6 +165,7 @@ class _Watch:
     heard: bool = False                # the store answered once
     formed: bool = False               # the process formed its group here: all were told
     io: _Exchange | None = None        # store calls in flight (or done, not yet read)
+    caller: _Caller | None = None      # the thread that makes them
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -151,12 +202,15 @@ class Heartbeat:
         self._loss_at = -float("inf")          # when a loss was last found, in any epoch
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.wait(PERIOD_S):
-            try:
-                self.beat()
-            except Exception:  # noqa: BLE001 - the beat must never end the process
-                for w in self._watches.values():
-                    w.client = None
+        try:
+            while not stop.wait(PERIOD_S):
+                try:
+                    self.beat()
+                except Exception:  # noqa: BLE001 - the beat must never end the process
+                    for w in self._watches.values():
+                        w.client = None
+        finally:
+            self.close()
 
     def beat(self) -> None:
         got = self.current()
@@ -165,13 +219,15 @@ class Heartbeat:
         live = {m.epoch: m for m in listed
                 if m is not None and not m.leave and m.world > 1}
         for epoch in [e for e in self._watches if e not in live]:
-            del self._watches[epoch]  # calls stuck in that epoch's store are left behind
+            self._drop(self._watches.pop(epoch))  # a call stuck in its store is left behind
         todo = []
         first = listed[0] if listed else None
         formed = first.epoch if first is not None else None
         for epoch, m in sorted(live.items()):
             w = self._watches.get(epoch)
             if w is None or (w.m.rank, w.m.world) != (m.rank, m.world):
+                if w is not None:
+                    self._drop(w)
                 w = self._watches[epoch] = _Watch(m, moved_at=now, answered_at=now)
             w.formed = w.formed or epoch == formed
             if not w.done:
@@ -180,8 +236,8 @@ class Heartbeat:
             self._start(w)
         deadline = time.monotonic() + IO_WAIT_S
         for w in todo:
-            if w.io is not None and w.io.thread is not None:
-                w.io.thread.join(max(0.0, deadline - time.monotonic()))
+            if w.io is not None:
+                w.io.done.wait(max(0.0, deadline - time.monotonic()))
         for w in todo:
             self._judge(w, now)
 
@@ -226,25 +282,37 @@ class Heartbeat:
                                f"beaten for {now - w.moved_at:.1f} s"))
 
     def _start(self, w: _Watch) -> None:
-        """Start this beat's store calls for ``w``, unless calls of an earlier beat are still
-        in flight: a hung store holds one thread, not one per beat."""
+        """Hand this beat's store calls for ``w`` to its thread, unless the calls of an
+        earlier beat are still in flight: a hung store holds one thread, not one per beat."""
+        if w.caller is None:
+            w.caller = _Caller(lambda io: self._calls(w, io),
+                               name=f"malletrain-heartbeat-{w.m.epoch}")
         if w.io is None:
-            w.io = _Exchange()
-            w.io.thread = threading.Thread(target=self._calls, args=(w, w.io), daemon=True,
-                                           name="malletrain-heartbeat-store")
-            w.io.thread.start()
+            w.io = w.caller.submit()
 
     @staticmethod
     def _collect(w: _Watch) -> tuple[tuple[int, int], float] | None:
         """This beat's answer: ((the watched counter, the lost flag), when it came), or None
         when the store has not answered (yet)."""
         io = w.io
-        if io is None or (io.thread is not None and io.thread.is_alive()):
+        if io is None or not io.done.is_set():
             return None
         w.io = None
         if io.result is None or io.done_at is None:
             return None
         return io.result, io.done_at
+
+    @staticmethod
+    def _drop(w: _Watch) -> None:
+        """An epoch no longer watched: its thread ends (once a call in flight returns)."""
+        if w.caller is not None:
+            w.caller.close()
+
+    def close(self) -> None:
+        """End every watch's thread (the process leaves, or stops beating)."""
+        for w in self._watches.values():
+            self._drop(w)
+        self._watches.clear()
 
     def _calls(self, w: _Watch, io: _Exchange) -> None:
         m = w.m
