@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reference-batch", type=int, default=8,
                    help="global batch at which --lr applies (linear scaling rule)")
     p.add_argument("--checkpoint-every-s", type=float, default=300.0)
+    p.add_argument("--buddy-every", type=int, default=sharded.BUDDY_EVERY,
+                   help="fsdp: steps between refreshes of the buddy copies, what a lost node "
+                        "costs at most (0: none, a lost node reads the last checkpoint)")
     p.add_argument("--log-every", type=int, default=10, help="print every N steps")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     el = sharded.Elastic(
         session, build, lambda model: torch.optim.AdamW(model.parameters(), lr=args.lr),
-        mode=args.mode, seed=args.seed,
+        mode=args.mode, seed=args.seed, buddy_every=args.buddy_every,
         lr_for=lambda world: training.scale_lr(args.lr, global_batch=args.batch * world,
                                                reference_batch=args.reference_batch))
     loss_fn = nn.CrossEntropyLoss()
@@ -115,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             session.report(samples=args.batch * el.world)
             if (step + 1) % args.log_every == 0:
                 print(f"step={step + 1} epoch={session.epoch} world={el.world} rank={el.rank} "
-                      f"samples={int(session.samples)} loss={loss.item():.4f}", flush=True)
+                      f"samples={int(session.samples)} loss={loss.item():.4f} "
+                      f"copies={el.sharding.copies.last}", flush=True)
     el.save()  # the last checkpoint (DCP, every rank); periodic ones are Elastic's
     print(f"done step={el.step} world={el.world} rank={el.rank}", flush=True)
     el.close()

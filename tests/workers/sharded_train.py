@@ -81,6 +81,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=0)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--checkpoint-every-s", type=float, default=3600.0)
+    p.add_argument("--buddy-every", type=int, default=0)
     args = p.parse_args()
     with contextlib.suppress(OSError):
         fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_APPEND)
@@ -89,6 +90,7 @@ def main() -> int:
     session = training.Session(handle_sigterm=False, checkpoint_every_s=args.checkpoint_every_s)
     pos = Position()
     el = sharded.Elastic(session, build, make_optimizer, mode=args.mode, extra={"sampler": pos},
+                         buddy_every=args.buddy_every,
                          collective_timeout_s=20, make_scheduler=lambda opt: torch.optim.
                          lr_scheduler.StepLR(opt, step_size=10_000, gamma=0.5))
     shown = 0
@@ -116,7 +118,7 @@ def main() -> int:
               "world": el.world, "rank": el.rank, "local": el.local_rank, "pid": os.getpid(),
               "before": before, "pos": pos.pos, "scheduled": el.scheduler.last_epoch,
               "checkpoints": list(el.checkpoints),
-              "resumed_from": el.resumed_from})
+              "resumed_from": el.resumed_from, "copies": el.sharding.copies.last})
     el.close()
     return 0
 

@@ -22,19 +22,22 @@ Wired into the in-place loop by :mod:`.handover` (:class:`~.handover.ShardedHand
 replicas, FSDP re-shards over the new group on a grow and over the old group before a planned
 shrink) and :mod:`.elastic` (:class:`~.elastic.Elastic`, what a script uses: it gives
 ``build(mesh)`` and ``make_optimizer(model)`` instead of a model, since a sharded model exists
-only on a group's mesh). A member lost without warning under FSDP takes rows nobody else
-holds: that change reads the last (DCP) checkpoint; under HSDP nothing is lost while a replica
-survives.
+only on a group's mesh). A member lost without warning under FSDP takes its live rows, but
+:mod:`.buddy` keeps a copy of every shard on the next node (refreshed every ``buddy_every``
+steps): the group rolls back to it, and reads the last (DCP) checkpoint only when a shard lost
+both holders; under HSDP nothing is lost while a replica survives.
 """
 
-from .elastic import Elastic
+from .buddy import BuddyCopies, Snapshot
+from .elastic import BUDDY_EVERY, Elastic
 from .exchange import Collective, Move, Traffic, run_collective
-from .handover import FSDP, HSDP, ShardedHandover, local_digest
+from .handover import FSDP, HSDP, ShardedHandover
 from .heal import Healed, heal_hsdp
 from .plan import Piece, Source, chunk_rows, heal_plan, reshard_plan, shard_rows
 from .reshard import Resharded, adopt, reshard_fsdp
+from .state import local_digest
 
-__all__ = ["FSDP", "HSDP", "Collective", "Elastic", "Healed", "Move", "Piece", "Resharded",
+__all__ = ["BUDDY_EVERY", "FSDP", "HSDP", "BuddyCopies", "Collective", "Elastic", "Healed", "Move", "Piece", "Resharded",
            "ShardedHandover", "Source", "Traffic", "adopt", "chunk_rows", "heal_hsdp",
            "heal_plan", "local_digest", "reshard_fsdp", "reshard_plan", "run_collective",
-           "shard_rows"]
+           "shard_rows", "Snapshot"]

@@ -20,8 +20,12 @@ from typing import Any
 from .. import training
 from ..control import local_layout
 from ..inplace.elastic import Elastic as _Elastic
-from .handover import FSDP, ShardedHandover, local_digest
+from .handover import FSDP, ShardedHandover
+from .state import local_digest
 
+BUDDY_EVERY = 20
+"""FSDP: the steps between two refreshes of the buddy copies (:mod:`.buddy`): what a member
+lost without warning costs, at most (``buddy_every=0``: no copies, the checkpoint is read)."""
 SHARDS_PREFIX = "sharded-step"
 """The DCP folder of a checkpoint, beside the checkpoint file that names it."""
 
@@ -37,13 +41,14 @@ class Elastic(_Elastic):
     def __init__(self, session: training.Session, build: Callable[[Any], Any],
                  make_optimizer: Callable[[Any], Any], *, mode: str = FSDP,
                  make_scheduler: Callable[[Any], Any] | None = None, seed: int = 0,
-                 bucket_bytes: int | None = None, **kwargs: Any) -> None:
+                 bucket_bytes: int | None = None, buddy_every: int = BUDDY_EVERY,
+                 **kwargs: Any) -> None:
         taken = {"ddp", "handover", "model", "optimizer", "scheduler"} & set(kwargs)
         if taken:
             raise TypeError(f"sharded.Elastic sets {sorted(taken)} itself: give build, "
                             "make_optimizer and make_scheduler instead")
         self.sharding = ShardedHandover(mode, build, make_optimizer, make_scheduler, seed,
-                                        bucket_bytes)
+                                        bucket_bytes, buddy_every)
         # imported now, before this process says it is ready, not in a change's pause
         # (torch._dynamo: FSDP2's first fully_shard imports it, 0.6 s measured here)
         import torch._dynamo  # noqa: F401
@@ -102,7 +107,10 @@ class Elastic(_Elastic):
         return bool(t[0])
 
     def _agree(self) -> int:
-        return self._agree_and_save(self.save)
+        seen = self._agree_and_save(self.save)
+        if self.epoch is None or seen <= self.epoch:  # no change coming: the copies, if due
+            self.sharding.refresh(self)
+        return seen
 
     def save(self) -> bool:
         """Every rank writes its shards with DCP; then the chief writes the checkpoint file

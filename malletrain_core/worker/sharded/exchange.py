@@ -40,10 +40,17 @@ class Move:
     dst_at: int
     numel: int
     itemsize: int
+    src_key: str = ""
+    """The key of the tensor read on ``src`` when not ``key`` (a copy held under another
+    name: :mod:`.buddy`)."""
 
     @property
     def nbytes(self) -> int:
         return self.numel * self.itemsize
+
+    @property
+    def source(self) -> str:
+        return self.src_key or self.key
 
 
 @dataclass
@@ -94,8 +101,8 @@ def exchange(moves: Sequence[Move], order: Sequence[str], rank: int, world: int,
              group: Any = None, device: Any = "cpu",
              collective: Collective = run_collective) -> Traffic:
     """Carry out ``moves`` on rank ``rank`` of ``group`` (``world`` ranks), reading
-    ``sources[key]`` (this rank's old local tensors) and writing ``targets[key]`` (its new
-    ones); the buffers live on ``device`` (the GPU for NCCL). Every rank of the group calls
+    ``sources[key]`` (this rank's old local tensors; ``sources[src_key]`` where a move names
+    one) and writing ``targets[key]`` (its new ones); the buffers live on ``device`` (the GPU for NCCL). Every rank of the group calls
     it with the same ``moves`` and ``order``."""
     import torch
     import torch.distributed as dist
@@ -104,7 +111,7 @@ def exchange(moves: Sequence[Move], order: Sequence[str], rank: int, world: int,
     for m in moves:
         if m.src == m.dst == rank:
             _flat_bytes(targets[m.key], m.dst_at, m.numel).copy_(
-                _flat_bytes(sources[m.key], m.src_at, m.numel))
+                _flat_bytes(sources[m.source], m.src_at, m.numel))
             traffic.kept_bytes += m.nbytes
     a2a = functools.partial(dist.all_to_all_single, group=group)
     for keys in buckets(moves, order, bucket_bytes):
@@ -121,7 +128,7 @@ def exchange(moves: Sequence[Move], order: Sequence[str], rank: int, world: int,
         for m in recvs:
             recv_split[m.src] += m.nbytes
         # .to: AdamW keeps ``step`` on the CPU beside parameters on the GPU
-        send_buf = (torch.cat([_flat_bytes(sources[m.key], m.src_at, m.numel).to(device)
+        send_buf = (torch.cat([_flat_bytes(sources[m.source], m.src_at, m.numel).to(device)
                                for m in sends])
                     if sends else torch.empty(0, dtype=torch.uint8, device=device))
         recv_buf = torch.empty(sum(recv_split), dtype=torch.uint8, device=device)

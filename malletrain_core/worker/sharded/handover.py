@@ -14,7 +14,9 @@ shards reach it in memory:
   over the OLD group before the leavers go (:meth:`ShardedHandover.before_reform`), the
   survivors building the model once the new group exists (:func:`~.reshard.adopt`); a change
   that also adds members then re-shards from the survivors to the whole group. A member lost
-  without warning takes rows nobody else holds: every member then reads the last checkpoint.
+  without warning takes rows only its buddy's copy holds (:mod:`.buddy`, refreshed every
+  ``buddy_every`` steps): the group rolls back to those copies' step, or, when a shard lost
+  both holders (or there are no copies), every member reads the last checkpoint.
 
 What is not sharded (the step, the sample count, the scheduler, the ``extra`` objects, the RNGs)
 travels from a holder to the members that lack it in one broadcast, as
@@ -25,7 +27,6 @@ compare digests.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import random
 import time
@@ -33,40 +34,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ..inplace.handover import Handed
+from .buddy import BuddyCopies, choose, restore
 from .exchange import broadcast_bytes
 from .heal import heal_hsdp
-from .reshard import Resharded, adopt, reshard_fsdp
-from .state import inventory
+from .reshard import Resharded, adopt, default_bucket_bytes, reshard_fsdp
+from .state import Manifest, local_digest, rebuild, reshard_in_place
 
 HSDP = "hsdp"
 """Replicas across nodes, shards within a node: a change moves whole replicas."""
 FSDP = "fsdp"
 """Shards across the whole job: a change re-shards to the new world."""
 MESH_DIMS = ("replicate", "shard")
-
-
-def local_digest(model: Any, optimizer: Any, step: int) -> str:
-    """The sha256 of this rank's local shards, optimizer state and buffers, and the step."""
-    h = hashlib.sha256(f"step:{step}".encode())
-    _, local = inventory(model, optimizer)
-    for key in sorted(local):
-        t = local[key].detach().cpu().contiguous()
-        h.update(f"{key}:{t.dtype}{tuple(t.shape)}".encode())
-        if t.numel():
-            import torch
-
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def reshard_in_place(model: Any) -> None:
-    """Put every FSDP module of ``model`` back in its sharded state (a step failed in its
-    backward pass can leave parameters gathered), so that its local shards can be read."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
 
 
 class ShardedHandover:
@@ -82,7 +60,7 @@ class ShardedHandover:
     def __init__(self, mode: str, build: Callable[[Any], Any],
                  make_optimizer: Callable[[Any], Any],
                  make_scheduler: Callable[[Any], Any] | None = None, seed: int = 0,
-                 bucket_bytes: int | None = None) -> None:
+                 bucket_bytes: int | None = None, buddy_every: int = 0) -> None:
         if mode not in (HSDP, FSDP):
             raise ValueError(f"mode {mode!r}: give {HSDP!r} (replicas across nodes, shards "
                              f"within one) or {FSDP!r} (shards across the whole job)")
@@ -95,6 +73,7 @@ class ShardedHandover:
         self.place: tuple[int, int] = (0, 0)   # (shard index, count) the model is sharded as
         self.moved: dict[str, Any] = {}
         self._stash: Resharded | None = None   # a planned shrink's shards, for adopt
+        self.copies = BuddyCopies(buddy_every if mode == FSDP else 0)
 
     # ----- the non-sharded part ---------------------------------------------------------
     def contribution(self, member: Any) -> dict[str, Any]:
@@ -189,13 +168,19 @@ class ShardedHandover:
 
     # ----- the hand-over --------------------------------------------------------------------
     def hand_over(self, member: Any, group: Any) -> Handed:
+        handed = self._hand_over(member)
+        self.copies.drop()  # of the old layout: refreshed at the next step agreement
+        return handed
+
+    def _hand_over(self, member: Any) -> Handed:
         if member.model is not None:
             reshard_in_place(member.model)
         mesh = self._mesh(member)
         stash, self._stash = self._stash, None
         rows = self._gather(member, [1 if member.has_state and member.model is not None
                                      else 0, member.step, *self.place,
-                                     *(stash.place if stash is not None else (-1, 0))])
+                                     *(stash.place if stash is not None else (-1, 0)),
+                                     *self.copies.row()])
         top = max((r[1] for r in rows if r[0]), default=-1)
         self.moved = {"mode": self.mode, "sent_bytes": 0, "received_bytes": 0,
                       "from_disk": False, **(self.moved if stash is not None else {})}
@@ -217,6 +202,8 @@ class ShardedHandover:
             src, lacking = self._adopt_and_grow(member, mesh, stash, stashed)
         else:
             src, lacking = self._reshard(member, mesh, rows, top)
+            if src < 0 and self._from_copies(member, mesh, rows) >= 0:
+                src, lacking = 0, [False] * member.world
         sent = 0
         if src < 0:
             self._fresh(member, mesh)
@@ -267,6 +254,56 @@ class ShardedHandover:
             return -1, lacking
         self._reshard_from(member, mesh, old_ranks)
         return old_ranks[0], lacking
+
+    def _from_copies(self, member: Any, mesh: Any, rows: list[list[int]]) -> int:
+        """FSDP, a shard lost with its member: roll back to the newest step whose buddy copies
+        hold every shard (:func:`~.buddy.choose`), re-sharded to the new group, the rest from
+        a holder's copy of that step. Returns that holder's rank, -1 when no step is whole."""
+        import torch
+
+        holders = choose([r[6:10] for r in rows])
+        if holders is None:
+            return -1
+        src, snap = holders.by_shard[0][0], self.copies.snapshot
+        kw = {"device": member._device, "collective": member._collective}
+        manifest = Manifest.from_bytes(broadcast_bytes(
+            snap.manifest.to_bytes() if snap is not None and member.rank == src else None,
+            src, **kw))
+        member.model = member.net = member.optimizer = None
+        model, optimizer, targets = rebuild(self._meta, self.make_optimizer, mesh, manifest,
+                                            member._device)
+        traffic = restore(snap, holders, manifest, targets=targets, rank=member.rank,
+                          world=member.world, new_ranks=list(range(member.world)),
+                          bucket_bytes=self.bucket_bytes or default_bucket_bytes(
+                              manifest, member.world), **kw)
+        self._install(member, model, optimizer)
+        rest = broadcast_bytes(snap.rest if snap is not None and member.rank == src else None,
+                               src, **kw)
+        top = member.step
+        self.apply(member, torch.load(io.BytesIO(rest), weights_only=True))
+        self.moved.update(sent_bytes=traffic.sent_bytes, received_bytes=traffic.received_bytes,
+                          from_buddy=True, rolled_back_to=holders.step,
+                          steps_lost=max(0, top - holders.step))
+        return src
+
+    def refresh(self, member: Any) -> None:
+        """FSDP: refresh the buddy copies when due (:class:`~.buddy.BuddyCopies`); every
+        member calls it at the same step agreement."""
+        import torch
+
+        if self.mode != FSDP or member.model is None or \
+                not self.copies.due(member.step, member.world, member.local_world):
+            return
+        if self.place != (member.rank, member.world):
+            raise RuntimeError(f"shard {self.place} held at rank {member.rank} of "
+                               f"{member.world}: the layout is not the group's")
+        buf = io.BytesIO()
+        torch.save(self.contribution(member), buf)
+        reshard_in_place(member.model)
+        self.copies.take(member.model, member.optimizer, rank=member.rank, world=member.world,
+                         width=member.local_world, step=member.step, rest=buf.getvalue(),
+                         device=member._device, bucket_bytes=self.bucket_bytes,
+                         collective=member._collective)
 
     def _adopt_and_grow(self, member: Any, mesh: Any, stash: Resharded | None,
                         stashed: list[int]) -> tuple[int, list[bool]]:

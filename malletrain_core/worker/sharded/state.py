@@ -11,6 +11,7 @@ nothing yet needs to allocate its part, and travels as JSON, never as a pickle.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -199,3 +200,27 @@ def empty_shards(manifest: Manifest, count: int, index: int, device: Any) -> dic
             shape = (stop - start, *e.shape[1:])
         out[e.key] = torch.empty(shape, dtype=_dtype(e.dtype), device=device)
     return out
+
+
+def local_digest(model: Any, optimizer: Any, step: int) -> str:
+    """The sha256 of this rank's local shards, optimizer state and buffers, and the step."""
+    h = hashlib.sha256(f"step:{step}".encode())
+    _, local = inventory(model, optimizer)
+    for key in sorted(local):
+        t = local[key].detach().cpu().contiguous()
+        h.update(f"{key}:{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            import torch
+
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def reshard_in_place(model: Any) -> None:
+    """Put every FSDP module of ``model`` back in its sharded state (a step failed in its
+    backward pass can leave parameters gathered), so that its local shards can be read."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
