@@ -81,3 +81,29 @@ def test_a_hung_store_holds_one_thread_and_is_found_silent() -> None:
     assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(1, [0])]
     beat.hang.set()
     beat.close()
+
+
+def test_a_wake_beats_at_once_and_the_epoch_left_lets_its_thread_go(monkeypatch) -> None:
+    """After a re-form the process wakes the beat (:meth:`Heartbeat.wake`): the epoch it
+    left stops being watched then, not a period later (here the period is 30 s)."""
+    monkeypatch.setattr(heartbeat, "PERIOD_S", 30.0)
+    beat = Counting([_m(1), _m(2)])
+    stop = threading.Event()
+    runner = threading.Thread(target=beat.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        beat.wake()
+        deadline = time.monotonic() + 10
+        while len(beat.callers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(beat.callers) == 2
+        beat.listed[:] = [_m(2)]
+        beat.wake()
+        while "malletrain-heartbeat-1" in _threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "malletrain-heartbeat-1" not in _threads()
+    finally:
+        stop.set()
+        beat.wake()
+        runner.join(10)
+    assert not runner.is_alive() and "malletrain-heartbeat-2" not in _threads()

@@ -200,10 +200,20 @@ class Heartbeat:
         self.host = host
         self._watches: dict[int, _Watch] = {}  # by epoch
         self._loss_at = -float("inf")          # when a loss was last found, in any epoch
+        self._poke = threading.Event()         # set: beat at once (:meth:`wake`)
+
+    def wake(self) -> None:
+        """Beat now instead of at the period's end (the process just formed a new group: the
+        old epoch's watch and its thread go, the new one's starts)."""
+        self._poke.set()
 
     def run(self, stop: threading.Event) -> None:
         try:
-            while not stop.wait(PERIOD_S):
+            while True:
+                self._poke.wait(PERIOD_S)
+                self._poke.clear()
+                if stop.is_set():
+                    break
                 try:
                     self.beat()
                 except Exception:  # noqa: BLE001 - the beat must never end the process
@@ -309,10 +319,14 @@ class Heartbeat:
             w.caller.close()
 
     def close(self) -> None:
-        """End every watch's thread (the process leaves, or stops beating)."""
-        for w in self._watches.values():
+        """End every watch's thread (the process leaves, or stops beating): an idle one is
+        waited for, one in a hung call for at most a beat's wait."""
+        watches, self._watches = list(self._watches.values()), {}
+        for w in watches:
             self._drop(w)
-        self._watches.clear()
+        for w in watches:
+            if w.caller is not None:
+                w.caller.thread.join(IO_WAIT_S)
 
     def _calls(self, w: _Watch, io: _Exchange) -> None:
         m = w.m

@@ -17,7 +17,7 @@ from .. import training
 from ..control import Membership, local_layout, ready_name
 from ..heartbeat import Heartbeat, peer_timeout_s
 from .group import GroupMember
-from .handover import StateHandover
+from .handover import Handed, StateHandover
 from .lifecycle import GroupState
 from .pending import StepAbandoned
 from .rendezvous import Rendezvous
@@ -88,6 +88,11 @@ class Elastic(GroupMember):
                                host=self._channel.host_coming)
         self._beater: threading.Thread | None = None
         atexit.register(self._exit_guard)
+
+    def _apply(self, m: Membership, kind: str) -> Handed:
+        handed = super()._apply(m, kind)
+        self._beat.wake()  # the epoch left stops being watched now, not at the next beat
+        return handed
 
     # ----- the control channel (its thread: :class:`~.watch.ControlWatch`) ----------------
     def _watch(self) -> None:
@@ -289,6 +294,7 @@ class Elastic(GroupMember):
         """Stop this object's threads and wait for them: none may touch a future while the
         interpreter finalizes (see :meth:`~.pending._Pending.close`)."""
         self._stop.set()
+        self._beat.wake()
         self._pending.close()
         for thread in (self._watcher, self._beater):
             if thread is not None and thread is not threading.current_thread():
