@@ -29,7 +29,8 @@ and samples lost against what the step lines say was trained, tasks lost (a task
 that ended for good, or a job that ended without being cancelled: must be 0) and stalled nodes
 (the daemon's "grant ... not running after" lines: a node granted whose task did not run by
 the grant deadline: must be 0). A fault that cannot be injected is a row with its reason.
-The last stdout line is the JSON; progress goes to stderr.
+A fault slower than 5 s keeps its logs and says where its time went (``--evidence``,
+bench/campaign_evidence.py). The last stdout line is the JSON; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -52,23 +53,9 @@ from typing import Any
 if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a package
     sys.exit("run it as a module from the repository's root: python -m bench.campaign "
              + " ".join(sys.argv[1:]))
-from bench.campaign_report import (  # noqa: E402
-    MARKERS,
-    StepReader,
-    recovery,
-    section,
-    summarize,
-)
-from bench.campaign_rigs import (  # noqa: E402
-    BATCH,
-    LAUNCHER,
-    TRAINER,
-    Churn,
-    PbsRig,
-    Rig,
-    SlurmRig,
-    pids_of,
-)
+from bench.campaign_evidence import SLOW_S, keep  # noqa: E402
+from bench.campaign_report import MARKERS, StepReader, recovery, section, summarize  # noqa: E402
+from bench.campaign_rigs import BATCH, LAUNCHER, TRAINER, Churn, PbsRig, Rig, SlurmRig, pids_of  # noqa: E402
 from bench.sections import host, replace_section, say  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,6 +155,7 @@ class Campaign:
         self.log_offset = 0
         self.rows: list[dict[str, Any]] = []
         self.t0 = time.time()
+        self.evidence: Path | None = None  # where a slow fault's logs go (campaign_evidence)
 
     def reader(self, job: str) -> StepReader:
         if job not in self.readers:
@@ -273,6 +261,15 @@ class Campaign:
             self.check_jobs(row)
         except Exception as exc:
             row["reason"] += f"; checking the jobs failed: {exc}"
+        took = row["to_training_s"]
+        if self.evidence is not None and row["injected"] and (took is None or took > SLOW_S):
+            try:
+                row["where"] = keep(self.evidence / f"{n:03d}-{fault}", row,
+                                    self.rig.daemon_log(),
+                                    sorted(self.rig.outdir.glob(f"task-{row['job']}_*.out")),
+                                    t_fault, None if took is None else t_fault + took, time.time())
+            except OSError as exc:
+                row["reason"] += f"; keeping its logs failed: {exc}"
         why = BY_DESIGN.get((self.rig.name, fault)) if row["tasks_lost"] else None
         if fault == "sigstop" and row.get("world") == 1:
             why = BY_DESIGN[("any", "sigstop/1")]
@@ -288,7 +285,9 @@ class Campaign:
             + (f", training after {took:.1f} s, {row['samples_lost']} samples lost"
                if took is not None else "")
             + (f", tasks lost {row['lost']}" if row["tasks_lost"] else "")
-            + (f", stalled {row['stalled']}" if row["stalled_nodes"] else ""))
+            + (f", stalled {row['stalled']}" if row["stalled_nodes"] else "")
+            + (f"; longest wait {row['where']['wait_s']} s, after \"{row['where']['after']}\""
+               if row.get("where") else ""))
 
     def run(self) -> list[dict[str, Any]]:
         say(f"{self.rig.name}: waiting for the {len(self.rig.jobs)} jobs to train")
@@ -307,8 +306,8 @@ class Campaign:
         return self.rows
 
 
-def run_backend(name: str, faults: int, seed: int, quick: bool,
-                keep: bool = False) -> dict[str, Any]:
+def run_backend(name: str, faults: int, seed: int, quick: bool, keep: bool = False,
+                evidence: Path | None = None) -> dict[str, Any]:
     if name == "slurm":
         rig: Rig = SlurmRig(nodes=6 if quick else 10, jobs=2 if quick else 3,
                             max_nodes=3 if quick else 4)
@@ -322,6 +321,7 @@ def run_backend(name: str, faults: int, seed: int, quick: bool,
         rig.start()
         churn.start()
         campaign = Campaign(rig, faults, seed, quick)
+        campaign.evidence = evidence / name if evidence is not None else None
         rows = campaign.run()
         churn.done.set()
         churn.join(30)
@@ -357,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                    "BENCHMARKS.md")
     p.add_argument("--keep", action="store_true", help="keep the cluster's folder (logs, the "
                    "jobs' output) after the run; it is said where on stderr")
+    p.add_argument("--evidence", metavar="DIR", default=str(REPO / "build" / "campaign-evidence"),
+                   help="where the logs of each fault slower than 5 s go ('': nowhere)")
     p.add_argument("--from-json", metavar="FILE", help="no run: the JSON of an earlier run")
     args = p.parse_args(argv)
     backends = ["pbs"] if args.pbs else ["slurm", "pbs"] if args.backend == "both" \
@@ -369,10 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         niceness = os.nice(0)  # say how it ran, as it ran
         command = (f"nice -n {niceness} " if niceness else "") + "python -m bench.campaign " \
             + shlex.join(argv if argv is not None else sys.argv[1:])
-        runs = {}
+        runs, stamp = {}, datetime.now().strftime("%Y%m%d-%H%M%S")
         for name in backends:
             r = run_backend(name, args.faults or (100 if name == "slurm" else 20), args.seed,
-                            args.quick, args.keep)
+                            args.quick, args.keep, Path(args.evidence) / stamp
+                            if args.evidence else None)
             r.update(seed=args.seed, command=command, machine=host(),
                      date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
             runs[name] = r

@@ -199,4 +199,23 @@ def section(r: dict[str, Any]) -> str:
         "the job had trained beyond the step it went on from, × 8 samples × world size, from "
         "the workers' step lines; samples kept: trained between the fault and that run and not "
         "trained again. A prod preemption that meets a fault's window is in its figures.",
+        *slow_lines(r["rows"]),
         end])
+
+
+def slow_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """For each fault whose logs were kept (slower than 5 s, or not recovered): where its
+    time went (bench/campaign_evidence.py), slowest first."""
+    slow = sorted((r for r in rows if r.get("where")),
+                  key=lambda r: -(r["to_training_s"] or float("inf")))
+    if not slow:
+        return []
+    out = ["", "Faults slower than 5 s, with the longest wait in each (their logs were kept):", ""]
+    for r in slow:
+        w = r["where"]
+        took = f"{r['to_training_s']:.1f} s" if r["to_training_s"] is not None else \
+            "not recovered"
+        out.append(f"* #{r['n']} {r['fault']} ({r.get('target', '')}): {took}; {w['wait_s']} s "
+                   f"from {w['at_s']:.1f} s after the fault, after \"{w['after']}\", until "
+                   f"\"{w['until']}\"")
+    return out
