@@ -16,7 +16,7 @@ JSON object (last line); ``--markdown`` rewrites the section of BENCHMARKS.md.
 refused at the first difference) and fails unless the report's figures are the same as the
 timed run's; it prints how many shortcuts were checked.
 
-    python3 -m bench.whatif [--nodes 4000] [--days 30] [--jobs 50] [--workers N]
+    python3 -m bench.whatif [--nodes 4000] [--days 30] [--jobs 50] [--workers N] [--compare]
                             [--profile-days 5] [--markdown] [--verify] [--split]
 
 ``--split`` also replays the restart model over the whole month in this process with the CPU
@@ -46,6 +46,7 @@ if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a
 from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.hostlist import fold  # noqa: E402
 from malletrain_core.sim.accounting import read_accounting  # noqa: E402
+from malletrain_core.sim.costs import COST_MODELS  # noqa: E402
 from malletrain_core.sim.whatif import WhatIfOptions, format_report, what_if  # noqa: E402
 
 BEGIN, END = "<!-- whatif:begin -->", "<!-- whatif:end -->"
@@ -195,6 +196,10 @@ def main() -> int:
                    help="processes for the replays (default: one per cost model on two "
                    "cores or more)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compare", action="store_true",
+                   help="replay every cost model, as `what-if --compare` (default: the "
+                   "site's own only, as `what-if` without it: inplace, the synthetic log "
+                   "holding no GPU)")
     p.add_argument("--markdown", action="store_true", help="rewrite BENCHMARKS.md's section")
     p.add_argument("--profile-days", type=float, default=5.0,
                    help="also replay this many days of the restart model under cProfile, for "
@@ -208,6 +213,7 @@ def main() -> int:
     args = p.parse_args()
     os.environ["TZ"] = "UTC"  # the file's times are UTC
     time.tzset()
+    models = tuple(COST_MODELS) if args.compare else ()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "sacct.txt"
         t0 = time.perf_counter()
@@ -216,7 +222,8 @@ def main() -> int:
         t0 = time.perf_counter()
         log = read_accounting(path)
         parse_s = time.perf_counter() - t0
-        result = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed),
+        result = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed,
+                                       cost_models=models),
                          workers=args.workers)
         size_mb = path.stat().st_size / 1e6
         profile = profile_shares(path, args.profile_days, args.jobs, args.seed, "restart") \
@@ -226,7 +233,8 @@ def main() -> int:
             print(f"split: {split}", file=sys.stderr)
         verified = None
         if args.verify:
-            checked = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed),
+            checked = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed,
+                                       cost_models=models),
                               workers=args.workers, checked=True).report
             same = figures(checked) == figures(result.report)
             verified = {"same_figures": same,
@@ -263,11 +271,14 @@ def main() -> int:
         body = "\n".join([
             BEGIN,
             f"`python3 -m bench.whatif --nodes {args.nodes} --days {args.days:g} --jobs "
-            f"{args.jobs}` on {host()}: a synthetic `sacct -P` month "
+            f"{args.jobs}{' --compare' if args.compare else ''}` on {host()}: a synthetic "
+            "`sacct -P` month "
             f"({jobs:,} jobs, {size_mb:.1f} MB; Poisson arrivals at {args.load:g} offered "
             "load, 1–1,024 nodes, log-normal run times with a 1-h median, each job on the "
-            "nodes that free up first) read and replayed by `malletrain admin what-if`, the "
-            f"cost models in {workers} process{'es' if workers != 1 else ''} "
+            "nodes that free up first) read and replayed by `malletrain admin what-if"
+            + (" --compare`, the " if args.compare else "` (its default: the site's own cost "
+               "model only, `inplace` here as no run held a GPU), the ")
+            + f"cost models in {workers} process{'es' if workers != 1 else ''} "
             + ("(the default: one per cost model on two cores or more)." if args.workers is None
                else f"(`--workers {args.workers}`)."),
             "",

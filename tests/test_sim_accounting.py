@@ -215,9 +215,10 @@ def test_what_if_report_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[
     from malletrain_core.cli import main
 
     assert main(["admin", "what-if", str(PBS_LOG), "--skip-partition", "preemptable",
-                 "--jobs", "2", "--out", str(tmp_path), "--json"]) == 0
+                 "--jobs", "2", "--out", str(tmp_path), "--json", "--compare"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["cost_models"]) == {"restart", "inplace", "inplace-gpu"}
+    assert report["cost_model_choice"]["why"] == "every cost model (--compare)"
     idle_h = report["idle_node_hours"]
     for m in report["cost_models"].values():
         assert 0 < m["harvested_node_hours"] <= idle_h + 1e-9
@@ -229,10 +230,12 @@ def test_what_if_report_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_what_if_figures_do_not_depend_on_the_processes() -> None:
-    """The cost models replay side by side by default; one process gives the same figures."""
+    """The cost models compared (--compare) replay side by side by default; one process
+    gives the same figures."""
+    from malletrain_core.sim.costs import COST_MODELS
     from malletrain_core.sim.whatif import WhatIfOptions, default_workers, what_if
 
-    opts = WhatIfOptions(trace=str(PBS_LOG), jobs=2,
+    opts = WhatIfOptions(trace=str(PBS_LOG), jobs=2, cost_models=tuple(COST_MODELS),
                          accounting=AccountingFilter.of(skip_partitions=["preemptable"]))
     one, side = what_if(opts, workers=1).report, what_if(opts, workers=5).report
     assert one["timing_s"]["workers"] == 1 and side["timing_s"]["workers"] == 3
@@ -268,3 +271,62 @@ def test_what_if_tells_how_far_each_replay_is(workers: int,
     assert lines[-1].startswith("what-if: 100.0% restart 100% inplace 100%")
     shares = [float(line.split()[1].rstrip("%")) for line in lines]
     assert shares == sorted(shares) and len(lines) >= 3
+
+
+def test_the_gpus_a_run_held_are_read_from_each_kind_of_log(tmp_path: Path) -> None:
+    """sacct -P's AllocTRES, sacct --json's tres.allocated and PBS's Resource_List.ngpus (or
+    its exec_vnode's ngpus=); a typed count beside the plain one is not counted twice."""
+    from malletrain_core.sim.acctlog import gpus_in_tres
+
+    assert gpus_in_tres("billing=8,cpu=8,gres/gpu=4,gres/gpu:h100=4,mem=64G,node=1") == 4
+    assert gpus_in_tres("cpu=8,gres/gpu:a100=2,node=1") == 2
+    assert gpus_in_tres("cpu=8,mem=4G,node=1") == 0 and gpus_in_tres("") == 0
+    sacct_p = tmp_path / "p.txt"
+    sacct_p.write_text("JobID|NodeList|Start|End|AllocTRES\n"
+                       "1|g1|2026-11-01T00:00:00|2026-11-01T01:00:00|cpu=4,gres/gpu=2,node=1\n"
+                       "2|c1|2026-11-01T00:00:00|2026-11-01T01:00:00|cpu=4,node=1\n")
+    log = read_accounting(sacct_p, warn=None)
+    assert [r.gpus for r in log.runs] == [2, 0] and log.gpu_runs == 1
+    job = {"job_id": 7, "nodes": "g1", "state": {"current": ["COMPLETED"]},
+           "time": {"start": 100, "end": 160},
+           "tres": {"allocated": [{"type": "cpu", "name": "", "count": 8},
+                                  {"type": "gres", "name": "gpu", "count": 4},
+                                  {"type": "gres", "name": "gpu:h100", "count": 4}]}}
+    sacct_json = tmp_path / "j.json"
+    sacct_json.write_text(json.dumps({"jobs": [job]}))
+    assert read_accounting(sacct_json, warn=None).runs[0].gpus == 4
+    pbs = tmp_path / "pbs"
+    pbs.write_text("11/27/2026 02:18:27;E;1.s;queue=gpu start=1796000000 end=1796000600 "
+                   "exec_vnode=(g1:ncpus=8:ngpus=2)+(g2:ncpus=8:ngpus=2)\n"
+                   "11/27/2026 02:18:28;E;2.s;queue=gpu start=1796000000 end=1796000600 "
+                   "Resource_List.ngpus=8 exec_vnode=(g3:ncpus=8)\n"
+                   "11/27/2026 02:18:29;E;3.s;queue=cpu start=1796000000 end=1796000600 "
+                   "exec_vnode=(c1:ncpus=8)\n")
+    assert [r.gpus for r in read_accounting(pbs, warn=None).runs] == [4, 8, 0]
+
+
+def test_what_if_replays_the_sites_own_cost_model_by_default(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One replay by default: inplace-gpu when a run of the log held GPUs, inplace when none
+    says so, or as --nodes says; --compare with --cost-models is refused in one line."""
+    from malletrain_core.cli import main
+
+    base = ["admin", "what-if", str(PBS_LOG), "--skip-partition", "preemptable", "--jobs", "2",
+            "--json"]
+    assert main(base) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["cost_models"]) == ["inplace"]
+    assert "says it held a GPU" in report["cost_model_choice"]["why"]
+    assert main([*base, "--nodes", "gpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["cost_models"]) == ["inplace-gpu"]
+    assert report["cost_model_choice"]["why"] == "--nodes gpu"
+    gpu_log = tmp_path / "pbs"
+    gpu_log.write_text(PBS_LOG.read_text().replace("exec_vnode=(", "Resource_List.ngpus=1 "
+                                                   "exec_vnode=(", 1))
+    assert main([*base[:2], str(gpu_log), *base[3:]]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["cost_models"]) == ["inplace-gpu"]
+    assert report["cost_model_choice"]["why"].startswith("1 of the log's")
+    assert main([*base, "--compare", "--cost-models", "restart"]) == 2  # a usage error
+    assert "not both" in capsys.readouterr().err

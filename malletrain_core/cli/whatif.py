@@ -15,17 +15,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..sim.compare import Progress
 from ..sim.costs import COST_MODELS
 from ..sim.report import to_json
-from ..sim.whatif import WhatIfOptions, format_report, what_if, write_plots
+from ..sim.whatif import AUTO, NODE_KINDS, WhatIfOptions, format_report, what_if, write_plots
 from .trace_filter import add_filter_arguments, filter_from
 
 DESCRIPTION = ("Read a site's own accounting (sacct --json, sacct -P with its header, or a PBS "
                "accounting log), and answer what MalleTrain would have harvested there: the "
                "idle node-hours in the window, the share of them the engine would have "
-               "trained on under each rescale-cost model, and the training throughput of the "
-               "profiled workload; with --out, whatif.json, whatif.md, idle.png and share.png.")
+               "trained on under the site's own rescale costs (GPU or CPU nodes; --compare: "
+               "each cost model), and the training throughput of the profiled workload; with "
+               "--out, whatif.json, whatif.md, idle.png and share.png.")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -45,8 +47,15 @@ def register_admin(sub: Any) -> None:
                    help="job mix from the measured profiles (default: imagenet)")
     p.add_argument("--jobs", type=int, default=50, help="saturated jobs (default 50)")
     p.add_argument("--seed", type=int, default=0, help="draws the job set (default 0)")
-    p.add_argument("--cost-models", type=_names, default=tuple(COST_MODELS),
-                   help=f"comma-separated (default: {','.join(COST_MODELS)})")
+    p.add_argument("--nodes", choices=tuple(NODE_KINDS), default=AUTO,
+                   help="the site's nodes: gpu (the in-place costs measured on an H100) or "
+                   "cpu; auto (default): gpu when any run of the accounting held GPUs")
+    p.add_argument("--compare", action="store_true",
+                   help=f"replay every cost model ({', '.join(COST_MODELS)}), not only the "
+                   "site's own (about three times as long)")
+    p.add_argument("--cost-models", type=_names, default=(),
+                   help=f"comma-separated, among {','.join(COST_MODELS)} (default: the "
+                   "site's own, see --nodes)")
     p.add_argument("--workers", type=int, default=None,
                    help="replay the cost models in this many processes (default: one per "
                    "cost model, on a machine with at least two cores)")
@@ -59,11 +68,14 @@ def register_admin(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compare and args.cost_models:
+        raise ConfigError("give --compare (every cost model) or --cost-models, not both")
     opts = WhatIfOptions(trace=args.trace, accounting=filter_from(args), days=args.days,
                          workload=args.workload, jobs=args.jobs, seed=args.seed,
-                         cost_models=args.cost_models)
+                         cost_models=tuple(COST_MODELS) if args.compare else args.cost_models,
+                         nodes=args.nodes)
     result = what_if(opts, workers=None if args.workers is None else max(1, args.workers),
-                     progress=Progress(len(opts.cost_models), sys.stderr, name="what-if"))
+                     progress=Progress(1, sys.stderr, name="what-if"))
     text = format_report(result.report)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,8 @@ from .acctlog import MAX_NOTED, AccountingLog, JobRun, Skips, Warn, _stderr
 from .traces import Trace, from_transitions
 
 __all__ = ["MAX_NOTED", "AccountingFilter", "AccountingLog", "JobRun", "Skips", "Warn",
-           "load_accounting_trace", "looks_like_accounting", "read_accounting", "runs_to_trace"]
+           "load_accounting", "load_accounting_trace", "looks_like_accounting",
+           "read_accounting", "runs_to_trace"]
 
 def _names(values: Iterable[str]) -> frozenset[str]:
     return frozenset(v.strip() for v in values if v and v.strip())
@@ -171,6 +172,13 @@ def looks_like_accounting(path: Path) -> bool:
 def load_accounting_trace(path: str | Path, filt: AccountingFilter | None = None,
                           nodes: Iterable[str] = (), warn: Warn | None = _stderr) -> Trace:
     """The idle trace of an accounting file, its runs filtered by ``filt``."""
+    return load_accounting(path, filt, nodes, warn)[0]
+
+
+def load_accounting(path: str | Path, filt: AccountingFilter | None = None,
+                    nodes: Iterable[str] = (), warn: Warn | None = _stderr
+                    ) -> tuple[Trace, AccountingLog]:
+    """:func:`load_accounting_trace`, with the log it was read from (all of its runs)."""
     log = read_accounting(path, warn)
     filt = filt or AccountingFilter()
     kept = [r for r in log.runs if filt.keeps(r)]
@@ -178,4 +186,4 @@ def load_accounting_trace(path: str | Path, filt: AccountingFilter | None = None
         seen = sorted({r.partition for r in log.runs})[:8]
         raise InputFileError(str(path), f"no run left after the filter ({filt.describe()}); "
                              f"the log's partitions/queues: {', '.join(seen) or 'none'}")
-    return runs_to_trace(Path(path).name, kept, nodes)
+    return runs_to_trace(Path(path).name, kept, nodes), log

@@ -5,6 +5,7 @@ only this module, so that no reader and the dispatcher import each other."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,18 @@ class JobRun:
     partition: str = ""
     reservation: str = ""
     state: str = ""
+    gpus: int = 0
+    """The GPUs the run held, as the log says (0: none, or the log does not say)."""
+
+
+GPU_TRES = re.compile(r"(?:^|,)gres/gpu(?::[^=,]*)?=(\d+)")
+
+
+def gpus_in_tres(text: str) -> int:
+    """The GPUs a Slurm TRES string holds (``cpu=4,gres/gpu=2,...``; a typed count such as
+    ``gres/gpu:a100=2`` beside the plain one is not counted twice)."""
+    plain = [int(n) for n in re.findall(r"(?:^|,)gres/gpu=(\d+)", text)]
+    return sum(plain) if plain else sum(int(n) for n in GPU_TRES.findall(text))
 
 
 @dataclass
@@ -70,3 +83,8 @@ class AccountingLog:
     skipped: int
     not_run: int
     """Records of jobs that never ran (no start, or no node): not errors, hold nothing."""
+
+    @property
+    def gpu_runs(self) -> int:
+        """The runs that held GPUs (0 also when the log does not say: see each reader)."""
+        return sum(1 for r in self.runs if r.gpus > 0)

@@ -61,6 +61,18 @@ def vnodes(attrs: dict[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n))
 
 
+def gpus_of(attrs: dict[str, str]) -> int:
+    """The GPUs a run asked for: ``Resource_List.ngpus``, else the ``ngpus=`` of its
+    exec_vnode's chunks; 0 when neither says."""
+    try:
+        asked = int(attrs.get("Resource_List.ngpus", "0") or 0)
+    except ValueError:
+        asked = 0
+    if asked > 0:
+        return asked
+    return sum(int(n) for n in re.findall(r"ngpus=(\d+)", attrs.get("exec_vnode", "")))
+
+
 def _seconds(text: str | None) -> float | None:
     if text is None or text in ("", "0"):  # 0: not started (see the module doc)
         return None
@@ -115,7 +127,8 @@ def read_pbs_accounting(path: Path, warn: Warn | None = _stderr) -> AccountingLo
                         skips.note(str(line), f"job {job}: S record without start= or "
                                    "exec_vnode=")
                         continue
-                    open_runs[job] = JobRun(job, start, None, nodes, queue, resv, "RUNNING")
+                    open_runs[job] = JobRun(job, start, None, nodes, queue, resv, "RUNNING",
+                                            gpus_of(attrs))
                     continue
                 opened = open_runs.pop(job, None)
                 if start is None and opened is not None:
@@ -135,7 +148,8 @@ def read_pbs_accounting(path: Path, warn: Warn | None = _stderr) -> AccountingLo
                                f"({start:.0f})")
                     continue
                 runs.append(JobRun(job, start, end, nodes, queue or (opened.partition if
-                                   opened else ""), resv, "ENDED" if kind == "E" else "RERUN"))
+                                   opened else ""), resv, "ENDED" if kind == "E" else "RERUN",
+                                   gpus_of(attrs) or (opened.gpus if opened else 0)))
     except FileNotFoundError:
         raise InputFileError(str(path), "no such PBS accounting log") from None
     except OSError as exc:

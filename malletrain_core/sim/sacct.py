@@ -5,11 +5,11 @@ What to run on the site (``-D``: every run of a requeued or preempted job, not o
 
     sacct -a -X -D -S 2026-10-01 -E 2026-11-01 --json > sacct.json
     sacct -a -X -D -S 2026-10-01 -E 2026-11-01 -P \\
-          -o JobID,Partition,Reservation,State,NodeList,Start,End > sacct.txt
+          -o JobID,Partition,Reservation,State,NodeList,Start,End,AllocTRES > sacct.txt
 
 ``-P`` output needs its header (no ``-n``); ``JobID``, ``NodeList``, ``Start`` and ``End`` are
-required, ``Partition``, ``Reservation`` and ``State`` are read when present, other columns
-are ignored (``-p``'s trailing ``|`` too). Its times are in the local time of the machine that
+required, ``Partition``, ``Reservation``, ``State`` and ``AllocTRES`` (the GPUs a run held:
+``gres/gpu=N``) are read when present, other columns are ignored (``-p``'s trailing ``|`` too). Its times are in the local time of the machine that
 ran sacct (read here in this machine's; run both under the same ``TZ``, e.g. ``TZ=UTC sacct``)
 or Unix seconds. The JSON form carries Unix seconds; its layout changed between Slurm releases
 (plain numbers up to 23.02, ``{"set", "number"}`` objects after; ``state.current`` a string,
@@ -33,10 +33,10 @@ from typing import Any
 
 from ..errors import InputFileError, ValidationError
 from ..hostlist import MAX_NODES, expand
-from .acctlog import AccountingLog, JobRun, Skips, Warn, _stderr
+from .acctlog import AccountingLog, JobRun, Skips, Warn, _stderr, gpus_in_tres
 
 REQUIRED = ("JOBID", "NODELIST", "START", "END")
-OPTIONAL = ("PARTITION", "RESERVATION", "STATE")
+OPTIONAL = ("PARTITION", "RESERVATION", "STATE", "ALLOCTRES")
 UNSET = frozenset({"", "unknown", "none", "n/a", "(null)", "0"})
 
 
@@ -94,7 +94,7 @@ def _nodes(text: str) -> tuple[str, ...]:
 
 
 def _run(job: str, start: float | None, end: float | None, nodes: tuple[str, ...],
-         partition: str, reservation: str, state: str) -> JobRun | str | None:
+         partition: str, reservation: str, state: str, gpus: int = 0) -> JobRun | str | None:
     """The run, None when the job never ran, or why the record is unusable."""
     if start is None or not nodes:
         return None
@@ -103,7 +103,7 @@ def _run(job: str, start: float | None, end: float | None, nodes: tuple[str, ...
     if end is None and not state.upper().startswith(("RUNNING", "SUSPENDED", "REQUEUED",
                                                      "COMPLETING", "RESIZING")):
         return f"job {job} started but has no end and is not running (state {state or '?'})"
-    return JobRun(job, start, end, nodes, partition, reservation, state)
+    return JobRun(job, start, end, nodes, partition, reservation, state, gpus)
 
 
 def read_sacct_parsable(path: Path, warn: Warn | None = _stderr) -> AccountingLog:
@@ -142,7 +142,8 @@ def read_sacct_parsable(path: Path, warn: Warn | None = _stderr) -> AccountingLo
                     skips.note(str(line), f"job {job}: {exc}")
                     continue
                 run = _run(job, start, end, nodes, get.get("PARTITION", ""),
-                           get.get("RESERVATION", ""), get.get("STATE", ""))
+                           get.get("RESERVATION", ""), get.get("STATE", ""),
+                           gpus_in_tres(get.get("ALLOCTRES", "")))
                 if isinstance(run, str):
                     skips.note(str(line), run)
                 elif run is None:
@@ -223,7 +224,23 @@ def _json_run(job: Any) -> JobRun | str | None:
         reservation = _reservation(job.get("reservation"))
     except (ValueError, OverflowError, ValidationError) as exc:
         return f"job {job.get('job_id', '?')!s:.20}: {exc}"
-    return _run(jid, start, end, nodes, partition, reservation, current)
+    return _run(jid, start, end, nodes, partition, reservation, current, _json_gpus(job))
+
+
+def _json_gpus(job: Mapping[str, Any]) -> int:
+    """The GPUs of ``tres.allocated`` (``{"type": "gres", "name": "gpu", "count": N}``; a
+    typed ``gpu:a100`` entry beside the plain one not counted twice); 0 when absent."""
+    tres = job.get("tres")
+    rows = tres.get("allocated") if isinstance(tres, Mapping) else None
+    if not isinstance(rows, list):
+        return 0
+    counts: dict[str, int] = {}
+    for r in rows:
+        if isinstance(r, Mapping) and r.get("type") == "gres" and \
+                str(r.get("name", "")).split(":")[0] == "gpu":
+            n = _number(r.get("count"))
+            counts[str(r.get("name"))] = counts.get(str(r.get("name")), 0) + int(n or 0)
+    return counts["gpu"] if "gpu" in counts else sum(counts.values())
 
 
 def read_sacct_json(path: Path, warn: Warn | None = _stderr) -> AccountingLog:

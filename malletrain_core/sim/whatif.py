@@ -24,7 +24,7 @@ from typing import Any
 from .. import shortcuts
 from ..errors import ConfigError
 from ..model import DEFAULT_LOOKAHEAD_S, Curve
-from .accounting import AccountingFilter, load_accounting_trace
+from .accounting import AccountingFilter, AccountingLog, load_accounting
 from .bounds import BoundJob, compute_bounds
 from .compare import Progress
 from .costs import COST_MODELS
@@ -36,6 +36,10 @@ from .traces import Trace
 from .workloads import SimJob, make_workload, model_curves
 
 HOUR = 3600.0
+AUTO = "auto"
+NODE_KINDS = {AUTO: "", "gpu": "inplace-gpu", "cpu": "inplace"}
+"""The cost model of a site's own nodes: in place, with the start-up and pauses measured on
+GPU nodes (an H100) or on CPU nodes."""
 PROGRESS_EVERY_S = 1.0
 """How often the replays' progress is read while they run in other processes."""
 
@@ -50,16 +54,21 @@ class WhatIfOptions:
     workload: str = "imagenet"
     jobs: int = 50
     seed: int = 0
-    cost_models: tuple[str, ...] = tuple(COST_MODELS)
+    cost_models: tuple[str, ...] = ()
+    """The cost models replayed; none given: the site's own (:func:`site_cost_model`)."""
+    nodes: str = AUTO
+    """``gpu`` or ``cpu`` nodes, or ``auto``: from the accounting (see :func:`site_cost_model`)."""
     policy: str = "malletrain"
     lookahead_s: float = DEFAULT_LOOKAHEAD_S
     noise: float = 0.03
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.cost_models if c not in COST_MODELS]
-        if unknown or not self.cost_models:
+        if unknown:
             raise ConfigError(f"--cost-models {','.join(self.cost_models)}: choose among "
                               f"{', '.join(COST_MODELS)}")
+        if self.nodes not in NODE_KINDS:
+            raise ConfigError(f"--nodes {self.nodes}: give {', '.join(NODE_KINDS)}")
         if self.days is not None and not self.days > 0:
             raise ConfigError(f"--days {self.days}: give a number of days > 0")
 
@@ -104,6 +113,20 @@ def _replay_one(trace: Trace, jobs: Sequence[SimJob], catalogue: dict[str, Curve
     return run
 
 
+def site_cost_model(nodes: str, log: AccountingLog) -> tuple[str, str]:
+    """The one cost model of the site's own nodes and why: ``gpu`` or ``cpu`` as given, or
+    (``auto``) ``gpu`` when any run of the accounting held GPUs (sacct's ``AllocTRES``
+    ``gres/gpu``, ``tres.allocated`` in its JSON, PBS's ``Resource_List.ngpus``), else
+    ``cpu``."""
+    if nodes != AUTO:
+        return NODE_KINDS[nodes], f"--nodes {nodes}"
+    gpu = log.gpu_runs
+    if gpu:
+        return NODE_KINDS["gpu"], f"{gpu:,} of the log's {len(log.runs):,} runs held GPUs"
+    return NODE_KINDS["cpu"], (f"no run of the log's {len(log.runs):,} says it held a GPU "
+                               "(give --nodes gpu if its nodes have them)")
+
+
 def default_workers(cost_models: int) -> int:
     """One process per cost model wherever there are at least two cores: the replays are
     independent and each is single-threaded Python. Three cost models on two cores then share
@@ -119,13 +142,22 @@ def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = Fal
     taken is compared with the full computation (:mod:`malletrain_core.shortcuts`; slower),
     and each model's ``shortcuts_checked`` says how many were. ``progress`` (one unit per cost
     model) is told how far each replay is, every :data:`PROGRESS_EVERY_S`."""
-    workers = default_workers(len(opts.cost_models)) if workers is None else \
-        max(1, min(workers, len(opts.cost_models)))
     t0 = time.perf_counter()
     if progress is not None:
         progress.update(0.0, "reading the accounting")
-    trace = load_accounting_trace(opts.trace, opts.accounting).window(opts.days, 0)
+    trace, log = load_accounting(opts.trace, opts.accounting)
+    trace = trace.window(opts.days, 0)
     read_s = time.perf_counter() - t0
+    if opts.cost_models:
+        names, why = opts.cost_models, "--cost-models" if len(opts.cost_models) < len(
+            COST_MODELS) else "every cost model (--compare)"
+    else:
+        model, why = site_cost_model(opts.nodes, log)
+        names = (model,)
+    workers = default_workers(len(names)) if workers is None else \
+        max(1, min(workers, len(names)))
+    if progress is not None:
+        progress.total = len(names)
     profiles = load_profiles(opts.workload)
     extra = load_profiles("imagenet") if opts.workload != "imagenet" else profiles
     jobs = make_workload(opts.workload, opts.jobs, seed=opts.seed, start=trace.start,
@@ -133,7 +165,6 @@ def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = Fal
     catalogue = model_curves(jobs, extra)
     bounds = compute_bounds(trace, [BoundJob(j.curve, j.min_nodes, j.max_nodes) for j in jobs])
     t1 = time.perf_counter()
-    names = opts.cost_models
     context = multiprocessing.get_context()
     shares = context.Array("d", len(names), lock=False)  # each replay's done share
     if workers > 1 and len(names) > 1:
@@ -157,7 +188,7 @@ def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = Fal
         shares[:] = [1.0] * len(names)
         _tell(progress, names, shares)
         progress.close()
-    runs = dict(zip(opts.cost_models, done))
+    runs = dict(zip(names, done, strict=True))
     replay_s = time.perf_counter() - t1
     idle = trace.idle_node_seconds()
     span = max(trace.span_s, 1e-9)
@@ -191,6 +222,7 @@ def what_if(opts: WhatIfOptions, workers: int | None = None, checked: bool = Fal
         "ub_oracle_samples": bounds.ub_oracle,
         "ub_oracle_samples_per_s": bounds.ub_oracle / span,
         "cost_models": models,
+        "cost_model_choice": {"models": list(names), "why": why},
         "timing_s": {"read": read_s, "replays": replay_s,
                      "total": time.perf_counter() - t0, "workers": workers},
     }
@@ -220,6 +252,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"jobs from the measured profiles (seed {report['workload']['seed']}), saturated, "
         f"policy {report['workload']['policy']}; UB_oracle "
         f"{report['ub_oracle_samples_per_s']:,.0f} samples/s",
+        *([f"cost model{'s' if len(choice['models']) > 1 else ' '}            "
+           f"{', '.join(choice['models'])} ({choice['why']})"]
+          if (choice := report.get("cost_model_choice")) else []),
         "",
         "| cost model | harvested node-hours | share of idle | samples/s | share of UB_oracle "
         "| rescales |",
