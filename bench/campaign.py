@@ -63,10 +63,7 @@ TIMEOUT_S = 150.0
 TRIES = 3
 """Tries per fault slot: one that could not be injected is tried again on another pick."""
 PROCESS_FAULTS = ("launcher_kill", "train_kill", "sigstop")
-BY_DESIGN = {
-    ("pbs", "launcher_kill"): "by design on PBS: a subjob whose batch script ended (the "
-                              "launcher killed) has finished, and PBS never runs a finished "
-                              "subjob again; the job can grow to one node less",
+BY_DESIGN = {  # a PBS subjob whose launcher was killed is requeued by mt_epilogue now
     ("any", "sigstop/1"): "by design: at world 1 no peer watches the process; it trains again "
                           "once continued",
 }

@@ -58,6 +58,7 @@ hooks=(
     "mt_jobobit jobobit 5"
     "mt_postqueuejob postqueuejob 5"
     "mt_modifyjob modifyjob,movejob 5"
+    "mt_epilogue execjob_epilogue 10"
 )
 
 q() { "$qmgr" -c "$*"; }
@@ -90,7 +91,7 @@ for spec in "${hooks[@]}"; do
     q "import hook $hook application/x-config default $config"
     q "set hook $hook enabled = true"
 done
-installed="mt_queuejob mt_periodic mt_modifyvnode mt_jobobit mt_postqueuejob mt_modifyjob"
+installed="mt_queuejob mt_periodic mt_modifyvnode mt_jobobit mt_postqueuejob mt_modifyjob mt_epilogue"
 if [[ -n $job_key_file ]]; then
     [[ $job_key_file == /* ]] || die "--job-key-file must be an absolute path"
     if [[ ! -e $job_key_file ]]; then

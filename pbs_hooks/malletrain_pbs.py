@@ -1,4 +1,4 @@
-"""MalleTrain's PBS hooks: one script, installed as six hooks, seven with mt_launch (see
+"""MalleTrain's PBS hooks: one script, installed as seven hooks, eight with mt_launch (see
 install.sh).
 
 * ``periodic`` (mt_periodic): the vnodes that are free, run no job and are not reserved soon,
@@ -13,6 +13,11 @@ install.sh).
 * ``modifyjob`` and ``movejob`` (mt_modifyjob): keep users from steering their workers. Only PBS
   itself, root, and the server's managers and operators (the daemon is one) may alter, hold,
   release or move a job of the preemptable queue; everyone else gets a one-line refusal.
+* ``execjob_epilogue`` (mt_epilogue, on the moms): a worker subjob whose batch script died of
+  a signal PBS did not send (its launcher SIGKILLed, the OOM killer: Exit_status 128 + signal;
+  PBS's own kills, a qdel or the daemon's qrerun, read 256 + signal) is put back in its queue
+  (``job.rerun()``) instead of ending: PBS never runs a finished subjob again, so without this
+  the job could never grow to its whole range again.
 * ``execjob_launch`` (mt_launch, on the moms; only where munge is absent and install.sh was
   given ``--job-key-file``): puts the job's secret, HMAC-SHA256(site key, array id), into the
   environment of the job's processes as ``MALLETRAIN_JOB_SECRET`` (docs/pbs.md, "Launchers
@@ -242,6 +247,29 @@ def on_jobobit(e: object, cfg: dict) -> None:
                       exit=exit_code, partition=qname, requeued=bool(requeued)))
 
 
+def killed_outside_pbs(status: object) -> int:
+    """The signal that ended a batch script when PBS did not send it (Exit_status 128 +
+    signal, as the shell reports a child killed by one), else 0. PBS's own kills (qdel,
+    qrerun, a walltime) read 256 + signal; its requeue codes are negative."""
+    try:
+        code = int(status)
+    except (TypeError, ValueError):
+        return 0
+    return code - 128 if 128 < code < 128 + 65 else 0
+
+
+def on_epilogue(e: object, cfg: dict) -> None:
+    job = e.job
+    if queue_name(job.queue) != cfg["queue"]:
+        return
+    sig = killed_outside_pbs(job.Exit_status)
+    if not sig:
+        return
+    log(pbs.LOG_WARNING, f"{job.id}: its batch script died of signal {sig} that PBS did not "
+        "send (the launcher killed?): requeued, so that the job keeps its subjob")
+    job.rerun()
+
+
 def array_size(spec: str) -> int:
     """Indices in an ``-J`` range ``X-Y[:Z]`` (ValueError when it is not one)."""
     body, _, step = spec.partition(":")
@@ -403,6 +431,7 @@ _EVENT_HANDLERS = (
     ("MODIFYJOB", on_modifyjob),
     ("MOVEJOB", on_modifyjob),
     ("EXECJOB_LAUNCH", on_launch),
+    ("EXECJOB_EPILOGUE", on_epilogue),
 )
 # Events an older pbs module does not know are left out (their hooks cannot be installed there).
 HANDLERS = {getattr(pbs, name): fn for name, fn in _EVENT_HANDLERS if hasattr(pbs, name)}

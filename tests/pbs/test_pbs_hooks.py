@@ -132,6 +132,26 @@ def test_jobobit_ignores_jobs_of_other_queues(run_hook):
     assert run.accepted and run.datagrams == []
 
 
+# ---- execjob_epilogue: a worker whose batch script was killed outside PBS --------------------
+
+@pytest.mark.parametrize("fixture,rerun", [
+    ("epilogue_launcher_killed", True),   # 128 + SIGKILL: the launcher killed, not by PBS
+    ("epilogue_qdel", False),             # 256 + SIGTERM: PBS's own kill (qdel, qrerun)
+    ("epilogue_completed", False),        # training done
+    ("epilogue_failed", False),           # the launcher's own failure exit
+    ("epilogue_other_queue", False),      # not a MalleTrain worker
+])
+def test_epilogue_requeues_only_a_worker_killed_outside_pbs(run_hook, fixture, rerun):
+    """PBS never runs a finished subjob again: a worker whose script died of a signal PBS did
+    not send goes back to its queue (job.rerun()), so the job keeps its whole range; the
+    OpenPBS 23.06 complex did so (exit 137 -> requeued, run_count 2; qdel's 271 and
+    qdel -Wforce's 265 left alone)."""
+    run = run_hook(fixture)
+    assert run.accepted and run.datagrams == []
+    assert ("pbs.event().job._rerun=True" in run.record.splitlines()) is rerun, run.record
+    assert ("requeued, so that the job keeps its subjob" in run.log) is rerun, run.log
+
+
 # ---- queuejob: routing and refusal ----------------------------------------------------------
 
 def test_queuejob_routes_an_elastic_job_to_the_preemptable_queue(run_hook):

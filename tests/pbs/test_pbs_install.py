@@ -41,7 +41,7 @@ def test_second_install_updates_in_place(tmp_path):
     assert proc.returncode == 0, proc.stderr
     again = directives(tmp_path)[first:]
     assert not [d for d in again if d.startswith("create")]
-    assert len(again) == first - 6
+    assert len(again) == first - 7
     cfg = json.loads((tmp_path / "mt_jobobit.malletrain.json").read_text())
     assert (cfg["max_nodes"], cfg["socket"]) == (16, "/var/run/mt/hook.sock")
 
@@ -53,7 +53,8 @@ def test_uninstall_deletes_only_what_exists(tmp_path):
     assert install(tmp_path, "--uninstall").returncode == 0
     assert [d for d in directives(tmp_path) if d.startswith("delete")] == [
         "delete hook mt_queuejob", "delete hook mt_periodic", "delete hook mt_modifyvnode",
-        "delete hook mt_jobobit", "delete hook mt_postqueuejob", "delete hook mt_modifyjob"]
+        "delete hook mt_jobobit", "delete hook mt_postqueuejob", "delete hook mt_modifyjob",
+        "delete hook mt_epilogue"]
 
 
 def test_bad_options_are_refused_before_touching_pbs(tmp_path):

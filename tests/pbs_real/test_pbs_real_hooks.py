@@ -5,21 +5,33 @@ socket outside the server's network namespace, and harmless when nobody listens.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import HOOK_FREQ_S
 
 from devtools.localcluster.pbs import PbsComplex
-from devtools.localcluster.pbs_helpers import fill, job, server_log, subjob, submit, wait_state
+from devtools.localcluster.pbs_helpers import (
+    fill,
+    job,
+    server_log,
+    state,
+    subjob,
+    submit,
+    wait_state,
+)
 from malletrain_core.wire.hooks import HookSocket
 
 HOOKS = {"mt_queuejob": ("queuejob", 10), "mt_periodic": ("periodic", 20),
          "mt_modifyvnode": ("modifyvnode", 5), "mt_jobobit": ("jobobit", 5),
-         "mt_postqueuejob": ("postqueuejob", 5), "mt_modifyjob": ("modifyjob,movejob", 5)}
+         "mt_postqueuejob": ("postqueuejob", 5), "mt_modifyjob": ("modifyjob,movejob", 5),
+         "mt_epilogue": ("execjob_epilogue", 10)}
 
 
 @pytest.fixture
@@ -66,7 +78,7 @@ def hook_failures(cx: PbsComplex) -> list[str]:
             or ("mt_" in ln and ("alarm" in ln.lower() or "exception" in ln.lower()))]
 
 
-def test_install_sh_created_the_six_hooks_in_the_server(pbs: PbsComplex) -> None:
+def test_install_sh_created_the_hooks_in_the_server(pbs: PbsComplex) -> None:
     for name, (event, alarm) in HOOKS.items():
         text = pbs.run(["qmgr", "-c", f"list hook {name}"]).stdout
         attrs = dict(ln.strip().split(" = ", 1) for ln in text.splitlines() if " = " in ln)
@@ -156,6 +168,45 @@ def test_jobobit_of_a_preempted_worker_says_requeued(pbs: PbsComplex, test_user:
     print({k: back.get(k) for k in ("job_state", "substate", "run_count", "Exit_status",
                                     "Hold_Types", "exec_vnode", "comment")})
     assert back["job_state"] == "Q" and back["queue"] == "mt_preemptable", back
+
+
+def test_a_worker_whose_launcher_was_killed_goes_back_to_its_queue(pbs: PbsComplex,
+                                                                   test_user: str) -> None:
+    """A running worker subjob whose batch script is SIGKILLed (as a killed launcher is: the
+    script execs it) ends with Exit_status 137, a signal PBS did not send: mt_epilogue puts it
+    back in the stopped queue (queued, 1.5 s after the kill here) instead of letting it end
+    for good, so the job keeps its range. A qdel (PBS's own SIGTERM, 271) ends its subjob as
+    before."""
+    array = submit(pbs, test_user, "-q", "malletrain", "-J", "1-2", "-l", "select=1:ncpus=2")
+    worker, other = subjob(array, 1), subjob(array, 2)
+    pbs.run(["qrun", "-H", "(n02)", worker])
+    pbs.run(["qrun", "-H", "(n03)", other])
+    wait_state(pbs, worker, "R")
+    wait_state(pbs, other, "R")
+
+    def script_pid() -> int | None:
+        for proc in psutil.process_iter(["username", "cmdline"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if proc.info["username"] == test_user and f"{worker}.SC" in cmd:
+                return int(proc.pid)
+        return None
+    pbs.wait_for(f"{worker}'s batch script", lambda: script_pid() is not None, 30,
+                 interval_s=0.1)
+    pid = script_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    pbs.wait_for(f"{worker} back in its queue", lambda: state(pbs, worker) == "Q", 30,
+                 interval_s=0.1)
+    print(f"{worker} queued again {time.monotonic() - t0:.2f} s after its script was killed")
+    back = job(pbs, worker)
+    # -18: PBS's own requeue code, which mt_jobobit reports as requeued (a preemption's way)
+    assert back["queue"] == "mt_preemptable" and back["Exit_status"] == -18, back
+    assert "requeued, so that the job keeps its subjob" in "\n".join(
+        p.read_text(errors="replace") for p in pbs.root.glob("mom-n02/mom_logs/*"))
+    pbs.run(["qdel", other])
+    wait_state(pbs, other, "X", 30)  # PBS's own kill: the subjob ends as before
+    pbs.run(["qdel", array])
 
 
 @pytest.mark.parametrize("socket_state", ["absent", "stale"])

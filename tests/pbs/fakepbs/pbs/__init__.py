@@ -251,6 +251,11 @@ class job(_Object):
     _known = JOB_ATTRIBUTES
     _resource_attrs = ("Resource_List", "resources_used")
 
+    def rerun(self) -> None:
+        """Ask PBS to requeue the job once the hook ends (a mom hook: recorded as
+        ``pbs.event().job._rerun=True``, as pbs_python's record says it)."""
+        object.__setattr__(self, "_rerun", True)
+
 
 class vnode(_Object):
     _kind = "vnode"

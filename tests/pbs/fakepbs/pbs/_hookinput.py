@@ -222,4 +222,6 @@ def record(event: pbs._Event) -> str:
                 out.extend(f"{EVENT}.job.{name}[{r}]={_fmt(v)}" for r, v in sorted(value.items()))
             elif value not in (None, ""):
                 out.append(f"{EVENT}.job.{name}={_fmt(value)}")
+        if job.__dict__.get("_rerun"):
+            out.append(f"{EVENT}.job._rerun=True")
     return "\n".join(out) + "\n"
