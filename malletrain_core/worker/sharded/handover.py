@@ -36,8 +36,8 @@ from typing import Any
 from ..inplace.handover import Handed
 from .buddy import BuddyCopies, choose, restore
 from .exchange import broadcast_bytes
-from .heal import heal_hsdp
-from .reshard import Resharded, adopt, default_bucket_bytes, reshard_fsdp
+from .heal import heal_hsdp, step_barrier
+from .reshard import Resharded, adopt, default_bucket_bytes, mesh_of, reshard_fsdp
 from .state import Manifest, local_digest, rebuild, reshard_in_place
 
 HSDP = "hsdp"
@@ -121,9 +121,13 @@ class ShardedHandover:
             return self.build(mesh)
 
     def _install(self, member: Any, model: Any, optimizer: Any) -> None:
-        """Make ``model`` and ``optimizer`` the member's, the scheduler following."""
+        """Make ``model`` and ``optimizer`` the member's, the scheduler following (HSDP: the
+        optimizer's step waits for the node's other ranks, :func:`~.heal.step_barrier`)."""
         member.model = member.net = model
         member.optimizer = optimizer
+        if self.mode == HSDP:
+            mesh = mesh_of(model)
+            optimizer.register_step_pre_hook(lambda *_: step_barrier(member, mesh))
         if self.make_scheduler is not None:
             lrs = [g["lr"] for g in optimizer.param_groups]
             old, member.scheduler = member.scheduler, self.make_scheduler(optimizer)

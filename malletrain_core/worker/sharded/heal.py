@@ -101,3 +101,24 @@ def heal_hsdp(model: Any, optimizer: Any, *, build: Callable[[Any], Any],
                        bucket_bytes=bucket_bytes or default_bucket_bytes(manifest, width),
                        group=group, device=device, collective=collective)
     return Healed(new_model, new_opt, source, traffic, local_bytes(targets))
+
+
+def step_barrier(member: Any, mesh: Any) -> None:
+    """HSDP, before each optimizer step (an optimizer pre-hook): the processes of a node meet
+    in one small all-reduce over their shard group, so that none of them steps unless all of
+    them finished the step's gradient reduction. Without it a node's ranks could end a step
+    apart when a peer replica was lost during its cross-replica all-reduce (one rank's
+    all-reduce had the lost peer's data, its sibling's had not): the surviving replica was then
+    not whole at any step and the job went back to its checkpoint (seen on real Slurm, a
+    preemption of one of two nodes, 1 run in 3). A sibling whose reduction failed never joins:
+    this one waits until the lost peer's epoch is abandoned, and its step is dropped too. The
+    shard group is the node's own, so a lost peer elsewhere cannot break the meeting itself."""
+    import functools
+
+    import torch
+    import torch.distributed as dist
+
+    if member.local_world <= 1 or member.world <= member.local_world:
+        return  # one process per node (nothing to agree within it), or one replica
+    t = torch.ones(1, dtype=torch.int64, device=member._device)
+    member._collective(functools.partial(dist.all_reduce, group=mesh.get_group("shard")), t)

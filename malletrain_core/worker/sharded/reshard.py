@@ -110,7 +110,7 @@ def reshard_fsdp(model: Any, optimizer: Any, *, build: Callable[[Any], Any],
     sources: dict[str, Any] = {}
     mine = None
     if model is not None:
-        _check_place("old_ranks", old_ranks, rank, _mesh_of(model))
+        _check_place("old_ranks", old_ranks, rank, mesh_of(model))
         mine, sources = inventory(model, optimizer)
         check_rows(mine, sources, len(old_ranks), list(old_ranks).index(rank))
     manifest = Manifest.from_bytes(broadcast_bytes(
@@ -155,7 +155,7 @@ def adopt(done: Resharded, *, build: Callable[[Any], Any], make_optimizer: Calla
     return done
 
 
-def _mesh_of(model: Any) -> Any:
+def mesh_of(model: Any) -> Any:
     from torch.distributed.tensor import DTensor
 
     for p in model.parameters():
