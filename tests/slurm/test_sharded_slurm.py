@@ -65,35 +65,38 @@ class ShardedLog:
         return epoch, max(w for _, w, _ in rows), {r for _, _, r in rows}
 
 
+def sharded_log(outdir: Path, job: str) -> ShardedLog:
+    """The example's start and step lines in ``job``'s output files."""
+    log = ShardedLog()
+    for path in sorted(outdir.glob(f"task-{job}_*.out")):
+        text = path.read_text(errors="replace")
+        for m in START.finditer(text):
+            epoch, rank = int(m.group(2)), int(m.group(4))
+            log.starts.setdefault(epoch, {})[rank] = ast.literal_eval(m.group(6))
+        for m in STEP.finditer(text):
+            step, epoch, world, rank = map(int, m.groups())
+            log.steps.setdefault(epoch, []).append((step, world, rank))
+    return log
+
+
+@dataclass
+class InNodes:
+    """:meth:`ShardedLog.latest` counted in nodes (``nproc`` ranks each), for wait_consistent."""
+
+    log: ShardedLog
+    nproc: int
+
+    def latest(self) -> tuple[int, int, set[int]] | None:
+        got = self.log.latest()
+        if got is None:
+            return None
+        epoch, world, ranks = got
+        return epoch, world // self.nproc, {r // self.nproc for r in ranks}
+
+
 def read_sharded(nproc: int) -> Callable[[Path, str], Any]:
     """A reader of the example's lines for wait_consistent, in nodes (``nproc`` per node)."""
-    def reader(outdir: Path, job: str) -> Any:
-        log = ShardedLog()
-        for path in sorted(outdir.glob(f"task-{job}_*.out")):
-            text = path.read_text(errors="replace")
-            for m in START.finditer(text):
-                epoch, rank = int(m.group(2)), int(m.group(4))
-                log.starts.setdefault(epoch, {})[rank] = ast.literal_eval(m.group(6))
-            for m in STEP.finditer(text):
-                step, epoch, world, rank = map(int, m.groups())
-                log.steps.setdefault(epoch, []).append((step, world, rank))
-
-        class Nodes:
-            def latest(self) -> tuple[int, int, set[int]] | None:
-                got = log.latest()
-                if got is None:
-                    return None
-                epoch, world, ranks = got
-                return epoch, world // nproc, {r // nproc for r in ranks}
-        reader.log = log  # type: ignore[attr-defined]
-        return Nodes()
-    return reader
-
-
-def sharded_log(outdir: Path, job: str, nproc: int) -> ShardedLog:
-    reader = read_sharded(nproc)
-    reader(outdir, job)
-    return reader.log  # type: ignore[attr-defined,no-any-return]
+    return lambda outdir, job: InNodes(sharded_log(outdir, job), nproc)
 
 
 def one_start(outdir: Path, job: str, epoch: int) -> list[Path]:
@@ -127,22 +130,22 @@ def test_the_sharded_example_grows_shrinks_and_survives_a_preemption_in_place(
     cluster.run(["scancel", one])
     _, e1 = wait_consistent(cluster, job, outdir, timeout_s=120, world=3, after_epoch=e0,
                             reader=reader)
-    grown = sharded_log(outdir, job, nproc).starts[e1]
+    grown = sharded_log(outdir, job).starts[e1]
     assert len(grown) == 3 * nproc and sum(m["received_bytes"] for m in grown.values()) > 0
     cluster.sbatch("--qos=malletrain", "-N", "1-1", "--comment=profile=no", "-o", "/dev/null",
                    "--chdir=/tmp", script=STANDIN)
     _, e2 = wait_consistent(cluster, job, outdir, timeout_s=120, world=2, after_epoch=e1,
                             reader=reader)
-    shrunk = sharded_log(outdir, job, nproc).starts[e2]
+    shrunk = sharded_log(outdir, job).starts[e2]
     assert len(shrunk) == 2 * nproc, shrunk
     if mode == "fsdp":  # re-sharded over the old group, before the leaver went
         assert all("before_reform_s" in m for m in shrunk.values()), shrunk
     cluster.wait_for(f"5 steps at world 2 in epoch {e2}", lambda: len(
-        sharded_log(outdir, job, nproc).steps.get(e2, [])) >= 5 * nproc, 60, interval_s=0.5)
+        sharded_log(outdir, job).steps.get(e2, [])) >= 5 * nproc, 60, interval_s=0.5)
     prod(cluster, 1, "-w", nodes_of(cluster, job)[-1])
     _, e3 = wait_consistent(cluster, job, outdir, timeout_s=120, world=1, after_epoch=e2,
                             reader=reader)
-    lost = sharded_log(outdir, job, nproc).starts[e3]
+    lost = sharded_log(outdir, job).starts[e3]
     assert len(lost) == nproc, lost
     if mode == "fsdp":
         assert all(m.get("from_buddy") and 0 <= m["steps_lost"] <= 5 for m in lost.values()), lost
