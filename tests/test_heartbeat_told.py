@@ -4,6 +4,8 @@ may have died between telling two launchers; once a loss is found anywhere, the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from malletrain_core.worker import heartbeat
@@ -15,6 +17,8 @@ class Scripted(Heartbeat):
     """A heartbeat whose store calls answer from ``counters`` (epoch -> the watched rank's
     counter; an epoch missing from it: the store does not answer), on a clock set by hand."""
 
+    made: list[Heartbeat] = []
+
     def __init__(self, memberships: list[Membership | None], counters: dict[int, int],
                  beating: tuple[int, ...] = ()) -> None:
         self.now = 0.0
@@ -23,6 +27,7 @@ class Scripted(Heartbeat):
         self.found: list[Lost] = []
         super().__init__(lambda: memberships, self.found.append, timeout_s=1.25,
                          clock=lambda: self.now)
+        Scripted.made.append(self)
 
     def _calls(self, w, io) -> None:  # type: ignore[no-untyped-def, override]
         if w.m.epoch in self.beating:
@@ -34,6 +39,15 @@ class Scripted(Heartbeat):
         while self.now < t and not self.found:
             self.now += heartbeat.PERIOD_S
             self.beat()
+
+
+@pytest.fixture(autouse=True)
+def _close_callers() -> Iterator[None]:
+    """End the store-call threads each test's heartbeats started (test_heartbeat_thread.py
+    counts the threads by name)."""
+    yield
+    while Scripted.made:
+        Scripted.made.pop().close()
 
 
 def _m(epoch: int) -> Membership:
@@ -94,3 +108,51 @@ def test_a_peer_of_the_epoch_formed_that_never_beat_is_found_in_the_normal_bound
     beat.run_until(3.0)
     assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(1, [1])]
     assert beat.now <= 1.25 + 2 * heartbeat.PERIOD_S + 1e-9
+
+
+def test_a_joiner_that_had_not_beaten_when_the_group_formed_gets_the_normal_bound_from_then() -> None:
+    """A survivor told epoch 2 seconds before its joiner started forms the group with it; the
+    joiner's first beat comes 0.6 s after. Before: the silence was counted from the moment the
+    survivor first read the joiner's counter (0), so the joiner was lost the moment the group
+    formed and the bound fell from TOLD_WAIT_S to the normal one."""
+    listed: list[Membership | None] = [None, _m(2)]
+    found: list[Lost] = []
+    clock = [0.0]
+    counter = [0]
+    beat = Heartbeat(lambda: list(listed), found.append, timeout_s=1.25, clock=lambda: clock[0])
+
+    def calls(w, io) -> None:  # type: ignore[no-untyped-def]
+        io.result, io.done_at = (counter[0], 0), clock[0]
+
+    beat._calls = calls  # type: ignore[method-assign]
+
+    def run(until: float) -> None:
+        while clock[0] < until - 1e-9 and not found:
+            clock[0] += heartbeat.PERIOD_S
+            beat.beat()
+
+    run(4.0)                    # told, waiting for the joiner (never beaten): TOLD_WAIT_S
+    assert found == []
+    listed[:] = [_m(2), None]   # the group of epoch 2 is formed
+    run(4.6)
+    assert found == []          # lost at once here before
+    counter[0] = 1              # the joiner's first beat
+    run(7.0)                    # ... and then it stops: found within the normal bound
+    assert [(lost.epoch, lost.ranks) for lost in found] == [(2, [1])]
+    assert clock[0] <= 4.6 + 1.25 + 2 * heartbeat.PERIOD_S + 1e-9
+    beat.close()
+
+
+def test_a_store_that_listens_but_never_answers_gets_the_normal_bound_from_then() -> None:
+    """Its host was told (nothing listens before) and is hung (SIGSTOP after listening: the
+    kernel still accepts): lost 1.25 s after the first accepted connection, not TOLD_WAIT_S."""
+    beat = Scripted([None, _m(2)], {})  # the store never answers
+
+    def calls(w, io) -> None:  # type: ignore[no-untyped-def]
+        if beat.now >= 3.0 and w.listening_at is None:
+            w.listening_at = beat.now  # it starts listening at t = 3 s
+
+    beat._calls = calls  # type: ignore[method-assign]
+    beat.run_until(heartbeat.TOLD_WAIT_S)
+    assert [(lost.epoch, lost.ranks) for lost in beat.found] == [(2, [0])]
+    assert 3.0 + 1.25 < beat.now <= 3.0 + 1.25 + 2 * heartbeat.PERIOD_S + 1e-9

@@ -32,7 +32,8 @@ the new group is made — is found within the same bound as in training. A peer 
 in the new epoch (or a store that never answers) is silent from the moment the watcher was told
 it once a loss was found in any epoch watched (a peer stopped as the epoch is told is found in
 the epoch it trained in first: there the bound is always ``timeout_s``, even for a store or a
-peer not yet heard by this watcher, as everyone formed that group), else after
+peer not yet heard by this watcher, as everyone formed that group, and the silence is counted
+from the moment it formed), else after
 :data:`TOLD_WAIT_S`: the daemon hands an epoch's
 orders to its launchers together, unless it dies between two of them.
 """
@@ -57,11 +58,14 @@ PEER_TIMEOUT_S = 1.25
 name lookup once looked like a silent rank 0: see :func:`.inplace.listen_on`."""
 ENV_PEER_TIMEOUT = "MALLETRAIN_PEER_TIMEOUT_S"
 TOLD_WAIT_S = 10.0
-"""How long a peer that has not beaten at all in a newly told epoch (or a store that has not
-answered once) is waited for while every epoch this process watches is sound: the daemon tells
-an epoch's launchers together, but if it dies between two of them the others are told only
-once it is back. A peer stopped as the epoch is told is found in the epoch it trained in
-first, and then the normal bound applies here too."""
+"""How long a peer that has not beaten at all in a newly told epoch (or a store nothing listens
+on yet) is waited for while every epoch this process watches is sound: the daemon tells an
+epoch's launchers together, but if it dies between two of them the others are told only once it
+is back. A peer stopped as the epoch is told is found in the epoch it trained in first, and then
+the normal bound applies here too; a store that listens was told (its host listens only once
+told), so one that accepts connections but never answers gets the normal bound from its first
+accepted connection. An epoch whose group this process let go to re-form is no longer watched
+(:meth:`.inplace.watch.ControlWatch._formed`): its store was shut down on purpose."""
 IO_WAIT_S = PERIOD_S
 """How long a beat waits for its store calls; a call that returns later still counts (at the
 next beat, as answered when it returned)."""
@@ -164,6 +168,8 @@ class _Watch:
     done: bool = False                 # this epoch's loss was reported
     heard: bool = False                # the store answered once
     formed: bool = False               # the process formed its group here: all were told
+    listening_at: float | None = None  # when the store first accepted a connection: its host
+    #                                    was told (an untold host listens on nothing)
     io: _Exchange | None = None        # store calls in flight (or done, not yet read)
     caller: _Caller | None = None      # the thread that makes them
 
@@ -239,7 +245,13 @@ class Heartbeat:
                 if w is not None:
                     self._drop(w)
                 w = self._watches[epoch] = _Watch(m, moved_at=now, answered_at=now)
-            w.formed = w.formed or epoch == formed
+            if epoch == formed and not w.formed:
+                # every member met at the store to form the group, so each was alive then:
+                # silence counts from here, not from when this process was told (a peer that
+                # had not beaten yet, told seconds before, was else lost the moment the bound
+                # fell from TOLD_WAIT_S to timeout_s)
+                w.formed = True
+                w.moved_at, w.answered_at = max(w.moved_at, now), max(w.answered_at, now)
             if not w.done:
                 todo.append(w)
         for w in todo:  # every epoch's calls in flight at once, then waited for together
@@ -272,14 +284,20 @@ class Heartbeat:
                 return self.timeout_s
             return max(self.timeout_s, TOLD_WAIT_S)
 
-        store_bound, peer_bound = bound(w.heard), bound((w.watched or 0) > 0)
+        # a store that listens but has never answered was told (its host listens only once
+        # told) and is hung: the normal bound, counted from its first accepted connection
+        listening = w.listening_at
+        store_since = w.answered_at if w.heard or listening is None \
+            else max(w.answered_at, listening)
+        store_bound = bound(w.heard or listening is not None)
+        peer_bound = bound((w.watched or 0) > 0)
         if flagged:
             self._lost(w, Lost(m.epoch, self._named(w), f"epoch {m.epoch}: a peer went silent "
                                "(another rank found it)"))
-        elif now - w.answered_at > store_bound:
+        elif now - store_since > store_bound:
             self._lost(w, Lost(m.epoch, [0], f"epoch {m.epoch}: the store on rank 0 "
                                f"({m.master}:{m.port}) has not answered for "
-                               f"{now - w.answered_at:.1f} s"))
+                               f"{now - store_since:.1f} s"))
         elif now - w.moved_at > peer_bound:
             with_store = w.client
             if with_store is not None:
@@ -356,6 +374,8 @@ class Heartbeat:
                 self.host(m)
             if not _accepts(m.master, m.port):
                 raise OSError(f"nothing listens on {m.master}:{m.port}")
+            if w.listening_at is None:
+                w.listening_at = self.clock()
             w.client = dist.TCPStore(m.master, m.port, is_master=False,
                                      timeout=dt.timedelta(seconds=4 * PERIOD_S),
                                      wait_for_workers=False)

@@ -197,6 +197,7 @@ class GroupMember(TrainingState):
             if m.leave:
                 self._leave(0, f"epoch {m.epoch}: this node leaves the job")
             self._teardown()
+            self._channel.let_go = self.epoch  # no longer watched by the heartbeat
             self._host.let_go_before(m.epoch)
             self._pending.reset(m.epoch)
             t_form = time.monotonic()

@@ -47,6 +47,7 @@ class ControlWatch:
         self._told: dict[int, Membership] = {}  # the memberships read, by epoch (the last 8)
         self.lost_epoch = -1  # the newest epoch, not yet formed, found to have a silent peer
         self.told_lost: int | None = None  # the epoch this process said it lost a peer in
+        self.let_go: int | None = None  # the epoch whose group this process tore down to re-form
 
     def run(self, stop: threading.Event) -> None:
         """The control thread: read each new membership, abandon the epoch it says to."""
@@ -111,9 +112,16 @@ class ControlWatch:
             del self._told[old]
 
     def _formed(self) -> Membership | None:
-        """The membership of the epoch this process's group was formed for, or None."""
+        """The membership of the epoch this process's group was formed for, or None (none
+        yet, or the group is let go: the process is re-forming). The epoch let go is not
+        watched: its rank 0 shut its store down as it left, and that store's silence, found
+        while a re-form waited (for a joiner not told yet: the daemon died between two
+        launchers), was once taken for a lost peer, which cut the new epoch's wait for that
+        joiner from TOLD_WAIT_S to the normal bound (CI: the grow's epoch abandoned)."""
         epoch, rank, world = self.group()
-        m = self._told.get(epoch) if epoch is not None else None
+        if epoch is None or epoch == self.let_go:
+            return None
+        m = self._told.get(epoch)
         if m is None or (m.rank, m.world) != (rank, world):
             return None
         return m
