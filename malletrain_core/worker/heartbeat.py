@@ -10,11 +10,9 @@ the store (``malletrain/<epoch>/lost``, read by every rank at each beat), and ea
 abandons the epoch's operations at once and tells its launcher which nodes went silent (the
 control folder's ``peers_lost``), which tells the daemon at its next check-in.
 
-Three calls per beat, rank and epoch watched, whatever the world size, so rank 0's store
-serves ``3 × world / PERIOD_S`` calls a second (15 per rank; for a moment, during a re-form,
-each rank's calls go to two stores). The beat runs on a Python thread: a
-process whose main thread holds the GIL for longer than ``timeout_s`` (pickling a large state
-by hand) looks hung to its peers; ``MALLETRAIN_PEER_TIMEOUT_S`` raises the bound.
+Three calls per beat, rank and epoch watched, so rank 0's store serves ``3 × world / PERIOD_S``
+calls a second. The beat runs on a Python thread: a process whose main thread holds the GIL
+longer than ``timeout_s`` looks hung; ``MALLETRAIN_PEER_TIMEOUT_S`` raises the bound.
 
 The store calls run on a thread of their own (one per epoch watched, for as long as it is
 watched: :class:`_Caller`), waited for at most :data:`IO_WAIT_S` per beat: a
@@ -33,8 +31,7 @@ in the new epoch (or a store that never answers) is silent from the moment the w
 it once a loss was found in any epoch watched (a peer stopped as the epoch is told is found in
 the epoch it trained in first: there the bound is always ``timeout_s``, even for a store or a
 peer not yet heard by this watcher, as everyone formed that group, and the silence is counted
-from the moment it formed), else after
-:data:`TOLD_WAIT_S`: the daemon hands an epoch's
+from the moment it formed), else after :data:`TOLD_WAIT_S`: the daemon hands an epoch's
 orders to its launchers together, unless it dies between two of them.
 """
 
@@ -245,11 +242,7 @@ class Heartbeat:
                 if w is not None:
                     self._drop(w)
                 w = self._watches[epoch] = _Watch(m, moved_at=now, answered_at=now)
-            if epoch == formed and not w.formed:
-                # every member met at the store to form the group, so each was alive then:
-                # silence counts from here, not from when this process was told (a peer that
-                # had not beaten yet, told seconds before, was else lost the moment the bound
-                # fell from TOLD_WAIT_S to timeout_s)
+            if epoch == formed and not w.formed:  # all met to form it: alive then
                 w.formed = True
                 w.moved_at, w.answered_at = max(w.moved_at, now), max(w.answered_at, now)
             if not w.done:
@@ -284,9 +277,7 @@ class Heartbeat:
                 return self.timeout_s
             return max(self.timeout_s, TOLD_WAIT_S)
 
-        # a store that listens but has never answered was told (its host listens only once
-        # told) and is hung: the normal bound, counted from its first accepted connection
-        listening = w.listening_at
+        listening = w.listening_at  # a store that listens was told (see TOLD_WAIT_S)
         store_since = w.answered_at if w.heard or listening is None \
             else max(w.answered_at, listening)
         store_bound = bound(w.heard or listening is not None)
