@@ -15,7 +15,8 @@ install.sh).
   release or move a job of the preemptable queue; everyone else gets a one-line refusal.
 * ``execjob_epilogue`` (mt_epilogue, on the moms): a worker subjob whose batch script died of
   a signal PBS did not send (its launcher SIGKILLed, the OOM killer: Exit_status 128 + signal;
-  PBS's own kills, a qdel or the daemon's qrerun, read 256 + signal) is put back in its queue
+  PBS's own kills, a qdel or the daemon's qrerun, read 256 + signal, and SIGTERM, PBS's way
+  of ending a job, never counts) is put back in its queue
   (``job.rerun()``) instead of ending: PBS never runs a finished subjob again, so without this
   the job could never grow to its whole range again.
 * ``execjob_launch`` (mt_launch, on the moms; only where munge is absent and install.sh was
@@ -247,15 +248,24 @@ def on_jobobit(e: object, cfg: dict) -> None:
                       exit=exit_code, partition=qname, requeued=bool(requeued)))
 
 
+_SIGTERM = 15  # the same number on every platform PBS runs on
+
+
 def killed_outside_pbs(status: object) -> int:
     """The signal that ended a batch script when PBS did not send it (Exit_status 128 +
     signal, as the shell reports a child killed by one), else 0. PBS's own kills (qdel,
-    qrerun, a walltime) read 256 + signal; its requeue codes are negative."""
+    qrerun, a walltime) read 256 + signal when the job's shell dies of them, and its
+    requeue codes are negative. SIGTERM never counts: it is how PBS ends a job (a qdel's
+    TermJob, a walltime), and the launcher, catching it, exits 128 + 15, which reads like a
+    signal PBS did not send (seen on the OpenPBS 23.06 complex: a qdel'd subjob exited 143
+    and was requeued). A launcher killed outside PBS is SIGKILLed or dies of a fault signal;
+    one SIGTERMed by hand outside PBS ends its subjob as before."""
     try:
         code = int(status)
     except (TypeError, ValueError):
         return 0
-    return code - 128 if 128 < code < 128 + 65 else 0
+    sig = code - 128 if 128 < code < 128 + 65 else 0
+    return 0 if sig == _SIGTERM else sig
 
 
 def on_epilogue(e: object, cfg: dict) -> None:

@@ -137,6 +137,7 @@ def test_jobobit_ignores_jobs_of_other_queues(run_hook):
 @pytest.mark.parametrize("fixture,rerun", [
     ("epilogue_launcher_killed", True),   # 128 + SIGKILL: the launcher killed, not by PBS
     ("epilogue_qdel", False),             # 256 + SIGTERM: PBS's own kill (qdel, qrerun)
+    ("epilogue_qdel_launcher_exit", False),  # 128 + SIGTERM: the launcher ending on a qdel
     ("epilogue_completed", False),        # training done
     ("epilogue_failed", False),           # the launcher's own failure exit
     ("epilogue_other_queue", False),      # not a MalleTrain worker
