@@ -8,7 +8,10 @@ once all of them are free: the gaps a real machine leaves while a wide job waits
 times reading that file into a trace, and the what-if replays (one per cost model) with the
 real engine (in one process per cost model on two cores or more, unless ``--workers``),
 with each replay's CPU seconds beside its wall time (the cores may be shared), and where one
-replay's time goes (the restart model over ``--profile-days`` under cProfile). It prints one
+replay's time goes (the restart model over ``--profile-days`` under cProfile). The what-if
+shows its progress on stderr as the CLI's does; where it replays in this process and there
+are two cores or more, the file's parse alone (a row of the table) and the profile run in
+another process meanwhile, so the bench takes about the what-if's time. It prints one
 JSON object (last line); ``--markdown`` rewrites the section of BENCHMARKS.md.
 
 ``--verify`` then replays the same month again in the checked mode
@@ -28,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,9 +50,16 @@ if __name__ == "__main__" and not __package__:  # started as a file; bench/ is a
              + " ".join(sys.argv[1:]))
 from bench.sections import host, replace_section  # noqa: E402
 from malletrain_core.hostlist import fold  # noqa: E402
+from malletrain_core.sim import whatif as whatif_module  # noqa: E402
 from malletrain_core.sim.accounting import read_accounting  # noqa: E402
+from malletrain_core.sim.compare import Progress  # noqa: E402
 from malletrain_core.sim.costs import COST_MODELS  # noqa: E402
-from malletrain_core.sim.whatif import WhatIfOptions, format_report, what_if  # noqa: E402
+from malletrain_core.sim.whatif import (  # noqa: E402
+    WhatIfOptions,
+    default_workers,
+    format_report,
+    what_if,
+)
 
 BEGIN, END = "<!-- whatif:begin -->", "<!-- whatif:end -->"
 START = 1790812800.0  # 2026-10-01 00:00 UTC
@@ -62,6 +74,7 @@ def write_sacct(path: Path, nodes: int, days: float, load: float, seed: int) -> 
     rate = load * nodes / (sizes_mean * runs_mean)
     free = np.zeros(nodes)  # when each node frees up, seconds from START
     names = [f"nid{i:04d}" for i in range(nodes)]
+    hostlist = _fold_nids if nodes <= 10000 else lambda pick: fold(names[i] for i in pick)
     t = 0.0
     count = 0
     with open(path, "w") as fh:
@@ -78,9 +91,27 @@ def write_sacct(path: Path, nodes: int, days: float, load: float, seed: int) -> 
                 continue
             free[pick] = start + run
             count += 1
-            fh.write(f"{count}|batch||COMPLETED|{fold(names[i] for i in sorted(pick))}|"
+            fh.write(f"{count}|batch||COMPLETED|{hostlist(sorted(pick.tolist()))}|"
                      f"{_stamp(START + start)}|{_stamp(START + start + run)}\n")
     return count
+
+
+def _fold_nids(indices: list[int]) -> str:
+    """The hostlist of ``nid0000``… nodes at sorted ``indices``, as :func:`fold` writes it
+    (``nid[0001-0003,0007]``, a lone node without brackets), without building a ClusterShell
+    NodeSet per job: ``fold`` was nine tenths of writing the month (12 of 13 s). Four digits
+    only; ``tests/test_bench_whatif.py`` compares the two."""
+    if len(indices) == 1:
+        return f"nid{indices[0]:04d}"
+    ranges = []
+    first = prev = indices[0]
+    for i in indices[1:]:
+        if i != prev + 1:
+            ranges.append(f"{first:04d}" if first == prev else f"{first:04d}-{prev:04d}")
+            first = i
+        prev = i
+    ranges.append(f"{first:04d}" if first == prev else f"{first:04d}-{prev:04d}")
+    return f"nid[{','.join(ranges)}]"
 
 
 PROFILED = {  # label -> (file, function): where a replay's time goes (cumulative, overlapping)
@@ -96,17 +127,28 @@ PROFILED = {  # label -> (file, function): where a replay's time goes (cumulativ
 
 
 def profile_shares(path: Path, days: float, jobs: int, seed: int, cost: str) -> dict[str, Any]:
-    """One cost model's replay of the first ``days`` under cProfile: the share of its time
-    inside each of :data:`PROFILED` (cumulative, so they overlap; cProfile's own overhead
-    weighs on the many small calls)."""
+    """One cost model's replay of the first ``days`` under cProfile (the replay only, not the
+    reading of the trace): the share of its time inside each of :data:`PROFILED`
+    (cumulative, so they overlap; cProfile's own overhead weighs on the many small calls)."""
     import cProfile
     import pstats
 
     prof = cProfile.Profile()
-    prof.enable()
-    what_if(WhatIfOptions(trace=str(path), jobs=jobs, seed=seed, days=days,
-                          cost_models=(cost,)), workers=1)
-    prof.disable()
+    inner = whatif_module.replay
+
+    def profiled(*a: Any, **k: Any) -> Any:  # the replay only: its share is what is asked
+        prof.enable()
+        try:
+            return inner(*a, **k)
+        finally:
+            prof.disable()
+
+    whatif_module.replay = profiled
+    try:
+        what_if(WhatIfOptions(trace=str(path), jobs=jobs, seed=seed, days=days,
+                              cost_models=(cost,)), workers=1)
+    finally:
+        whatif_module.replay = inner
     stats: Any = pstats.Stats(prof)
     total = max((ct for (_, _, fn), (_, _, _, ct, _) in stats.stats.items()
                  if fn == "replay"), default=0.0)
@@ -161,6 +203,18 @@ def split_cpu(path: Path, jobs: int, seed: int, cost: str) -> dict[str, Any]:
             "rest_cpu_s": round(total - spent["handle"] - spent["backend"], 3)}
 
 
+def side_work(path: Path, profile_days: float, jobs: int, seed: int
+              ) -> tuple[float, int, dict[str, Any] | None]:
+    """What the bench measures beside the timed what-if: the wall seconds of parsing the file
+    alone, its run count, and the profile (:func:`profile_shares`, none for 0 days)."""
+    t0 = time.perf_counter()
+    runs = len(read_accounting(path).runs)
+    parse_s = time.perf_counter() - t0
+    profile = profile_shares(path, profile_days, jobs, seed, "restart") \
+        if profile_days > 0 else None
+    return parse_s, runs, profile
+
+
 def makespan(cpu_s: list[float], workers: int, cores: int | None = None) -> float:
     """Wall seconds of replays taking ``cpu_s`` each in ``workers`` processes on ``cores`` idle
     cores (all of them when ``None``), handed out in order to the first free process (as the
@@ -180,6 +234,21 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
         "cost_models": {c: {k: v for k, v in m.items()
                             if k not in ("replay_wall_s", "replay_cpu_s", "shortcuts_checked")}
                         for c, m in report["cost_models"].items()}}
+
+
+def _took(cpus: list[float], workers: int, beside: bool) -> str:
+    """The replays' CPU seconds and the wall time they need on idle cores, in words;
+    ``beside``: the parse and the profile ran in another process meanwhile."""
+    cores = os.cpu_count() or 1
+    idle = f"{cores} idle core{'s' if cores != 1 else ''}"
+    same = "(wall time above that is other processes on the same cores)"
+    text = (f"it took {cpus[0]:.0f} CPU seconds here {same}, so about {cpus[0]:.0f} s on {idle}"
+            if len(cpus) == 1 else
+            f"they took {min(cpus):.0f}–{max(cpus):.0f} CPU seconds each here {same}, so "
+            f"{len(cpus)} cost models in {workers} process{'es' if workers != 1 else ''} need "
+            f"about {makespan(cpus, workers):.0f} s on {idle}")
+    return text + ("; the parse alone and the profile below ran in another process meanwhile."
+                   if beside else ".")
 
 
 def _stamp(t: float) -> str:
@@ -219,15 +288,25 @@ def main() -> int:
         t0 = time.perf_counter()
         jobs = write_sacct(path, args.nodes, args.days, args.load, args.seed)
         gen_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        log = read_accounting(path)
-        parse_s = time.perf_counter() - t0
-        result = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed,
-                                       cost_models=models),
-                         workers=args.workers)
+        side_args = (path, args.profile_days, args.jobs, args.seed)
+        # The parse alone and the profile run in another process beside the what-if where
+        # that leaves a core idle: the what-if's replays in this process, two cores or more.
+        replays = len(models) or 1
+        in_process = replays == 1 or (args.workers if args.workers is not None
+                                      else default_workers(replays)) == 1
+        aside = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context()) \
+            if in_process and (os.cpu_count() or 1) >= 2 else None
+        try:
+            side = aside.submit(side_work, *side_args) if aside is not None else None
+            result = what_if(WhatIfOptions(trace=str(path), jobs=args.jobs, seed=args.seed,
+                                           cost_models=models), workers=args.workers,
+                             progress=Progress(1, sys.stderr, name="what-if"))
+            parse_s, runs, profile = side.result() if side is not None else \
+                side_work(*side_args)
+        finally:
+            if aside is not None:
+                aside.shutdown()
         size_mb = path.stat().st_size / 1e6
-        profile = profile_shares(path, args.profile_days, args.jobs, args.seed, "restart") \
-            if args.profile_days > 0 else None
         split = split_cpu(path, args.jobs, args.seed, "restart") if args.split else None
         if split is not None:
             print(f"split: {split}", file=sys.stderr)
@@ -245,7 +324,7 @@ def main() -> int:
     report = result.report
     out = {"nodes": args.nodes, "days": args.days, "load": args.load, "sacct_jobs": jobs,
            "sacct_mb": round(size_mb, 1), "generate_s": round(gen_s, 1),
-           "parse_s": round(parse_s, 2), "runs": len(log.runs),
+           "parse_s": round(parse_s, 2), "runs": runs,
            "trace_steps": result.trace.steps, "read_s": round(report["timing_s"]["read"], 2),
            "replays_s": round(report["timing_s"]["replays"], 1),
            "total_s": round(report["timing_s"]["total"], 1),
@@ -278,13 +357,14 @@ def main() -> int:
             "nodes that free up first) read and replayed by `malletrain admin what-if"
             + (" --compare`, the " if args.compare else "` (its default: the site's own cost "
                "model only, `inplace` here as no run held a GPU), the ")
-            + f"cost models in {workers} process{'es' if workers != 1 else ''} "
-            + ("(the default: one per cost model on two cores or more)." if args.workers is None
-               else f"(`--workers {args.workers}`)."),
+            + (f"cost models in {workers} process{'es' if workers != 1 else ''} "
+               + ("(the default: one per cost model on two cores or more)."
+                  if args.workers is None else f"(`--workers {args.workers}`).")
+               if len(models) > 1 else "replay in this process."),
             "",
             "| step | wall s | CPU s |",
             "| --- | ---: | ---: |",
-            f"| parse sacct -P ({len(log.runs):,} runs) | {parse_s:.2f} | |",
+            f"| parse sacct -P ({runs:,} runs) | {parse_s:.2f} | |",
             f"| read into a trace, parse included ({result.trace.steps:,} event times) | "
             f"{report['timing_s']['read']:.2f} | |",
             *(f"| replay, {c} cost model ({m['replans']:,} re-plans) | "
@@ -293,13 +373,9 @@ def main() -> int:
             "",
             f"Each replay is the production engine taking every event of the month (the "
             f"backend's node changes, the jobs' progress reports every 300 s, a re-plan "
-            f"wherever the engine calls for one); they took {min(cpus):.0f}–{max(cpus):.0f} "
-            f"CPU seconds each here (wall time above that is other processes on the same "
-            f"cores), so {len(cpus)} cost models in {workers} process"
-            f"{'es' if workers != 1 else ''} need about {makespan(cpus, workers):.0f} s on "
-            f"{os.cpu_count()} idle core{'s' if os.cpu_count() != 1 else ''}. The engine's "
-            "work per event is the daemon's own, so the shares below are where a faster month "
-            "has to come from: above all the allocator's solve at each re-plan.",
+            f"wherever the engine calls for one); {_took(cpus, workers, aside is not None)} "
+            "The engine's work per event is the daemon's own, so the shares below are where a "
+            "faster month has to come from: above all the allocator's solve at each re-plan.",
             *([] if profile is None else [
                 "",
                 f"Where a replay's time goes (the restart model over the first "

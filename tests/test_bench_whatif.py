@@ -36,3 +36,17 @@ def test_split_counts_each_part_once_and_puts_the_engine_back(tmp_path) -> None:
     assert abs(sum(split[k] for k in parts) - split["total_cpu_s"]) < 0.05
     assert (Engine._replan, Engine.handle_many, SimBackend.poll,
             SimBackend.execute) == before
+
+
+def test_the_generators_hostlists_are_folds() -> None:
+    """bench.whatif writes each job's nodes with its own folding; it is ClusterShell's."""
+    import numpy as np
+
+    from bench.whatif import _fold_nids
+    from malletrain_core.hostlist import fold
+
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 3, 17, 400, 4000):
+        picked = sorted(rng.choice(4000, size, replace=False).tolist())
+        assert _fold_nids(picked) == fold(f"nid{i:04d}" for i in picked)
+    assert _fold_nids([0, 1, 2, 5, 9999]) == "nid[0000-0002,0005,9999]"

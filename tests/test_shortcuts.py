@@ -67,8 +67,66 @@ def test_a_small_replay_takes_the_shortcuts_and_the_checks_pass() -> None:
     taken = dict(shortcuts.counts)
     plain = replay(trace, jobs, "malletrain", seed=1)
     assert taken.get("learning.unchanged", 0) > 100 and taken.get("dp.bound", 0) > 10
+    for name in ("dp.tops", "placement.moves", "curves.in_range", "monitor.followed"):
+        assert taken.get(name, 0) > 10, (name, taken)
     assert (checked.net_samples, checked.rescales, checked.node_seconds) == \
         (plain.net_samples, plain.rescales, plain.node_seconds)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=8),
+       st.dictionaries(st.integers(1, 80), st.floats(0.0, 200.0), max_size=6),
+       st.floats(0.5, 2.0), st.booleans())
+def test_a_prior_scaled_in_its_own_order_is_the_general_scaling(
+        values: list[float], measured: dict[int, float], factor: float, spread: bool) -> None:
+    """corrected_curve's usual case (every measured scale inside the prior's range, the
+    prior's scales increasing) builds the curve in the prior's order: the same curve as the
+    general scaling by a dict of points, sorted."""
+    from malletrain_core.engine.curves import _increasing, _scaled
+
+    nodes = tuple((3 if spread else 1) * (i + 1) for i in range(len(values)))
+    prior = Curve(nodes, tuple(values))
+    ks = sorted(measured)
+    inside = [k for k in ks if nodes[0] <= k <= nodes[-1]]
+    assert _increasing(prior)
+    fast = Curve(prior.nodes, tuple([max(0.0, float(p * factor)) for p in prior.throughput]))
+    if len(inside) == len(ks):
+        assert _scaled(prior, factor, measured, ks, inside) == fast
+    assert not _increasing(Curve((2, 1), (1.0, 2.0)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 8)), min_size=1, max_size=5),
+       st.integers(0, 10), st.integers(0, 3))
+def test_placing_the_moving_jobs_only_is_placing_them_among_all(
+        jobs: list[tuple[int, int]], idle: int, groups: int) -> None:
+    """place_moves (the jobs whose count changes) gives those jobs the nodes place gives them
+    with every job, and the other jobs keep their nodes there."""
+    from malletrain_core.allocator.placement import place, place_moves
+    from malletrain_core.model import Node
+
+    holding: dict[str, set[str]] = {}
+    known: dict[str, Node] = {}
+    counts: dict[str, int] = {}
+    n = 0
+    for i, (held, want) in enumerate(jobs):
+        names = {f"n{n + k:03d}" for k in range(held)}
+        n += held
+        holding[f"j{i}"] = names
+        known.update((m, Node(m, f"g{int(m[1:]) % (groups + 1)}", float(int(m[1:]) % 7)))
+                     for m in names)
+        counts[f"j{i}"] = want
+    free = [Node(f"n{n + k:03d}", f"g{k % (groups + 1)}", None if k % 3 else 5.0)
+            for k in range(idle)]
+    need = sum(max(0, counts[j] - len(holding[j])) for j in counts)
+    spare = idle + sum(max(0, len(holding[j]) - counts[j]) for j in counts)
+    if need > spare:
+        return
+    full = place(counts, {j: tuple(v) for j, v in holding.items()}, free, known)
+    moved = place_moves(counts, holding, free, known)
+    assert moved == {j: v for j, v in full.items() if counts[j] != len(holding[j])}
+    assert all(set(full.get(j, ())) == holding[j] for j in counts
+               if counts[j] == len(holding[j]))
 
 
 def test_a_mismatch_is_refused_by_name() -> None:

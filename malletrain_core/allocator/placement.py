@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from .. import shortcuts
 from ..errors import ValidationError
 from ..model import Node
 
@@ -36,7 +37,7 @@ def place(counts: Mapping[str, int], current: Mapping[str, Sequence[str]],
         info[n.name] = n
         pool.append(n)
     held = {name for nodes in current.values() for name in nodes}
-    if any(n.name in held for n in pool):
+    if not held.isdisjoint([n.name for n in pool]):
         dup = sorted(n.name for n in pool if n.name in held)
         raise ValidationError("placement", "free", f"node(s) {dup[:5]} are both free and held")
 
@@ -73,8 +74,9 @@ def place(counts: Mapping[str, int], current: Mapping[str, Sequence[str]],
     available: dict[str | None, list[Node]] = defaultdict(list)
     for node in pool:
         available[node.group].append(node)
-    for group_nodes in available.values():
-        group_nodes.sort(key=lambda n: (-_life(n), n.name))
+    for group_nodes in available.values():  # _life inlined: every free node, every re-plan
+        group_nodes.sort(key=lambda n: (-(math.inf if n.remaining_s is None else n.remaining_s),
+                                        n.name))
 
     for job in growers:
         mine = result.setdefault(job, [])
@@ -93,3 +95,22 @@ def place(counts: Mapping[str, int], current: Mapping[str, Sequence[str]],
             own_groups.add(group)
             need -= len(take)
     return {job: tuple(sorted(nodes)) for job, nodes in result.items() if nodes}
+
+
+def place_moves(counts: Mapping[str, int], holding: Mapping[str, Collection[str]],
+                free: Sequence[Node], known: Mapping[str, Node] | None = None
+                ) -> dict[str, tuple[str, ...]]:
+    """:func:`place` for the jobs whose count differs from the nodes they hold (``holding``:
+    job → its nodes), the node map of those jobs only.
+
+    The same as :func:`place` over every job, for them: a job whose count stays keeps all its
+    nodes and releases none, so it adds nothing to the nodes handed out, and a grower's
+    preferences read only its own nodes and the pool. The engine re-plans with every running
+    job, while a re-plan moves a few: this spares placement every held node each time.
+    """
+    moved = {job: k for job, k in counts.items() if k != len(holding.get(job, ()))}
+    result = place(moved, {job: tuple(holding.get(job, ())) for job in moved}, free, known)
+    if shortcuts.CHECKED:
+        full = place(counts, {job: tuple(nodes) for job, nodes in holding.items()}, free, known)
+        shortcuts.check("placement.moves", result, {j: n for j, n in full.items() if j in moved})
+    return result

@@ -120,7 +120,7 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
     ``extrapolate`` the result continues above the largest known scale (:func:`extrapolated`);
     without measurements the prior is returned as it is.
     """
-    ks = sorted(k for k in measured if k >= 1)
+    ks = sorted([k for k in measured if k >= 1])
     if not ks:
         return prior
     inside = [k for k in ks if prior.nodes and prior.nodes[0] <= k <= prior.nodes[-1]]
@@ -134,11 +134,17 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
             shortcuts.check("curves.prior_value", p, prior.at(k))
         if p > 0:
             ratios.append(measured[k] / p)
-    factor = float(median(ratios)) if ratios else 0.0  # numpy's median, without its overhead
+    # statistics.median's own arithmetic, without its call
+    ordered = sorted(ratios)
+    n = len(ordered)
+    factor = float(ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2) \
+        if n else 0.0
+    if shortcuts.CHECKED and n:
+        shortcuts.check("curves.median", factor, float(median(ratios)))
     # |r / factor − 1| is monotone in r (rounding included), so every ratio is within AGREE
     # exactly when the smallest and the largest are.
-    agree = factor > 0 and all(abs(r / factor - 1.0) <= AGREE
-                               for r in (min(ratios), max(ratios)))
+    agree = factor > 0 and abs(min(ratios) / factor - 1.0) <= AGREE \
+        and abs(max(ratios) / factor - 1.0) <= AGREE
     if shortcuts.CHECKED and factor > 0:
         shortcuts.check("curves.agree", agree,
                         all(abs(r / factor - 1.0) <= AGREE for r in ratios))
@@ -147,10 +153,16 @@ def corrected_curve(prior: Curve, measured: Mapping[int, float],
         # prior with: it stays as it is (a factor against its flat continuation would scale
         # the whole curve by how much the job gains above the prior's top scale).
         factor = factor if agree else 1.0
-        points = {k: p * factor for k, p in zip(prior.nodes, prior.throughput)}
-        points.update((k, measured[k]) for k in ks if k not in inside)
-        nodes = sorted(points)
-        curve = Curve(tuple(nodes), tuple(max(0.0, float(points[k])) for k in nodes))
+        if len(inside) == len(ks) and _increasing(prior):
+            # Every measured scale inside the prior's range, whose scales are sorted: the
+            # points are the prior's own, in its order (a report's usual case).
+            curve = Curve(prior.nodes, tuple([max(0.0, float(p * factor))
+                                              for p in prior.throughput]))
+            if shortcuts.CHECKED:
+                shortcuts.check("curves.in_range", curve,
+                                _scaled(prior, factor, measured, ks, inside))
+        else:
+            curve = _scaled(prior, factor, measured, ks, inside)
     else:
         curve = _per_scale(prior, measured, ks, inside)
     return extrapolated(curve) if extrapolate else curve
@@ -171,6 +183,35 @@ def _prior_values(prior: Curve) -> dict[int, float]:
     values: dict[int, float] = {}
     _PRIOR_VALUES[id(prior)] = (prior, values)
     return values
+
+
+def _scaled(prior: Curve, factor: float, measured: Mapping[int, float], ks: list[int],
+            inside: list[int]) -> Curve:
+    """``prior`` times ``factor``, with the measured scales ``ks`` outside its range
+    (those not ``inside``) at their measured values."""
+    points = {k: p * factor for k, p in zip(prior.nodes, prior.throughput)}
+    points.update((k, measured[k]) for k in ks if k not in inside)
+    nodes = sorted(points)
+    return Curve(tuple(nodes), tuple(max(0.0, float(points[k])) for k in nodes))
+
+
+_INCREASING: dict[int, tuple[Curve, bool]] = {}
+"""id(prior) -> (prior, whether its scales are strictly increasing), for
+:func:`corrected_curve`'s usual case."""
+
+
+def _increasing(prior: Curve) -> bool:
+    """Whether ``prior.nodes`` is strictly increasing (so ``sorted`` of a dict keyed by them
+    is the tuple itself), remembered per prior as :func:`_prior_values` is."""
+    hit = _INCREASING.get(id(prior))
+    if hit is not None and hit[0] is prior:
+        return hit[1]
+    if len(_INCREASING) >= 256:
+        _INCREASING.clear()
+    nodes = prior.nodes
+    increasing = all(a < b for a, b in zip(nodes, nodes[1:]))
+    _INCREASING[id(prior)] = (prior, increasing)
+    return increasing
 
 
 def _per_scale(prior: Curve, measured: Mapping[int, float], ks: list[int],

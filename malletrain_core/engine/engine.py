@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import events as ev
 from ..allocator.lifetime import solve as lifetime_solve
-from ..allocator.placement import place
+from ..allocator.placement import place_moves
 from ..errors import SolverError, ValidationError
 from ..model import Curve, Node, Problem
 from .config import EngineConfig, EngineStats, JobPhase, JobView, Policy
@@ -152,13 +152,13 @@ class Engine:
         actions: list[ev.Action] = []
         replan = False
         for event in events:
-            if not isinstance(event, ev.Event) or not math.isfinite(event.time):
+            if not isinstance(event, ev.Event) or not math.isfinite(t := event.time):
                 raise ValidationError(f"engine {self.name!r}", "event",
                                       f"{event!r} is not a malletrain_core.events event with a "
                                       "finite time; send one of those classes")
-            if event.time > self._now > -math.inf:  # node-seconds harvested since then
-                self._stats.held_node_s += len(self._pool.owner) * (event.time - self._now)
-            self._now = max(self._now, float(event.time))
+            if t > self._now > -math.inf:  # node-seconds harvested since then
+                self._stats.held_node_s += len(self._pool.owner) * (t - self._now)
+            self._now = max(self._now, float(t))
             replan |= self._apply(event, actions)
         if replan:
             actions.extend(self._replan(self._now))
@@ -181,9 +181,15 @@ class Engine:
             self._stats.forgotten += 1
 
     def _apply(self, event: ev.Event, out: list[ev.Action]) -> bool:
+        # The most frequent kinds first (reports, then a worker's confirmation per node moved);
+        # no event class derives from another, so the order decides nothing else.
         if isinstance(event, ev.ProgressReport):
             self._monitor.report(event)
             return self._advisor.report_due(event.job_id, event.time)
+        if isinstance(event, ev.WorkerStarted):
+            return False
+        if isinstance(event, ev.WorkerStopped):
+            return self._on_worker_stopped(event)
         if isinstance(event, ev.NodesIdle):
             return self._pool.offer(event.nodes, event.time)
         if isinstance(event, ev.NodesReclaimed):
@@ -192,12 +198,8 @@ class Engine:
             return self._on_submitted(event)
         if isinstance(event, ev.JobEnded):
             return self._on_ended(event, out)
-        if isinstance(event, ev.WorkerStopped):
-            return self._on_worker_stopped(event)
         if isinstance(event, ev.Tick):
             return self._advisor.due(event.time)
-        if isinstance(event, ev.WorkerStarted):
-            return False
         raise ValidationError(f"engine {self.name!r}", "event",
                               f"unknown event type {type(event).__name__}; send one of the "
                               "malletrain_core.events classes")
@@ -338,15 +340,16 @@ class Engine:
         counts = checked_counts(problem, solution)
         if all(counts[j.id] == j.current_nodes for j in jobs):
             return
-        current = {job.id: tuple(job.nodes) for job in running}
-        known = {name: self._pool.node(name, now) for job in running
-                 if counts[job.id] < len(job.nodes) for name in job.nodes}
-        free = [self._pool.node(name, now) for name in self._pool.free]
+        moved = [job for job in running if counts[job.id] != len(job.nodes)]  # place_moves
+        shrinking = [name for job in moved if counts[job.id] < len(job.nodes)
+                     for name in job.nodes]
+        known = dict(zip(shrinking, self._pool.nodes(shrinking, now)))
+        free = self._pool.nodes(self._pool.free, now)
         if lives is not None:  # placement keeps and hands out the longest predicted lives
             known = {n: Node(n, node.group, lives[n][0]) for n, node in known.items()}
             free = [Node(node.name, node.group, lives[node.name][0]) for node in free]
-        result = place(counts, current, free, known)
-        targets = [(job.id, job, set(result.get(job.id, ()))) for job in running]
+        result = place_moves(counts, {job.id: job.nodes for job in running}, free, known)
+        targets = [(job.id, job, set(result.get(job.id, ()))) for job in moved]
         for jid, job, new in targets:  # every release first: growers take released nodes
             for name in job.nodes - new:
                 self._pool.release(jid, name)
@@ -384,10 +387,8 @@ class Engine:
             if added:
                 # One grow per time limit: a node without a hole end (or with a long one) is
                 # not held back by another node's short hole, which the backend may refuse.
-                by_limit: dict[float, list[str]] = {}
-                for name in sorted(added):
-                    by_limit.setdefault(self._pool.time_limit(
-                        (name,), now, self.config.default_time_limit_s), []).append(name)
+                by_limit = self._pool.by_time_limit(sorted(added), now,
+                                                    self.config.default_time_limit_s)
                 grows += [ev.Grow(jid, tuple(names), limit)
                           for limit, names in sorted(by_limit.items(), reverse=True)]
             self._monitor.rescale(jid, now, len(job.nodes))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from .. import shortcuts
 from ..events import ProgressReport
 
 COST_HISTORY = 8
@@ -47,6 +48,10 @@ class _Segment:
     settled: bool = False
     anchor: float | None = None
     others: dict[int, float] = field(default_factory=dict)
+    followed: float | None = field(default=None, compare=False)
+    """The drift ratio the other scales' estimates were last set to in this segment (only
+    :meth:`Monitor._follow_drift` writes them while it lasts): the same ratio again would
+    write the same values. Not state: without it they are written once more."""
 
     @property
     def span_s(self) -> float:
@@ -177,7 +182,7 @@ class Monitor:
             seg.settled = True  # the interval right after the restart has left the window
         size = seg.size
         rate = seg.win_ds / seg.win_dt
-        if seg.span_s >= self.window_s:
+        if event.time - seg.t0 >= self.window_s:  # seg.span_s (last_t is the event's time)
             track.full.add(size)
             track.rates[size] = rate
             track.version += 1
@@ -201,8 +206,14 @@ class Monitor:
         ratio = rate / seg.anchor
         if abs(ratio - 1.0) <= DRIFT_THRESHOLD:
             ratio = 1.0
+        if ratio == seg.followed:  # every report of a job that does not drift: nothing new
+            if shortcuts.CHECKED:
+                shortcuts.check("monitor.followed", {k: track.rates[k] for k in seg.others},
+                                {k: base * ratio for k, base in seg.others.items()})
+            return
         for k, base in seg.others.items():
             track.rates[k] = base * ratio
+        seg.followed = ratio
 
     def _close_rescale(self, track: _Track, time: float) -> None:
         if track.pending_since is None:

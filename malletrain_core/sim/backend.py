@@ -65,6 +65,9 @@ class SimBackend(Backend):
         self.confirmations = confirmations
         self._names = trace.node_names
         self._ends = reclaim_times(trace) if hole_ends else None
+        self._open = [IdleNode(name) for name in self._names] if self._ends is None else []
+        """Without hole ends, each node's IdleNode is the same value at every offer: built
+        once (a month at 4,000 nodes offers nodes millions of times)."""
         self.idle: set[str] = set()
         self.owner: dict[str, str] = {}
         self.held: dict[str, set[str]] = {}
@@ -144,13 +147,13 @@ class SimBackend(Backend):
         events: list[Event] = []
         if self._initial_pending:
             self._initial_pending = False
-            names = [self._names[i] for i in self.trace.initial.tolist()]
+            initial = self.trace.initial.tolist()
+            names = [self._names[i] for i in initial]
             self.idle.update(names)
             if names:
-                ends = [None] * len(names) if self._ends is None else \
-                    self._ends[1][self.trace.initial].tolist()
-                events.append(NodesIdle(self.trace.start, tuple(
-                    IdleNode(n, _end(e)) for n, e in zip(names, ends))))
+                events.append(NodesIdle(self.trace.start, self._offered(
+                    initial, names, None if self._ends is None
+                    else self._ends[1][self.trace.initial].tolist())))
         trace = self.trace
         while self._step < trace.steps and trace.times[self._step] <= now:
             t, added, removed = trace.step(self._step)
@@ -160,12 +163,12 @@ class SimBackend(Backend):
                 self._reclaim(t, gone)
                 events.append(NodesReclaimed(t, tuple(gone)))
             if len(added):
-                fresh = [self._names[i] for i in added.tolist()]
+                indices = added.tolist()
+                fresh = [self._names[i] for i in indices]
                 self.idle.update(fresh)
-                ends = [None] * len(fresh) if self._ends is None else self._step_ends(
-                    self._step - 1)
-                events.append(NodesIdle(t, tuple(
-                    IdleNode(n, _end(e)) for n, e in zip(fresh, ends))))
+                events.append(NodesIdle(t, self._offered(
+                    indices, fresh, None if self._ends is None
+                    else self._step_ends(self._step - 1))))
         while self._heap and self._heap[0][0] <= now:
             t, _, kind, job, version = heapq.heappop(self._heap)
             if kind == _SAMPLE:
@@ -177,6 +180,15 @@ class SimBackend(Backend):
                 if ev is not None:
                     events.append(ev)
         return events
+
+    def _offered(self, indices: list[int], names: list[str],
+                 ends: list[float] | None) -> tuple[IdleNode, ...]:
+        """The IdleNodes of nodes ``indices`` (named ``names``), with their holes' ``ends``
+        where the trace tells them."""
+        if ends is None:
+            opened = self._open
+            return tuple([opened[i] for i in indices])
+        return tuple(IdleNode(n, _end(e)) for n, e in zip(names, ends))
 
     def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
         """Carry out the engine's actions at ``now``; returns worker confirmations."""
@@ -285,11 +297,12 @@ class SimBackend(Backend):
     def _report(self, t: float, job: str) -> Event | None:
         m = self.models[job]
         m.advance(t)
+        restarting = m.restarting  # the noise's draw leaves it as it is
         event = None
-        if not m.restarting:
+        if not restarting:
             event = ProgressReport(t, job, m.progress, m.world, m.epoch)
             m.redraw_noise()
-        self._reschedule(job, t, first=m.restarting)
+        self._reschedule(job, t, first=restarting)
         return event
 
     def _complete(self, t: float, job: str) -> Event | None:

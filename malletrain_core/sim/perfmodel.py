@@ -140,18 +140,17 @@ class JobModel:
         """Net samples under the prototype's cost model."""
         return self.ideal - self.charged - self.rolled_back
 
-    def _effective_s(self, t0: float, t1: float) -> float:
-        """Seconds of full-speed training between ``t0`` and ``t1`` (stall 0, warm-up ½)."""
-        full = max(0.0, t1 - max(t0, self.warm_until))
-        half = max(0.0, min(t1, self.warm_until) - max(t0, self.stall_until))
-        return full + half / 2
-
     def _trained(self, t0: float, t1: float, r: float) -> float:
-        """Samples trained between ``t0`` and ``t1`` at rate ``r`` after the change, plus the
-        old size's rate while in-place joiners start (until ``join_until``)."""
+        """Samples trained between ``t0`` and ``t1`` at rate ``r`` after the change (over the
+        seconds of full-speed training: a stall counts 0, the warm-up ½), plus the old size's
+        rate while in-place joiners start (until ``join_until``). One function, not two: it
+        runs once or twice per report, a million times in a month's replay."""
         old = max(0.0, min(t1, self.join_until) - max(t0, self.members_from)) * \
             self.prev_rate * self.factor
-        return r * self._effective_s(t0, t1) + old
+        warm_until = self.warm_until
+        full = max(0.0, t1 - max(t0, warm_until))
+        half = max(0.0, min(t1, warm_until) - max(t0, self.stall_until))
+        return r * (full + half / 2) + old
 
     def _rate_now(self) -> float:
         """The true rate (noise aside) the job trains at this instant: the old size's while
@@ -168,7 +167,7 @@ class JobModel:
         if dt <= 0:
             return
         self.node_s += self.world * dt
-        r = self.rate()
+        r = self.true_rate() * self.factor  # self.rate(), one call less per report
         if r > 0 or self.t < self.join_until:
             self.ideal += r * dt
             interval = self.params.checkpoint_interval_s
