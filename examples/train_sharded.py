@@ -16,13 +16,15 @@ one-process training:
     python train_sharded.py --steps 20
 
 Each logged step prints one line, e.g.
-``step=10 epoch=1 world=4 rank=0 samples=1280 loss=8.3012``.
+``step=10 epoch=1 world=4 rank=0 samples=1280 loss=8.3012 t=1796543210.123 copies=None``
+(``t``: the wall-clock time, which bench/sharded.py times the changes by).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import torch
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             params = sum(p.numel() for p in el.model.parameters())
             print(f"start step={step} epoch={session.epoch} world={el.world} rank={el.rank} "
                   f"mode={args.mode} params={params} reform_s="
-                  f"{el.changes[-1]['reform_s'] if el.changes else 0} moved={el.sharding.moved}",
+                  f"{el.changes[-1]['reform_s'] if el.changes else 0} t={time.time():.3f} "
+                  f"moved={el.sharding.moved}",
                   flush=True)
         with el.guard():  # a step failed by a lost peer is dropped and run again
             # every rank its own sequences, reproducible (random tokens: a stand-in corpus)
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             if (step + 1) % args.log_every == 0:
                 print(f"step={step + 1} epoch={session.epoch} world={el.world} rank={el.rank} "
                       f"samples={int(session.samples)} loss={loss.item():.4f} "
-                      f"copies={el.sharding.copies.last}", flush=True)
+                      f"t={time.time():.3f} copies={el.sharding.copies.last}", flush=True)
     el.save()  # the last checkpoint (DCP, every rank); periodic ones are Elastic's
     print(f"done step={el.step} world={el.world} rank={el.rank}", flush=True)
     el.close()

@@ -12,11 +12,9 @@ training process is the one that was running before (the launcher started it onc
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +26,12 @@ from test_inplace_slurm import SETTINGS, STANDIN, nodes_of, prod
 from devtools.localcluster import LocalCluster
 from devtools.localcluster.daemon import LocalDaemon
 from devtools.runlogs.inplace_logs import daemon_epochs
+from devtools.runlogs.sharded_logs import InNodes, sharded_log
 
 pytestmark = [pytest.mark.torch]
 
 SMALL = ["--vocab", "512", "--dim", "64", "--layers", "2", "--heads", "2", "--seq", "16",
          "--batch", "4", "--log-every", "2", "--steps", "0", "--checkpoint-every-s", "3600"]
-# not anchored: a node's processes share one output file, and two lines written at once can
-# end up on one line (seen with two processes per node)
-START = re.compile(r"start step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) mode=(\w+) "
-                   r"params=\d+ reform_s=\S+ moved=(\{[^{}]*\})")
-STEP = re.compile(r"(?<!\S)step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) samples=\S+ loss=\S+")
 
 daemons = pytest.fixture(daemons_fixture, name="daemons")
 
@@ -45,53 +39,6 @@ daemons = pytest.fixture(daemons_fixture, name="daemons")
 @pytest.fixture
 def daemon(daemons: Callable[..., LocalDaemon]) -> LocalDaemon:
     return daemons(SETTINGS)
-
-
-@dataclass
-class ShardedLog:
-    """The example's lines in a job's output files: each epoch's start lines by rank (their
-    ``moved``) and the ranks and world its step lines show."""
-
-    starts: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
-    steps: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
-
-    def latest(self) -> tuple[int, int, set[int]] | None:
-        """(newest epoch with steps, its world, the ranks seen in it), for wait_consistent:
-        one task is one node, so the ranks are counted in nodes."""
-        if not self.steps:
-            return None
-        epoch = max(self.steps)
-        rows = self.steps[epoch]
-        return epoch, max(w for _, w, _ in rows), {r for _, _, r in rows}
-
-
-def sharded_log(outdir: Path, job: str) -> ShardedLog:
-    """The example's start and step lines in ``job``'s output files."""
-    log = ShardedLog()
-    for path in sorted(outdir.glob(f"task-{job}_*.out")):
-        text = path.read_text(errors="replace")
-        for m in START.finditer(text):
-            epoch, rank = int(m.group(2)), int(m.group(4))
-            log.starts.setdefault(epoch, {})[rank] = ast.literal_eval(m.group(6))
-        for m in STEP.finditer(text):
-            step, epoch, world, rank = map(int, m.groups())
-            log.steps.setdefault(epoch, []).append((step, world, rank))
-    return log
-
-
-@dataclass
-class InNodes:
-    """:meth:`ShardedLog.latest` counted in nodes (``nproc`` ranks each), for wait_consistent."""
-
-    log: ShardedLog
-    nproc: int
-
-    def latest(self) -> tuple[int, int, set[int]] | None:
-        got = self.log.latest()
-        if got is None:
-            return None
-        epoch, world, ranks = got
-        return epoch, world // self.nproc, {r // self.nproc for r in ranks}
 
 
 def read_sharded(nproc: int) -> Callable[[Path, str], Any]:
