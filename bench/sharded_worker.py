@@ -1,5 +1,6 @@
-"""The training process of bench/sharded_reference.py: tests/workers/sharded_train.py's model,
-batch and step, repeated here (a bench takes nothing from tests/): every rank trains on the same
+"""The training process of bench/sharded_reference.py, and the model, optimizer and digest that
+tests/workers/sharded_train.py imports from here (a bench takes nothing from tests/, so the
+pieces live here), with that worker's batch and step: every rank trains on the same
 batch, and each step's line carries the digest of the FULL state at its start (every parameter
 and optimizer state gathered), comparable across layouts. Added: ``--save-at-end``, after its
 last step the group writes a DCP checkpoint, from which the next segment of a save-and-restart

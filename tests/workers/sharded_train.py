@@ -13,8 +13,6 @@ import argparse
 import contextlib
 import faulthandler
 import fcntl
-import hashlib
-import json
 import os
 import signal
 import sys
@@ -24,55 +22,8 @@ import torch
 from inplace_train import Position  # this folder's: the sampler position, handed over
 from torch import nn
 
+from bench.sharded_worker import build, emit, full_digest, make_optimizer  # one model for both
 from malletrain_core.worker import sharded, training
-
-
-def emit(record: dict) -> None:
-    os.write(sys.stdout.fileno(), (json.dumps(record) + "\n").encode())
-
-
-class Net(nn.Module):
-    """Rows uneven at every world (13, 7, 3), a LayerNorm and a buffer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(6, 13)
-        self.norm = nn.LayerNorm(13)
-        self.b = nn.Linear(13, 7)
-        self.c = nn.Linear(7, 3)
-        self.register_buffer("scale", torch.tensor([0.5, 2.0, 1.0]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c(torch.relu(self.b(torch.relu(self.norm(self.a(x)))))) * self.scale
-
-
-def build(mesh: object) -> nn.Module:
-    from torch.distributed.fsdp import fully_shard
-
-    model = Net()
-    for part in (model.a, model.b, model.c):
-        fully_shard(part, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
-
-
-def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-
-
-def full_digest(el: sharded.Elastic) -> str:
-    """The digest of every parameter and optimizer state, gathered whole (a collective)."""
-    from torch.distributed.tensor import DTensor
-
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for name, p in el.model.named_parameters():
-            tensors = {"p": p, **el.optimizer.state.get(p, {})}
-            for k in sorted(tensors):
-                t = tensors[k]
-                t = t.full_tensor() if isinstance(t, DTensor) else t
-                h.update(f"{name}/{k}".encode())
-                h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def main() -> int:
