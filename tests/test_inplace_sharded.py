@@ -279,3 +279,40 @@ def test_fsdp_member_lost_without_warning_reads_the_last_checkpoint(fsdp, tmp_pa
     saved = {c for p in (a.procs[0], b.procs[0]) for r in p.steps() for c in r["checkpoints"]}
     assert resumed[0] is not None and resumed[0] in saved, (resumed, saved)
     finish(d, tmp_path, disk=True)
+
+
+@pytest.mark.parametrize("mode", ["hsdp", "fsdp"])
+def test_a_layout_seen_before_with_other_ranks_gets_the_new_groups(tmp_path, mode):
+    """Three nodes, then two (a planned shrink: the survivors are ranks 0 and 1 now, 1 and 2
+    before), then three again with a new node last: the new mesh equals the first epoch's
+    (same shape, same ranks, same dimension names), which torch's DTensor sharding cache held
+    on to; a model rebuilt through that cache came back on the OLD mesh, with the old epoch's
+    group names and this rank's old coordinate (real Slurm, bench.sharded: HSDP's first step
+    failed "Could not resolve the process group registered under the name 4"; FSDP's next
+    planned shrink "old_ranks [0, 1, 2] puts rank 0 at shard 0, but its mesh gives it shard
+    1"). Each change rebuilds on its own mesh: the grow trains, a planned shrink after it
+    re-shards in memory, and every process holds the same full state at every step."""
+    d = Driver(tmp_path / "job", mode, 2 if mode == "hsdp" else 1)
+    d.tmp.mkdir()
+    try:
+        a, b, c = (d.start(n) for n in "abc")
+        d.wait_trained(d.change([a, b, c]), 3)
+        d.wait_trained(d.change([b, c]), 3)                 # planned shrink: b, c now 0, 1
+        x = d.start("x")
+        e3 = d.change([b, c, x])                              # the first epoch's layout again
+        d.wait_trained(e3, 4)
+        e4 = d.change([b, c])                                 # planned shrink after the grow
+        d.wait_trained(e4, 4)
+        for n in (b, c):
+            for p in n.procs:
+                assert len({r["pid"] for r in p.steps()}) == 1, f"{p.name} was restarted"
+                kinds = [ch["change"]["kind"] for ch in changes(p)]
+                assert kinds == ["start", "planned", "planned", "planned"], (p.name, kinds)
+                assert not any(ch["moved"]["from_disk"] for ch in changes(p)[1:]), p.name
+        # three replicas' (or ranks') sums of equal gradients are not exact: no fixed-world
+        # reference, but every process holds one and the same full state at every step
+        finish(d, tmp_path, exact=False)
+        split = {s: v for s, v in digests(d.logs).items() if len(v) != 1}
+        assert not split, f"the ranks' full states differ at steps {sorted(split)}"
+    finally:
+        d.stop()

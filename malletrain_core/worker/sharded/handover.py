@@ -38,7 +38,7 @@ from .buddy import BuddyCopies, choose, restore
 from .exchange import broadcast_bytes
 from .heal import heal_hsdp, step_barrier
 from .reshard import Resharded, adopt, default_bucket_bytes, mesh_of, reshard_fsdp
-from .state import Manifest, local_digest, rebuild, reshard_in_place
+from .state import Manifest, build_seeded, local_digest, rebuild, reshard_in_place
 
 HSDP = "hsdp"
 """Replicas across nodes, shards within a node: a change moves whole replicas."""
@@ -138,12 +138,9 @@ class ShardedHandover:
 
     def _fresh(self, member: Any, mesh: Any) -> None:
         """Build the model for real (seeded) and load the last checkpoint, if any."""
-        import torch
 
         member.model = member.net = member.optimizer = member.scheduler = None  # let go first
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            model = self.build(mesh)
+        model = build_seeded(self.build, mesh, self.seed)
         self._install(member, model, self.make_optimizer(model))
         member.has_state, member.step = False, 0
         member._resume()

@@ -174,13 +174,66 @@ def allocate(model: Any, optimizer: Any, manifest: Manifest) -> dict[str, Any]:
     return local
 
 
+def forget_old_meshes() -> None:
+    """Empty DTensor's sharding caches (torch 2.13: the C++ fast path's and the Python
+    propagator's, this thread's), before a model is built on a new group's mesh.
+
+    A ``DeviceMesh`` equals another of the same shape, ranks and dimension names, whatever
+    group it was made on; the caches, keyed by such meshes, hand back the output specs, and
+    with them the mesh, of an earlier group's op. A model rebuilt after a change whose layout
+    an earlier epoch had (3 nodes, 2, then 3 again) came back on that OLD mesh: its group
+    names no longer resolved (HSDP: "Could not resolve the process group registered under the
+    name 4") and its coordinate was this rank's old one (FSDP's next re-shard refused it).
+    Emptied, the first ops on the new mesh are propagated again (milliseconds)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:
+        native()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cache in (propagator.propagate_op_sharding, propagator._propagate_tensor_meta_cached):
+        clear = getattr(cache, "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+def check_on_mesh(model: Any, mesh: Any) -> None:
+    """Every sharded parameter of ``model`` is on ``mesh`` (or a mesh cut from it), not on an
+    equal one of an earlier group (see :func:`forget_old_meshes`)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    root = mesh._get_root_mesh()
+    for name, p in model.named_parameters():
+        if isinstance(p, DTensor) and p.device_mesh._get_root_mesh() is not root:
+            raise RuntimeError(f"{name} was built on the mesh of an earlier group, not this "
+                               f"group's: DTensor's sharding cache kept it (torch "
+                               f"{torch.__version__}); the node's processes start again")
+
+
+def build_seeded(build: Callable[[Any], Any], mesh: Any, seed: int) -> Any:
+    """The model built for real on ``mesh`` (its parameters initialised), seeded with
+    ``seed``; the global RNG is left as it was."""
+    import torch
+
+    forget_old_meshes()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build(mesh)
+    check_on_mesh(model, mesh)
+    return model
+
+
 def rebuild(build: Callable[[Any], Any], make_optimizer: Callable[[Any], Any], mesh: Any,
             manifest: Manifest, device: Any) -> tuple[Any, Any, dict[str, Any]]:
     """The model sharded on ``mesh`` by the script's ``build`` (on the meta device), given
     memory with ``to_empty``, its optimizer with the manifest's state allocated, and the
     local tensors to fill."""
+    forget_old_meshes()
     model = build(mesh)
     model.to_empty(device=device)
+    check_on_mesh(model, mesh)
     optimizer = make_optimizer(model)
     return model, optimizer, allocate(model, optimizer, manifest)
 
