@@ -316,3 +316,35 @@ def test_a_layout_seen_before_with_other_ranks_gets_the_new_groups(tmp_path, mod
         assert not split, f"the ranks' full states differ at steps {sorted(split)}"
     finally:
         d.stop()
+
+
+def test_hsdp_node_hosting_the_store_lost_after_a_grow_siblings_leave_together(tmp_path):
+    """HSDP, 2 processes per node: 3 nodes, 2, then 3 again (the first survivor hosting the
+    epoch's store), then that node's processes SIGTERMed (a preemption: they exit at once).
+    Of the next node's two processes, one can fail its step on the lost node's closed
+    connection while the other has passed that all-reduce and waits for its sibling in the
+    next unit's reduce-scatter; the one that leaves lets go of the old groups at once, so its
+    sibling's collective fails too (real Slurm, bench.sharded: both waited 60 s at the next
+    epoch's store, then the job read its checkpoint, 58 steps lost). The survivors train on in
+    place within seconds, their replicas equal."""
+    d = Driver(tmp_path / "job", "hsdp", 2)
+    d.tmp.mkdir()
+    try:
+        a, b, c = (d.start(n) for n in "abc")
+        d.wait_trained(d.change([a, b, c]), 3)
+        d.wait_trained(d.change([c, a]), 3)
+        x = d.start("x")
+        d.wait_trained(d.change([c, a, x]), 3)
+        for p in c.procs:                            # the store's node, preempted
+            os.kill(p.popen.pid, signal.SIGTERM)
+        e = d.change([a, x], abandon=True)
+        d.wait_trained(e, 3, timeout=15)             # the collective timeout is 20 s here
+        for n in (a, x):
+            for p in n.procs:
+                assert len({r["pid"] for r in p.steps()}) == 1, f"{p.name} was restarted"
+                assert changes(p)[-1]["change"]["kind"] == "lost", changes(p)[-1]
+                assert not changes(p)[-1]["moved"]["from_disk"], p.name
+        split = {s: v for s, v in digests(d.logs).items() if len(v) != 1}
+        assert not split, f"the ranks' full states differ at steps {sorted(split)}"
+    finally:
+        d.stop()

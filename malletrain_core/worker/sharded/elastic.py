@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from .. import training
 from ..control import local_layout
 from ..inplace.elastic import Elastic as _Elastic
 from .handover import FSDP, ShardedHandover
-from .state import local_digest
+from .state import let_go_of_groups, local_digest
 
 BUDDY_EVERY = 20
 """FSDP: the steps between two refreshes of the buddy copies (:mod:`.buddy`): what a member
@@ -72,6 +73,18 @@ class Elastic(_Elastic):
             self.local_rank, self.local_world = local_layout(os.environ)
             self.sharding.hand_over(self, dist.group.WORLD)
         super()._start()
+
+    def _teardown(self) -> None:
+        """The old model's groups are freed once forgotten, so that a sibling stuck in a
+        collective with this process fails at once (:func:`~.state.let_go_of_groups`); after
+        a failed step in a thread of their own (a group's destructor can wait for an
+        operation FSDP left pending on it; the process then leaves with ``os._exit``)."""
+        taken = let_go_of_groups(self.model) if self.model is not None and self.inplace else []
+        super()._teardown()
+        if taken and (self._step_failed or self._pending.reason is not None):
+            threading.Thread(target=taken.clear, name="malletrain-free-groups",
+                             daemon=True).start()
+        taken = []
 
     # ----- the state --------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

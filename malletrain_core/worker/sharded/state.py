@@ -277,3 +277,42 @@ def reshard_in_place(model: Any) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+
+
+_GROUP_ATTRS = ("shard_process_group", "replicate_process_group",
+                "reduce_scatter_process_group")
+
+
+def let_go_of_groups(model: Any) -> list[Any]:
+    """Take ``model``'s process groups from it (FSDP2's mesh infos, its meshes' registries),
+    once it is resharded, and return them: freed (off the main thread, see
+    :meth:`.elastic.Elastic._teardown`) once torch.distributed forgets them too, a gloo group
+    closes its connections, and a peer waiting in a collective with this process fails at once
+    instead of after the collective timeout. Seen under HSDP: of a node's two processes, one
+    failed its step on the lost node's closed connection and left for the next epoch, the
+    other had passed that all-reduce and waited for its sibling in the next unit's
+    reduce-scatter (60 s on real Slurm, the epoch then given up). The model's local shards
+    stay readable; it runs no collective any more (torch 2.13's attributes; a missing one is
+    skipped)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    reshard_in_place(model)
+    taken: list[Any] = []
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+        for info in (getattr(group, "mesh_info", None),
+                     getattr(group, "post_forward_mesh_info", None)):
+            if info is None:
+                continue
+            for attr in _GROUP_ATTRS:
+                pg = getattr(info, attr, None)
+                if pg is not None:
+                    taken.append(pg)
+                    setattr(info, attr, None)
+            mesh = getattr(info, "mesh", None)
+            registry = getattr(mesh._get_root_mesh(), "_pg_registry", {}) if mesh else {}
+            taken += registry.values()
+            registry.clear()
+    return taken
