@@ -302,6 +302,15 @@ def let_go_of_groups(model: Any) -> list[Any]:
         if not isinstance(module, FSDPModule):
             continue
         group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+        # the collectives FSDP2 left in flight (a prefetched all-gather): their works hold
+        # the groups too (seen: a sibling still waiting after the groups themselves were let go)
+        for attr in ("_all_gather_result", "_all_reduce_state"):
+            if getattr(group, attr, None) is not None:
+                setattr(group, attr, None)
+        ctx = getattr(group, "comm_ctx", None)
+        if ctx is not None and getattr(ctx, "all_gather_state", None) is not None:
+            ctx.all_gather_state = None
+        getattr(ctx, "reduce_scatter_states", []).clear()
         for info in (getattr(group, "mesh_info", None),
                      getattr(group, "post_forward_mesh_info", None)):
             if info is None:
