@@ -329,16 +329,17 @@ def test_hsdp_node_hosting_the_store_lost_after_a_grow_siblings_leave_together(t
     place within seconds, their replicas equal."""
     d = Driver(tmp_path / "job", "hsdp", 2)
     d.tmp.mkdir()
+    slow = ("--collective-timeout-s", "60")   # a sibling left waiting would wait 60 s
     try:
-        a, b, c = (d.start(n) for n in "abc")
+        a, b, c = (d.start(n, args=slow) for n in "abc")
         d.wait_trained(d.change([a, b, c]), 3)
         d.wait_trained(d.change([c, a]), 3)
-        x = d.start("x")
+        x = d.start("x", args=slow)
         d.wait_trained(d.change([c, a, x]), 3)
         for p in c.procs:                            # the store's node, preempted
             os.kill(p.popen.pid, signal.SIGTERM)
         e = d.change([a, x], abandon=True)
-        d.wait_trained(e, 3, timeout=15)             # the collective timeout is 20 s here
+        d.wait_trained(e, 3, timeout=40)             # well within the collective timeout
         for n in (a, x):
             for p in n.procs:
                 assert len({r["pid"] for r in p.steps()}) == 1, f"{p.name} was restarted"

@@ -33,6 +33,7 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--checkpoint-every-s", type=float, default=3600.0)
     p.add_argument("--buddy-every", type=int, default=0)
+    p.add_argument("--collective-timeout-s", type=float, default=20.0)
     args = p.parse_args()
     with contextlib.suppress(OSError):
         fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_APPEND)
@@ -42,7 +43,7 @@ def main() -> int:
     pos = Position()
     el = sharded.Elastic(session, build, make_optimizer, mode=args.mode, extra={"sampler": pos},
                          buddy_every=args.buddy_every,
-                         collective_timeout_s=20, make_scheduler=lambda opt: torch.optim.
+                         collective_timeout_s=args.collective_timeout_s, make_scheduler=lambda opt: torch.optim.
                          lr_scheduler.StepLR(opt, step_size=10_000, gamma=0.5))
     shown = 0
     for step in el.steps(args.steps):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gc
 import os
 import shutil
 import threading
@@ -80,8 +81,11 @@ class Elastic(_Elastic):
         a failed step in a thread of their own (a group's destructor can wait for an
         operation FSDP left pending on it; the process then leaves with ``os._exit``)."""
         taken = let_go_of_groups(self.model) if self.model is not None and self.inplace else []
+        failed = self._step_failed or self._pending.reason is not None
+        if taken and failed:
+            gc.collect()   # a failed collective's traceback frames can hold a group in a cycle
         super()._teardown()
-        if taken and (self._step_failed or self._pending.reason is not None):
+        if taken and failed:
             threading.Thread(target=taken.clear, name="malletrain-free-groups",
                              daemon=True).start()
         taken = []
