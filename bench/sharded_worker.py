@@ -89,6 +89,25 @@ def emit(record: dict[str, object]) -> None:
     os.write(sys.stdout.fileno(), (json.dumps(record) + "\n").encode())
 
 
+def train_step(el: Any, session: Any, pos: Any, step: int) -> tuple[str | None, bool]:
+    """One step on every rank's same batch: (the full-state digest at its start, or None when
+    the step failed before it; whether the step was dropped)."""
+    before = None
+    with el.guard():
+        before = full_digest(el)
+        g = torch.Generator().manual_seed(step * 1009)
+        x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+        loss = nn.functional.mse_loss(el.model(x), y)
+        el.optimizer.zero_grad()
+        loss.backward()
+        el.optimizer.step()
+        el.scheduler.step()
+        pos.pos += 8
+    failed = el._step_failed
+    session.report(samples=0 if failed else 8)
+    return before, failed
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=(sharded.FSDP, sharded.HSDP), required=True)
@@ -109,19 +128,7 @@ def main() -> int:
         for change in el.changes[shown:]:
             emit({"change": change, "moved": el.sharding.moved, "local": el.local_rank})
         shown = len(el.changes)
-        before = None
-        with el.guard():
-            before = full_digest(el)
-            g = torch.Generator().manual_seed(step * 1009)
-            x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
-            loss = nn.functional.mse_loss(el.model(x), y)
-            el.optimizer.zero_grad()
-            loss.backward()
-            el.optimizer.step()
-            el.scheduler.step()
-            pos.pos += 8
-        failed = el._step_failed
-        session.report(samples=0 if failed else 8)
+        before, failed = train_step(el, session, pos, step)
         if args.sleep:
             time.sleep(args.sleep)
         emit({"t": time.time(), "step": step, "failed": failed, "epoch": el.epoch,

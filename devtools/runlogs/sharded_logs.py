@@ -20,6 +20,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .epochs import latest_epoch
+
 START = re.compile(r"start step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) mode=(\w+) "
                    r"params=\d+ reform_s=\S+(?: t=(\d+\.\d+))? moved=(\{[^{}]*\})")
 STEP = re.compile(r"(?<!\S)step=(\d+) epoch=(\d+) world=(\d+) rank=(\d+) samples=\S+ loss=\S+"
@@ -66,11 +68,7 @@ class ShardedLog:
 
     def latest(self) -> tuple[int, int, set[int]] | None:
         """(newest epoch with steps, its world, the ranks seen in it)."""
-        if not self.steps:
-            return None
-        epoch = max(self.steps)
-        rows = self.steps[epoch]
-        return epoch, max(r.world for r in rows), {r.rank for r in rows}
+        return latest_epoch(self.steps)
 
     def trained(self, epoch: int, world: int, steps: int = 2) -> bool:
         """Every rank of a ``world``-wide ``epoch`` printed ``steps`` step lines in it."""

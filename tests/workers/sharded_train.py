@@ -20,9 +20,8 @@ import time
 
 import torch
 from inplace_train import Position  # this folder's: the sampler position, handed over
-from torch import nn
 
-from bench.sharded_worker import build, emit, full_digest, make_optimizer  # one model for both
+from bench.sharded_worker import build, emit, make_optimizer, train_step  # one model for both
 from malletrain_core.worker import sharded, training
 
 
@@ -51,19 +50,7 @@ def main() -> int:
             emit({"change": change, "moved": el.sharding.moved, "t": time.time(),
                   "pid": os.getpid(), "local": el.local_rank})
         shown = len(el.changes)
-        before = None
-        with el.guard():
-            before = full_digest(el)
-            g = torch.Generator().manual_seed(step * 1009)
-            x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
-            loss = nn.functional.mse_loss(el.model(x), y)
-            el.optimizer.zero_grad()
-            loss.backward()
-            el.optimizer.step()
-            el.scheduler.step()
-            pos.pos += 8
-        failed = el._step_failed
-        session.report(samples=0 if failed else 8)
+        before, failed = train_step(el, session, pos, step)
         if args.sleep:
             time.sleep(args.sleep)
         emit({"t": time.time(), "step": step, "failed": failed, "epoch": el.epoch,
