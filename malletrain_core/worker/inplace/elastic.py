@@ -234,7 +234,12 @@ class Elastic(GroupMember):
                 self._settle_retiring(wait=False)
             self._step_failed = False
             self.step_pauses = []
-            yield self.step
+            if self.inplace and self.world > 1 and self._pending.reason is not None:
+                # the heartbeat abandoned this epoch between two steps: no step is started on
+                # a group known lost (a sharded model's collectives could not be abandoned)
+                self._step_failed = True
+            else:
+                yield self.step
             if not self._step_failed:
                 self.step += 1
                 self.has_state = True

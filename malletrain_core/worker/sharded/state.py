@@ -167,10 +167,15 @@ def allocate(model: Any, optimizer: Any, manifest: Manifest) -> dict[str, Any]:
                      else torch.zeros(e.shape, dtype=dtype, device=on))
             optimizer.state[p][name] = value
     mine, local = inventory(model, optimizer)
-    if [(e.key, e.kind, e.dtype, e.shape) for e in mine.entries] != \
-            [(e.key, e.kind, e.dtype, e.shape) for e in manifest.entries]:
+    built = [(e.key, e.kind, e.dtype, e.shape) for e in mine.entries]
+    held = [(e.key, e.kind, e.dtype, e.shape) for e in manifest.entries]
+    if built != held:
+        first = next((i for i, (a, b) in enumerate(zip(built, held)) if a != b),
+                     min(len(built), len(held)))
         raise ValueError("the model built for the new layout does not match the state held "
-                         "(different parameters, buffers, shapes or dtypes)")
+                         f"(entry {first}: built {built[first] if first < len(built) else None}"
+                         f", held {held[first] if first < len(held) else None}; "
+                         f"{len(built)} entries built, {len(held)} held)")
     return local
 
 
@@ -270,13 +275,44 @@ def local_digest(model: Any, optimizer: Any, step: int) -> str:
 
 
 def reshard_in_place(model: Any) -> None:
-    """Put every FSDP module of ``model`` back in its sharded state (a step failed in its
-    backward pass can leave parameters gathered), so that its local shards can be read."""
+    """Put every FSDP module of ``model`` back in its sharded state, so that its local shards
+    can be read. A step that failed mid-forward or mid-backward (a peer lost, or a sibling
+    that left the step first) leaves FSDP2's iteration half done: the root's parameters stay
+    gathered after a failed forward, since ``reshard()`` keeps a root's parameters in its
+    forward (seen: a heal refused "built ('p/norm.weight', 'shard', ...), held ('p/norm.weight',
+    'whole', ...)", and the node read its checkpoint). torch 2.13's recovery for that,
+    ``reset_iter_state()`` on the root, is called first, with the collectives FSDP2 left in
+    flight dropped before (it would wait for an all-gather whose peer is gone)."""
     from torch.distributed.fsdp import FSDPModule
 
+    drop_in_flight(model)
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        state = module._get_fsdp_state()
+        if getattr(state, "_is_root", None) and hasattr(module, "reset_iter_state"):
+            module.reset_iter_state()
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+
+
+def drop_in_flight(model: Any) -> None:
+    """Forget the collectives FSDP2 left in flight in ``model`` (a prefetched all-gather):
+    their works hold their groups, and waiting for them could wait for a lost peer."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+        for attr in ("_all_gather_result", "_all_reduce_state"):
+            if getattr(group, attr, None) is not None:
+                setattr(group, attr, None)
+        ctx = getattr(group, "comm_ctx", None)
+        if ctx is not None and getattr(ctx, "all_gather_state", None) is not None:
+            ctx.all_gather_state = None
+        getattr(ctx, "reduce_scatter_states", []).clear()
 
 
 _GROUP_ATTRS = ("shard_process_group", "replicate_process_group",
@@ -296,21 +332,12 @@ def let_go_of_groups(model: Any) -> list[Any]:
     skipped)."""
     from torch.distributed.fsdp import FSDPModule
 
-    reshard_in_place(model)
+    reshard_in_place(model)   # drops the collectives in flight first (they hold groups too)
     taken: list[Any] = []
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
         group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
-        # the collectives FSDP2 left in flight (a prefetched all-gather): their works hold
-        # the groups too (seen: a sibling still waiting after the groups themselves were let go)
-        for attr in ("_all_gather_result", "_all_reduce_state"):
-            if getattr(group, attr, None) is not None:
-                setattr(group, attr, None)
-        ctx = getattr(group, "comm_ctx", None)
-        if ctx is not None and getattr(ctx, "all_gather_state", None) is not None:
-            ctx.all_gather_state = None
-        getattr(ctx, "reduce_scatter_states", []).clear()
         for info in (getattr(group, "mesh_info", None),
                      getattr(group, "post_forward_mesh_info", None)):
             if info is None:
