@@ -5,6 +5,7 @@ DTensor's sharding caches are keyed by such meshes: ``to_empty`` on a model shar
 mesh hands back the specs, and with them the mesh, of the earlier one's ops. Under Slurm that
 rebuilt the model on an earlier epoch's mesh (its group names no longer resolved, its
 coordinate was the rank's old one). One gloo process here: two equal meshes are enough.
+Beside it, the other single-process check of ``sharded.state``: a forward failed midway.
 """
 
 from __future__ import annotations
