@@ -15,6 +15,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 SHARD = "shard"
@@ -170,11 +171,10 @@ def allocate(model: Any, optimizer: Any, manifest: Manifest) -> dict[str, Any]:
     built = [(e.key, e.kind, e.dtype, e.shape) for e in mine.entries]
     held = [(e.key, e.kind, e.dtype, e.shape) for e in manifest.entries]
     if built != held:
-        first = next((i for i, (a, b) in enumerate(zip(built, held)) if a != b),
-                     min(len(built), len(held)))
+        first, (b, h) = next((i, pair) for i, pair in enumerate(zip_longest(built, held))
+                             if pair[0] != pair[1])
         raise ValueError("the model built for the new layout does not match the state held "
-                         f"(entry {first}: built {built[first] if first < len(built) else None}"
-                         f", held {held[first] if first < len(held) else None}; "
+                         f"(entry {first}: built {b}, held {h}; "
                          f"{len(built)} entries built, {len(held)} held)")
     return local
 
@@ -306,12 +306,11 @@ def drop_in_flight(model: Any) -> None:
         if not isinstance(module, FSDPModule):
             continue
         group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
-        for attr in ("_all_gather_result", "_all_reduce_state"):
-            if getattr(group, attr, None) is not None:
-                setattr(group, attr, None)
         ctx = getattr(group, "comm_ctx", None)
-        if ctx is not None and getattr(ctx, "all_gather_state", None) is not None:
-            ctx.all_gather_state = None
+        for owner, attr in ((group, "_all_gather_result"), (group, "_all_reduce_state"),
+                            (ctx, "all_gather_state")):
+            if hasattr(owner, attr):
+                setattr(owner, attr, None)
         getattr(ctx, "reduce_scatter_states", []).clear()
 
 
