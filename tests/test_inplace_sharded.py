@@ -242,7 +242,7 @@ def test_fsdp_member_lost_without_warning_rolls_back_to_the_buddy_copies(
         assert lost["change"]["kind"] == "lost", lost
         moved = lost["moved"]
         assert moved.get("from_buddy") and not moved["from_disk"], moved
-        assert 0 <= moved["steps_lost"] <= 3, moved
+        assert 0 <= moved["steps_lost"] <= 6, moved   # 3, or 6 when killed during a refresh
         first_step = min(r["step"] for r in n.procs[0].steps() if r["epoch"] == e3)
         assert first_step == moved["rolled_back_to"], (first_step, moved)
         assert all(r["resumed_from"] is None for r in n.procs[0].steps())

@@ -12,6 +12,7 @@ from malletrain_core.worker.sharded.buddy import (
     WARD,
     BuddyCopies,
     Holders,
+    Snapshot,
     buddy_of,
     choose,
     has_buddies,
@@ -114,3 +115,52 @@ def test_copies_are_due_every_n_steps_and_after_a_change() -> None:
     assert not BuddyCopies(0).due(0, 4, 1)
     with pytest.raises(ValueError, match="buddy_every=-1"):
         BuddyCopies(-1)
+
+
+def test_a_refresh_cut_short_keeps_the_older_copies_until_every_member_holds_the_new() -> None:
+    # two snapshots a rank: the new step where its refresh returned, the older one kept
+    # until the all-reduce after it; a 2-rank layout, rank 1 lost during the refresh of 218
+    done, cut = [218, 0, 2, 1, 213, 0, 2, 1], [*NO_SNAPSHOT, 213, 0, 2, 1]
+    assert choose([done]) == Holders(218, 2, ((0, OWN), (0, WARD)))
+    assert choose([cut]) == Holders(213, 2, ((0, OWN), (0, WARD)))
+    # 3 ranks, rank 1 lost: rank 0's refresh returned, rank 2's did not; 218 lacks shard 2
+    assert choose([[218, 0, 3, 2, 213, 0, 3, 2], [*NO_SNAPSHOT, 213, 2, 3, 1]]) == \
+        Holders(213, 3, ((0, OWN), (1, WARD), (1, OWN)))
+    with pytest.raises(ValueError, match="4 per snapshot"):
+        choose([[218, 0, 2]])
+
+
+class _Lost(RuntimeError):
+    pass
+
+
+def _snapshot(step: int) -> Snapshot:
+    return Snapshot(step, 0, 2, {}, 1, {}, MANIFEST, b"")
+
+
+def test_take_keeps_the_previous_copies_when_the_refresh_or_its_all_reduce_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from malletrain_core.worker.sharded import buddy
+
+    copies = BuddyCopies(5)
+    copies.snapshot = _snapshot(213)
+    kw = {"rank": 0, "world": 2, "width": 1, "rest": b"", "device": "cpu", "bucket_bytes": None}
+
+    def lost(*_: object, **__: object) -> None:
+        raise _Lost("peer lost")
+
+    monkeypatch.setattr(buddy, "refresh", lost)     # the exchange fails: 213 only
+    with pytest.raises(_Lost):
+        copies.take(None, None, step=218, collective=lost, **kw)
+    assert copies.row() == [*NO_SNAPSHOT, 213, 0, 2, 1] and copies.at(213) is not None
+    monkeypatch.setattr(buddy, "refresh", lambda *_, step, **__: _snapshot(step))
+    copies.snapshot, copies.previous = copies.previous, None
+    with pytest.raises(_Lost):                      # the exchange returned, the all-reduce not
+        copies.take(None, None, step=218, collective=lost, **kw)
+    assert copies.row() == [218, 0, 2, 1, 213, 0, 2, 1]
+    assert copies.at(218) is copies.snapshot and copies.at(213) is copies.previous
+    copies.snapshot, copies.previous = copies.previous, None
+    copies.take(None, None, step=218, collective=lambda *_: None, **kw)   # every member's did
+    assert copies.row() == [218, 0, 2, 1, *NO_SNAPSHOT] and copies.at(213) is None
+    copies.drop()
+    assert copies.row() == [*NO_SNAPSHOT, *NO_SNAPSHOT]

@@ -62,9 +62,9 @@ def test_the_sharded_example_grows_shrinks_and_survives_a_preemption_in_place(
     planned 3 → 2 (a second elastic job takes one node: FSDP re-shards over the old group
     before the leaver goes, HSDP drops a replica), then a prod job preempts one of the two:
     the survivor's processes go on in place, FSDP from the buddy copies (a rollback of at most
-    5 steps), HSDP from their own replica (nothing moves). Nothing is read from disk after the
-    first epoch, every change is made in place, the survivor's processes are never
-    restarted."""
+    5 steps, 10 during a refresh), HSDP from their own replica (nothing moves). Nothing is read
+    from disk after the first epoch, every change is made in place, the survivor's processes
+    are never restarted."""
     prod(cluster, 5)
     one = prod(cluster, 1)                       # 2 nodes stay idle
     command = [sys.executable, "examples/train_sharded.py", "--mode", mode, *SMALL,
@@ -95,7 +95,8 @@ def test_the_sharded_example_grows_shrinks_and_survives_a_preemption_in_place(
     lost = sharded_log(outdir, job).starts[e3]
     assert len(lost) == nproc, lost
     if mode == "fsdp":
-        assert all(m.get("from_buddy") and 0 <= m["steps_lost"] <= 5 for m in lost.values()), lost
+        # at most 5 steps (10 when the preemption lands during a refresh: the older copies)
+        assert all(m.get("from_buddy") and 0 <= m["steps_lost"] <= 10 for m in lost.values()), lost
     else:
         assert all(m["received_bytes"] == 0 for m in lost.values()), lost
     for starts in (grown, shrunk, lost):

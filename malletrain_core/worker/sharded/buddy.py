@@ -18,9 +18,14 @@ scheduler, extras, RNG) comes from a holder's copy of that step, and the steps s
 trained again, on the same data. A preemption costs the steps since the last refresh: at most
 ``every - 1``, ``(every - 1) / 2`` on average.
 
-A refresh that a loss interrupts can leave some ranks with the new step and others with the
-old: :func:`choose` takes a step only where every shard is held at it, else the checkpoint
-is read (as when two adjacent nodes are lost).
+A refresh that a loss interrupts can leave some ranks with the new step and others without
+it, so each rank keeps its copies of the step before until every member has finished the
+refresh (one small all-reduce after it, :meth:`BuddyCopies.take`): a rank that let the older
+copies go knows that every member holds the newer ones. :func:`choose` takes the newest step
+at which every shard is held; none is only when a shard lost both its holders (two adjacent
+nodes lost), and the checkpoint is read then. Seen on real Slurm before the older copies
+were kept (a CI run of the real-Slurm test): a preemption that landed during the refresh of
+step 218 (every fifth step refreshes) sent the job back to its checkpoint, here step 0.
 """
 
 from __future__ import annotations
@@ -128,22 +133,34 @@ class Holders:
     by_shard: tuple[tuple[int, str], ...]
 
 
+def _snapshots(row: Sequence[int]) -> list[Sequence[int]]:
+    """The :meth:`Snapshot.row` s one member sent (:meth:`BuddyCopies.row`: any number)."""
+    if len(row) % len(NO_SNAPSHOT):
+        raise ValueError(f"a copies row of {len(row)} values: give {len(NO_SNAPSHOT)} per "
+                         "snapshot (step, own index, count, ward index)")
+    n = len(NO_SNAPSHOT)
+    return [row[i:i + n] for i in range(0, len(row), n)]
+
+
 def choose(rows: Sequence[Sequence[int]]) -> Holders | None:
     """The newest step at which every shard of one layout is held, from every member's
-    :meth:`Snapshot.row` (:data:`NO_SNAPSHOT` for none); None when there is none."""
-    steps = sorted({r[0] for r in rows if r[0] >= 0}, reverse=True)
+    :meth:`BuddyCopies.row` (its snapshots' :meth:`Snapshot.row` one after the other,
+    :data:`NO_SNAPSHOT` for none); None when there is none."""
+    held_by = [_snapshots(r) for r in rows]
+    steps = sorted({s[0] for snaps in held_by for s in snaps if s[0] >= 0}, reverse=True)
     for step in steps:
-        counts = {r[2] for r in rows if r[0] == step}
-        if len(counts) != 1:
+        at = [next((s for s in snaps if s[0] == step), None) for snaps in held_by]
+        counts = {s[2] for s in at if s is not None}
+        if len(counts) != 1 or min(counts) < 1:
             continue
         count = counts.pop()
         held: dict[int, tuple[int, str]] = {}
-        for rank, r in enumerate(rows):
-            if r[0] == step and 0 <= r[1] < count:
-                held[r[1]] = (rank, OWN)
-        for rank, r in enumerate(rows):
-            if r[0] == step and 0 <= r[3] < count:
-                held.setdefault(r[3], (rank, WARD))
+        for rank, s in enumerate(at):
+            if s is not None and 0 <= s[1] < count:
+                held[s[1]] = (rank, OWN)
+        for rank, s in enumerate(at):
+            if s is not None and 0 <= s[3] < count:
+                held.setdefault(s[3], (rank, WARD))
         if len(held) == count:
             return Holders(step, count, tuple(held[i] for i in range(count)))
     return None
@@ -194,8 +211,9 @@ def restore(snapshot: Snapshot | None, holders: Holders, manifest: Manifest, *,
 class BuddyCopies:
     """One rank's copies (:class:`Snapshot`), refreshed every ``every`` steps (0: never) and
     at the first step agreement after a change; :attr:`last` says what the last refresh
-    cost. The old copies are let go before a refresh, so the host holds at most two shards'
-    worth: a loss during the refresh itself then reads the checkpoint."""
+    cost. The copies of the step before (:attr:`previous`) are kept until every member has
+    finished the refresh, so a loss during it rolls back one refresh further, not to the
+    checkpoint: the host holds two shards' worth between refreshes, four during one."""
 
     def __init__(self, every: int) -> None:
         if every < 0:
@@ -203,10 +221,18 @@ class BuddyCopies:
                              "the buddy copies (0: none, a lost member reads the checkpoint)")
         self.every = every
         self.snapshot: Snapshot | None = None
+        self.previous: Snapshot | None = None
         self.last: dict[str, Any] = {}
 
     def row(self) -> list[int]:
-        return self.snapshot.row() if self.snapshot is not None else list(NO_SNAPSHOT)
+        """What this rank tells the others: its newest snapshot's row, then the previous's."""
+        return [*(self.snapshot.row() if self.snapshot is not None else NO_SNAPSHOT),
+                *(self.previous.row() if self.previous is not None else NO_SNAPSHOT)]
+
+    def at(self, step: int) -> Snapshot | None:
+        """This rank's snapshot of ``step``, if it holds one."""
+        return next((s for s in (self.snapshot, self.previous)
+                     if s is not None and s.step == step), None)
 
     def due(self, step: int, world: int, width: int) -> bool:
         """Whether the group refreshes at ``step`` (the same answer on every member)."""
@@ -218,14 +244,22 @@ class BuddyCopies:
              collective: Collective) -> None:
         import time
 
-        self.snapshot = None
+        import torch
+        import torch.distributed as dist
+
+        # kept until every member holds the new copies: a loss meanwhile rolls back to it
+        self.previous, self.snapshot = self.snapshot, None
         t0 = time.monotonic()
         size = bucket_bytes or 1 << 24
         snap = refresh(model, optimizer, rank=rank, world=world, width=width, step=step,
                        rest=rest, device=device, bucket_bytes=size, collective=collective)
         self.snapshot = snap
+        # every member's refresh returned (it holds its own and its ward's new copies) once
+        # this all-reduce does on any member: the older copies are not needed then
+        collective(dist.all_reduce, torch.zeros(1, dtype=torch.int64, device=device))
+        self.previous = None
         self.last = {"step": step, "s": round(time.monotonic() - t0, 4),
                      "sent_bytes": snap.traffic.sent_bytes, "host_bytes": snap.nbytes}
 
     def drop(self) -> None:
-        self.snapshot = None
+        self.snapshot = self.previous = None

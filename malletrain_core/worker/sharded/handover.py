@@ -262,10 +262,10 @@ class ShardedHandover:
         a holder's copy of that step. Returns that holder's rank, -1 when no step is whole."""
         import torch
 
-        holders = choose([r[6:10] for r in rows])
+        holders = choose([r[6:] for r in rows])
         if holders is None:
             return -1
-        src, snap = holders.by_shard[0][0], self.copies.snapshot
+        src, snap = holders.by_shard[0][0], self.copies.at(holders.step)
         kw = {"device": member._device, "collective": member._collective}
         manifest = Manifest.from_bytes(broadcast_bytes(
             snap.manifest.to_bytes() if snap is not None and member.rank == src else None,
