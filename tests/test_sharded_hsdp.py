@@ -93,3 +93,59 @@ def test_a_joining_replica_holds_its_sources_state_bitwise(
         assert len({str(sorted(d.items())) for d in stepped.values()}) == 1, stepped.keys()
     healers = [ranks[r["source"]]["replica"] for r in ranks.values() if r["replica"] in joiners]
     assert sorted(set(healers)) == sorted(survivors)  # several survivors serve at once
+
+
+def _barrier(rank: int, world: int, folder: str) -> dict[str, Any]:
+    import time
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from malletrain_core.worker.inplace.pending import StepAbandoned, _Pending
+    from malletrain_core.worker.sharded.heal import step_barrier
+
+    class Node:   # the node's shard group: here the whole group of two
+        @staticmethod
+        def get_group(_name: str) -> Any:
+            return dist.group.WORLD
+
+    pending = _Pending()
+    member = SimpleNamespace(local_world=2, world=4, _device=torch.device("cpu"),
+                             _pending=pending)
+    out: dict[str, Any] = {}
+    # the lost peer's epoch abandoned on rank 0 before its barrier, on rank 1 not yet: rank 1
+    # enters the barrier late, and both take the step
+    if rank == 0:
+        pending.abandon("epoch 3 replaces epoch 2")
+    else:
+        time.sleep(0.3)
+    step_barrier(member, Node(), grace_s=30.0)
+    out["stepped"] = True
+    dist.barrier()
+    # rank 1's reduction failed (it never enters): rank 0 drops the step after the grace
+    pending.reset()
+    if rank == 0:
+        pending.abandon("epoch 3 replaces epoch 2")
+        t0 = time.monotonic()
+        try:
+            step_barrier(member, Node(), grace_s=0.5)
+            out["dropped"] = False
+        except StepAbandoned:
+            out["dropped"] = True
+        out["waited_s"] = time.monotonic() - t0
+        (Path(folder) / "dropped").touch()
+        pending.release()[-1].wait()
+    else:   # then pairs the abandoned all-reduce, so that the group ends clean
+        while not (Path(folder) / "dropped").exists():
+            time.sleep(0.05)
+        dist.all_reduce(torch.ones(1, dtype=torch.int64))
+    return out
+
+
+def test_an_abandoned_step_barrier_takes_the_step_when_every_sibling_entered_it(tmp_path: Path):
+    """The step barrier's outcome is its all-reduce's: a rank whose epoch was abandoned while
+    its sibling had not yet entered the barrier still takes the step the sibling takes, and
+    drops it, after the grace, when the sibling never enters."""
+    first, second = run_ranks(_barrier, 2, tmp_path, str(tmp_path))
+    assert first["stepped"] and second["stepped"]
+    assert first["dropped"] and 0.5 <= first["waited_s"] < 5, first

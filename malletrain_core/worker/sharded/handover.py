@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import random
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -207,6 +208,10 @@ class ShardedHandover:
                 src, lacking = 0, [False] * member.world
         sent = 0
         if src < 0:
+            if any(r[0] for r in rows):   # a state was held in memory: say why it was not used
+                print(f"malletrain: {self.mode}: no step is held whole in memory, the "
+                      f"checkpoint is read (rank: in memory, step, copies' steps: "
+                      f"{held_summary(rows)})", file=sys.stderr, flush=True)
             self._fresh(member, mesh)
             self.moved["from_disk"] = True
         elif any(lacking):
@@ -391,3 +396,11 @@ class ShardedHandover:
         self._record(done)
         if not coming.leave:
             self._stash = done
+
+
+def held_summary(rows: list[list[int]]) -> str:
+    """What each member said it holds at a hand-over (its :meth:`ShardedHandover._gather`
+    row), for the line that says why the checkpoint is read."""
+    return "; ".join(f"{rank}: {'yes' if r[0] else 'no'}, {r[1]}, "
+                     f"{[x for x in r[6::4] if x >= 0] or 'none'}"
+                     for rank, r in enumerate(rows))

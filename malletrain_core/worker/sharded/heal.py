@@ -103,7 +103,13 @@ def heal_hsdp(model: Any, optimizer: Any, *, build: Callable[[Any], Any],
     return Healed(new_model, new_opt, source, traffic, local_bytes(targets))
 
 
-def step_barrier(member: Any, mesh: Any) -> None:
+BARRIER_GRACE_S = 3.0
+"""How long a rank whose step barrier was abandoned still waits for the barrier's all-reduce
+itself (:func:`step_barrier`): a sibling that entered the barrier too makes it finish at once,
+one whose reduction failed never does."""
+
+
+def step_barrier(member: Any, mesh: Any, grace_s: float = BARRIER_GRACE_S) -> None:
     """HSDP, before each optimizer step (an optimizer pre-hook): the processes of a node meet
     in one small all-reduce over their shard group, so that none of them steps unless all of
     them finished the step's gradient reduction. Without it a node's ranks could end a step
@@ -112,13 +118,51 @@ def step_barrier(member: Any, mesh: Any) -> None:
     not whole at any step and the job went back to its checkpoint (seen on real Slurm, a
     preemption of one of two nodes, 1 run in 3). A sibling whose reduction failed never joins:
     this one waits until the lost peer's epoch is abandoned, and its step is dropped too. The
-    shard group is the node's own, so a lost peer elsewhere cannot break the meeting itself."""
+    shard group is the node's own, so a lost peer elsewhere cannot break the meeting itself.
+
+    The barrier's outcome is its all-reduce's, not the abandonment's: the epoch can be
+    abandoned on one sibling while the barrier is in flight and on the other just after its
+    barrier finished (the loss is told to each process by its own control thread), and the
+    first would drop the step the second took. So an abandoned barrier still waits up to
+    ``grace_s`` for its all-reduce, which finishes at once if every sibling entered it (an
+    issued gloo operation runs on when its wait is abandoned), and the step goes on if it did.
+    Seen before (a CI run of the real-Slurm test, HSDP, 2 processes a node): both survivors of
+    a preemption read the checkpoint."""
     import functools
 
     import torch
     import torch.distributed as dist
 
+    from ..inplace.pending import StepAbandoned
+
     if member.local_world <= 1 or member.world <= member.local_world:
         return  # one process per node (nothing to agree within it), or one replica
     t = torch.ones(1, dtype=torch.int64, device=member._device)
-    member._collective(functools.partial(dist.all_reduce, group=mesh.get_group("shard")), t)
+    op = functools.partial(dist.all_reduce, group=mesh.get_group("shard"))
+    pending = getattr(member, "_pending", None)
+    if pending is None:
+        member._collective(op, t)
+        return
+    work = pending.track(op(t, async_op=True))
+    try:
+        pending.wait(work)
+    except StepAbandoned:
+        if not finished_within(work, grace_s):
+            raise
+        work.get_future().value()   # the all-reduce's own error, if it failed
+        if pending.device_sync:
+            work.wait()
+
+
+def finished_within(work: Any, timeout_s: float, nap_s: float = 1e-3) -> bool:
+    """Whether ``work`` is done within ``timeout_s`` (polled: no callback on a gloo thread,
+    see :class:`~..inplace.pending._Pending`)."""
+    import time
+
+    fut = work.get_future()
+    end = time.monotonic() + timeout_s
+    while not fut.done():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(nap_s)
+    return True
