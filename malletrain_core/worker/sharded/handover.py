@@ -209,9 +209,10 @@ class ShardedHandover:
         sent = 0
         if src < 0:
             if any(r[0] for r in rows):   # a state was held in memory: say why it was not used
-                print(f"malletrain: {self.mode}: no step is held whole in memory, the "
-                      f"checkpoint is read (rank: in memory, step, copies' steps: "
-                      f"{held_summary(rows)})", file=sys.stderr, flush=True)
+                held = "; ".join(f"{i}: {'yes' if r[0] else 'no'}, {r[1]}, "
+                                 f"{[x for x in r[6::4] if x >= 0]}" for i, r in enumerate(rows))
+                print(f"malletrain: {self.mode}: no step is held whole in memory, the checkpoint is "
+                      f"read (rank: in memory, step, copies' steps: {held})", file=sys.stderr)
             self._fresh(member, mesh)
             self.moved["from_disk"] = True
         elif any(lacking):
@@ -397,10 +398,3 @@ class ShardedHandover:
         if not coming.leave:
             self._stash = done
 
-
-def held_summary(rows: list[list[int]]) -> str:
-    """What each member said it holds at a hand-over (its :meth:`ShardedHandover._gather`
-    row), for the line that says why the checkpoint is read."""
-    return "; ".join(f"{rank}: {'yes' if r[0] else 'no'}, {r[1]}, "
-                     f"{[x for x in r[6::4] if x >= 0] or 'none'}"
-                     for rank, r in enumerate(rows))

@@ -126,8 +126,8 @@ def step_barrier(member: Any, mesh: Any, grace_s: float = BARRIER_GRACE_S) -> No
     first would drop the step the second took. So an abandoned barrier still waits up to
     ``grace_s`` for its all-reduce, which finishes at once if every sibling entered it (an
     issued gloo operation runs on when its wait is abandoned), and the step goes on if it did.
-    Seen before (a CI run of the real-Slurm test, HSDP, 2 processes a node): both survivors of
-    a preemption read the checkpoint."""
+    The suspected cause of a CI run of the real-Slurm test (HSDP, 2 processes a node) in which
+    both survivors of a preemption read the checkpoint; that case's own output was not kept."""
     import functools
 
     import torch
