@@ -58,7 +58,7 @@ hooks=(
     "mt_jobobit jobobit 5"
     "mt_postqueuejob postqueuejob 5"
     "mt_modifyjob modifyjob,movejob 5"
-    "mt_epilogue execjob_epilogue 10"
+    "mt_epilogue execjob_preterm,execjob_epilogue 10"
 )
 
 q() { "$qmgr" -c "$*"; }

@@ -18,7 +18,11 @@ install.sh).
   PBS's own kills, a qdel or the daemon's qrerun, read 256 + signal, and SIGTERM, PBS's way
   of ending a job, never counts) is put back in its queue
   (``job.rerun()``) instead of ending: PBS never runs a finished subjob again, so without this
-  the job could never grow to its whole range again.
+  the job could never grow to its whole range again. The same hook's ``execjob_preterm`` event
+  notes each worker PBS is ending (a qdel's TermJob, on the mom): when the SIGTERM is not enough
+  and the queue's kill_delay brings PBS's SIGKILL, a script can read 128 + 9 like a launcher
+  killed outside PBS (seen in CI on a loaded machine: a qdel'd subjob requeued, never ending),
+  so a noted worker is never put back.
 * ``execjob_launch`` (mt_launch, on the moms; only where munge is absent and install.sh was
   given ``--job-key-file``): puts the job's secret, HMAC-SHA256(site key, array id), into the
   environment of the job's processes as ``MALLETRAIN_JOB_SECRET`` (docs/pbs.md, "Launchers
@@ -36,6 +40,7 @@ import errno
 import hashlib
 import hmac
 import json
+import os
 import re
 import socket
 import time
@@ -268,12 +273,42 @@ def killed_outside_pbs(status: object) -> int:
     return 0 if sig == _SIGTERM else sig
 
 
+TERM_MARK = "malletrain-terminated-"
+"""The name's start of the file that says PBS is ending a worker (:func:`on_preterm`)."""
+
+
+def term_mark(job_id: object) -> str:
+    """Where :func:`on_preterm` notes that PBS is ending ``job_id``: in the hook's working
+    directory, which a mom makes its own ``mom_priv/hooks/tmp`` (root-only) before it runs a
+    hook as root, so that a mom's epilogue finds what its own preterm noted."""
+    return os.path.join(os.getcwd(), TERM_MARK + str(job_id).replace(os.sep, "_"))
+
+
+def on_preterm(e: object, cfg: dict) -> None:
+    """PBS is ending a running worker (TermJob: a qdel): noted for :func:`on_epilogue`."""
+    job = e.job
+    if queue_name(job.queue) != cfg["queue"]:
+        return
+    try:
+        with open(term_mark(job.id), "w", encoding="utf-8") as fh:
+            fh.write(f"{time.time():.3f}\n")
+    except OSError as exc:
+        log(pbs.LOG_WARNING, f"{job.id}: PBS's end of the job could not be noted ({exc}): "
+            "if a SIGKILL follows its SIGTERM, the subjob is requeued")
+
+
 def on_epilogue(e: object, cfg: dict) -> None:
     job = e.job
     if queue_name(job.queue) != cfg["queue"]:
         return
+    ended_by_pbs = False
+    try:
+        os.unlink(term_mark(job.id))
+        ended_by_pbs = True
+    except OSError:
+        pass
     sig = killed_outside_pbs(job.Exit_status)
-    if not sig:
+    if not sig or ended_by_pbs:
         return
     log(pbs.LOG_WARNING, f"{job.id}: its batch script died of signal {sig} that PBS did not "
         "send (the launcher killed?): requeued, so that the job keeps its subjob")
@@ -441,6 +476,7 @@ _EVENT_HANDLERS = (
     ("MODIFYJOB", on_modifyjob),
     ("MOVEJOB", on_modifyjob),
     ("EXECJOB_LAUNCH", on_launch),
+    ("EXECJOB_PRETERM", on_preterm),
     ("EXECJOB_EPILOGUE", on_epilogue),
 )
 # Events an older pbs module does not know are left out (their hooks cannot be installed there).

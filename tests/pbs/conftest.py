@@ -87,7 +87,8 @@ def run_hook(hook_dir: Path) -> Callable[..., HookRun]:
             proc = subprocess.run(
                 [sys.executable, "-m", "pbs", "--hook", "-i", str(fixture_path), "-o", str(out),
                  "-L", str(hook_dir), "-l", log.name, str(script)],
-                capture_output=True, text=True, env=run_env, timeout=timeout_s, check=False)
+                capture_output=True, text=True, env=run_env, timeout=timeout_s, check=False,
+                cwd=hook_dir)   # a mom runs its hooks in its own mom_priv/hooks/tmp
             grams: list[bytes] = []
             if listener is not None:
                 listener.setblocking(False)

@@ -153,6 +153,35 @@ def test_epilogue_requeues_only_a_worker_killed_outside_pbs(run_hook, fixture, r
     assert ("requeued, so that the job keeps its subjob" in run.log) is rerun, run.log
 
 
+@pytest.mark.parametrize("exit_status", ["137", "271", "143"])
+def test_a_worker_pbs_is_ending_is_never_requeued_whatever_it_exits_with(run_hook, hook_dir,
+                                                                        exit_status):
+    """A qdel's TermJob runs the preterm event on the mom, which notes the worker; its
+    epilogue then leaves it ended even at 128 + SIGKILL (the queue's kill_delay ran out and
+    PBS's own SIGKILL came: seen in CI on a loaded machine, the qdel'd subjob requeued and
+    never ending), and lets the note go."""
+    run = run_hook("preterm_worker")
+    assert run.accepted and run.datagrams == [], run.log
+    marks = list(hook_dir.glob("malletrain-terminated-*"))
+    assert [m.name for m in marks] == ["malletrain-terminated-123[2].pbs-server"]
+    ended = hook_dir / "epilogue_after_term.in"
+    ended.write_text((FIXTURES / "epilogue_launcher_killed.in").read_text().replace(
+        "Exit_status=137", f"Exit_status={exit_status}"))
+    run = run_hook(ended)
+    assert run.accepted and "pbs.event().job._rerun=True" not in run.record.splitlines()
+    assert "requeued" not in run.log and not list(hook_dir.glob("malletrain-terminated-*"))
+    # the next life of the same subjob, killed outside PBS, is requeued again
+    run = run_hook("epilogue_launcher_killed")
+    assert "pbs.event().job._rerun=True" in run.record.splitlines(), run.record
+
+
+def test_preterm_leaves_other_queues_alone(run_hook, hook_dir):
+    other = hook_dir / "preterm_other.in"
+    other.write_text((FIXTURES / "preterm_worker.in").read_text().replace(
+        "queue=mt_preemptable", "queue=workq"))
+    assert run_hook(other).accepted and not list(hook_dir.glob("malletrain-terminated-*"))
+
+
 # ---- queuejob: routing and refusal ----------------------------------------------------------
 
 def test_queuejob_routes_an_elastic_job_to_the_preemptable_queue(run_hook):
@@ -269,7 +298,7 @@ def test_hook_script_is_standard_library_only():
     source = HOOK.read_text()
     imports = {ln.split()[1].split(".")[0] for ln in source.splitlines()
                if ln.startswith(("import ", "from "))}
-    assert imports == {"errno", "hashlib", "hmac", "json", "re", "socket", "time", "pbs"}
+    assert imports == {"errno", "hashlib", "hmac", "json", "os", "re", "socket", "time", "pbs"}
 
 
 def test_mt_launch_gives_the_secret_the_daemon_derives():

@@ -33,7 +33,7 @@ HOOKS = {  # name: the events install.sh gives it
     "mt_jobobit": "jobobit",
     "mt_postqueuejob": "postqueuejob",
     "mt_modifyjob": "modifyjob,movejob",
-    "mt_epilogue": "execjob_epilogue",
+    "mt_epilogue": "execjob_preterm,execjob_epilogue",
 }
 LAUNCH_HOOK = ("mt_launch", "execjob_launch")
 
