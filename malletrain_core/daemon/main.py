@@ -267,19 +267,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, daemon.stop)
     log.info("malletraind %s started: %s backend, state in %s", __version__,
              config.daemon.batch_system, config.daemon.state_dir)
+    code = 0
     try:
-        if args.once:
-            daemon.cycle()
-        else:
-            daemon.run()
-    except MalleTrainError as err:
-        if args.debug:
-            raise
-        print(f"malletraind: error: {err}", file=sys.stderr)
-        return err.exit_code
+        try:
+            if args.once:
+                daemon.cycle()
+            else:
+                daemon.run()
+        except MalleTrainError as err:
+            if args.debug:
+                raise
+            print(f"malletraind: error: {err}", file=sys.stderr)
+            code = err.exit_code
     finally:
-        running.save()
+        try:
+            running.save()
+        except MalleTrainError as err:
+            # said once: the full disk that stopped the cycle fails this last write too (it
+            # raised out of here, a second error line and a traceback: CI, a full disk)
+            if code == 0:
+                if args.debug:
+                    raise
+                print(f"malletraind: error: {err}", file=sys.stderr)
+                code = err.exit_code
         running.close()
         daemon.store.close()
+    if code:
+        return code
     log.info("malletraind stopped")
     return 0
