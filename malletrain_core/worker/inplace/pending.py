@@ -166,15 +166,21 @@ class _Pending:
             self._keep(work)
         return work
 
-    def wait(self, work: Any) -> None:
-        """Wait for ``work``; raise :class:`StepAbandoned` if the control thread abandons it.
+    def wait(self, work: Any, grace_s: float = 0.0) -> None:
+        """Wait for ``work``; raise :class:`StepAbandoned` if the control thread abandons it,
+        or, with ``grace_s``, if it is not done that long after (an operation whose outcome
+        every participant must share: :func:`~..sharded.heal.step_barrier`).
 
         Polls instead of attaching a Python callback to the work's future (see the class)."""
         fut = work.get_future()
         nap = NAP_S[0]
+        give_up: float | None = None
         while not fut.done():
             if self.reason is not None:
-                raise StepAbandoned(self.reason)
+                now = time.monotonic()
+                give_up = now + grace_s if give_up is None else give_up
+                if now >= give_up:
+                    raise StepAbandoned(self.reason)
             time.sleep(nap)
             nap = min(nap * 2, NAP_S[1])
         fut.value()  # raises the collective's own error (a peer lost)

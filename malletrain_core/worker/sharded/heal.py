@@ -133,8 +133,6 @@ def step_barrier(member: Any, mesh: Any, grace_s: float = BARRIER_GRACE_S) -> No
     import torch
     import torch.distributed as dist
 
-    from ..inplace.pending import StepAbandoned
-
     if member.local_world <= 1 or member.world <= member.local_world:
         return  # one process per node (nothing to agree within it), or one replica
     t = torch.ones(1, dtype=torch.int64, device=member._device)
@@ -143,26 +141,4 @@ def step_barrier(member: Any, mesh: Any, grace_s: float = BARRIER_GRACE_S) -> No
     if pending is None:
         member._collective(op, t)
         return
-    work = pending.track(op(t, async_op=True))
-    try:
-        pending.wait(work)
-    except StepAbandoned:
-        if not finished_within(work, grace_s):
-            raise
-        work.get_future().value()   # the all-reduce's own error, if it failed
-        if pending.device_sync:
-            work.wait()
-
-
-def finished_within(work: Any, timeout_s: float, nap_s: float = 1e-3) -> bool:
-    """Whether ``work`` is done within ``timeout_s`` (polled: no callback on a gloo thread,
-    see :class:`~..inplace.pending._Pending`)."""
-    import time
-
-    fut = work.get_future()
-    end = time.monotonic() + timeout_s
-    while not fut.done():
-        if time.monotonic() >= end:
-            return False
-        time.sleep(nap_s)
-    return True
+    pending.wait(pending.track(op(t, async_op=True)), grace_s)
