@@ -318,6 +318,18 @@ def test_a_layout_seen_before_with_other_ranks_gets_the_new_groups(tmp_path, mod
         d.stop()
 
 
+def survived_in_place(d: Driver, nodes: list[nproc.Node]) -> None:
+    """The processes of ``nodes`` took the loss in place (never restarted, nothing read from
+    disk), and every rank's full state was the same at every step."""
+    for n in nodes:
+        for p in n.procs:
+            assert len({r["pid"] for r in p.steps()}) == 1, f"{p.name} was restarted"
+            assert changes(p)[-1]["change"]["kind"] == "lost", changes(p)[-1]
+            assert not changes(p)[-1]["moved"]["from_disk"], p.name
+    split = {s: v for s, v in digests(d.logs).items() if len(v) != 1}
+    assert not split, f"the ranks' full states differ at steps {sorted(split)}"
+
+
 def test_hsdp_node_hosting_the_store_lost_after_a_grow_siblings_leave_together(tmp_path):
     """HSDP, 2 processes per node: 3 nodes, 2, then 3 again (the first survivor hosting the
     epoch's store), then that node's processes SIGTERMed (a preemption: they exit at once).
@@ -340,12 +352,28 @@ def test_hsdp_node_hosting_the_store_lost_after_a_grow_siblings_leave_together(t
             os.kill(p.popen.pid, signal.SIGTERM)
         e = d.change([a, x], abandon=True)
         d.wait_trained(e, 3, timeout=40)             # well within the collective timeout
-        for n in (a, x):
-            for p in n.procs:
-                assert len({r["pid"] for r in p.steps()}) == 1, f"{p.name} was restarted"
-                assert changes(p)[-1]["change"]["kind"] == "lost", changes(p)[-1]
-                assert not changes(p)[-1]["moved"]["from_disk"], p.name
-        split = {s: v for s, v in digests(d.logs).items() if len(v) != 1}
-        assert not split, f"the ranks' full states differ at steps {sorted(split)}"
+        survived_in_place(d, [a, x])
+    finally:
+        d.stop()
+
+
+def test_hsdp_node_hung_the_survivors_are_released_from_fsdp2s_collectives(tmp_path):
+    """HSDP, 2 processes per node, one of two nodes SIGSTOPped (hung: its connections stay
+    open) and named lost. The survivors are often inside FSDP2's cross-replica all-reduce,
+    which nothing polls; their control threads shut the abandoned group's connections down
+    (:mod:`malletrain_core.worker.inplace.release`) and they train on in place within
+    seconds, not the collective timeout (60 s here). Before the release, the first such loss
+    of a loop still held both survivors in FSDP2's ``foreach_reduce`` all-reduce 150 s later."""
+    d = Driver(tmp_path / "job", "hsdp", 2)
+    d.tmp.mkdir()
+    slow = ("--collective-timeout-s", "60")
+    try:
+        a, b = d.start("a", args=slow), d.start("b", args=slow)
+        d.wait_trained(d.change([a, b]), 4)
+        for p in b.procs:
+            os.kill(p.popen.pid, signal.SIGSTOP)
+        e = d.change([a], abandon=True)
+        d.wait_trained(e, 3, timeout=30)             # well within the collective timeout
+        survived_in_place(d, [a])
     finally:
         d.stop()

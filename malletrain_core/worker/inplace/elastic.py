@@ -80,7 +80,8 @@ class Elastic(GroupMember):
         self._channel = ControlWatch(
             self.control_dir, self.local_rank, self.local_world, poll_s, wait_membership_s,
             self._pending, lambda: (self.epoch, self.rank, self.world),
-            lambda m: self._host.host(m, self.timeout_s), self._leave)
+            lambda m: self._host.host(m, self.timeout_s), self._leave,
+            self._sockets if self.inplace else None)
         self._rendezvous = Rendezvous(self._host, self._channel.replaced,
                                       collective_timeout_s, poll_s)
         self._beat = Heartbeat(self._channel.watched, self._channel.peer_silent,

@@ -16,6 +16,7 @@ from .handover import BroadcastHandover, Handed, StateHandover
 from .letgo import EXIT_ABORT_HUNG, OldGroups, _Abandoned, _forget_default_group, abandon_action
 from .lifecycle import GroupState, Lifecycle
 from .pending import StepAbandoned, _Pending
+from .release import GroupSockets
 from .rendezvous import Rendezvous
 from .state import TrainingState
 from .store import StoreHost
@@ -57,6 +58,9 @@ class GroupMember(TrainingState):
         self._phases: dict[str, float] = {}    # the current re-form's pieces (_apply)
         self._store: Any = None
         self._host = StoreHost()
+        # gloo: each group's connections, shut down when an abandoned operation holds the
+        # main thread (:mod:`.release`); NCCL's communicators are aborted instead
+        self._sockets = GroupSockets() if backend == "gloo" else None
 
     def _leave(self, code: int, why: str) -> None:
         """End the process with ``code``, saying ``why`` (:meth:`.elastic.Elastic._leave`)."""
@@ -201,6 +205,8 @@ class GroupMember(TrainingState):
             self._host.let_go_before(m.epoch)
             self._pending.reset(m.epoch)
             t_form = time.monotonic()
+            if self._sockets is not None:
+                self._sockets.opening()
             try:
                 formed = self._form(m)
             except Exception:
@@ -214,6 +220,8 @@ class GroupMember(TrainingState):
                 m = self._channel.await_epoch(m.epoch + 1)  # replaced before it formed
                 continue
             self._phases["form_s"] = time.monotonic() - t_form
+            if self._sockets is not None:   # releasable from here (a hand-over held too)
+                self._sockets.opened(m.epoch, self._channel.store_ports)
             self.epoch, self.rank, self.world = m.epoch, m.rank, m.world
             self.session.set_membership(m.epoch, m.rank, m.world)
             try:
@@ -227,6 +235,9 @@ class GroupMember(TrainingState):
                     raise
                 self._note_abandoned()
                 m = self._channel.await_epoch(m.epoch + 1)
+            finally:
+                if self._sockets is not None:   # the group's and its subgroups' connections
+                    self._sockets.opened(self.epoch, self._channel.store_ports)
         if self.lr_for is not None:
             lr = self.lr_for(self.world)
             for group in self.optimizer.param_groups:

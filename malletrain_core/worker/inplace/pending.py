@@ -7,8 +7,10 @@ the step in flight sees :class:`StepAbandoned` at once.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 KEEP_WORKS_S = 60.0  # how long a finished collective stays referenced (see _Pending)
@@ -39,6 +41,9 @@ class _Pending:
         done when their futures are."""
         self.lock = threading.Lock()
         self.reason: str | None = None
+        self.abandoned_at: float | None = None  # when :attr:`reason` was set (monotonic)
+        self.graced = 0  # shared-outcome operations in flight (:meth:`graced`)
+        self.quiet_until = 0.0  # and the grace after the last one ended (monotonic)
         self.epoch: int | None = None  # the epoch whose group the operations run on
         self.works: list[tuple[float, Any]] = []  # (issued at, work) on the current group
         self._prune_at = 256
@@ -52,6 +57,7 @@ class _Pending:
         """Start on the operations of ``epoch``'s group (None: not known)."""
         with self.lock:
             self.reason, self._inflight, self.epoch = None, [], epoch
+            self.abandoned_at = None
 
     def release(self) -> list[Any]:
         """Hand over this group's works (the caller drops them once the group's threads are
@@ -88,6 +94,8 @@ class _Pending:
         with self.lock:
             if epoch is not None and epoch != self.epoch:
                 return False
+            if self.reason is None:
+                self.abandoned_at = time.monotonic()
             self.reason = reason
             for _, _, out, _, _ in self._inflight:
                 if not out.done():
@@ -160,6 +168,21 @@ class _Pending:
             except Exception as exc:  # the peer's failure reaches the step
                 out.set_exception(exc)
         return bool(finished)
+
+    @contextlib.contextmanager
+    def shared(self, grace_s: float) -> Iterator[None]:
+        """Around an operation whose outcome every participant must share, issued and waited
+        for inside: its group's connections are not shut down (:mod:`.release`) while it is in
+        flight nor ``grace_s`` after it ends, by when a participant still finishing it has
+        finished or given up on it itself."""
+        with self.lock:
+            self.graced += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.graced -= 1
+                self.quiet_until = max(self.quiet_until, time.monotonic() + grace_s)
 
     def track(self, work: Any) -> Any:
         with self.lock:

@@ -21,6 +21,7 @@ from typing import Any
 from ..control import LOST_NAME, MEMBERSHIP_NAME, Membership, read_membership, write_peers_lost
 from ..heartbeat import Lost
 from .pending import _Pending
+from .release import GroupSockets
 
 
 class ControlWatch:
@@ -33,7 +34,8 @@ class ControlWatch:
     def __init__(self, control_dir: Path | None, local_rank: int, local_world: int,
                  poll_s: float, wait_membership_s: float, pending: _Pending,
                  group: Callable[[], tuple[int | None, int, int]],
-                 host: Callable[[Membership], Any], leave: Callable[[int, str], None]) -> None:
+                 host: Callable[[Membership], Any], leave: Callable[[int, str], None],
+                 release: GroupSockets | None = None) -> None:
         self.control_dir = control_dir
         self.local_rank, self.local_world = local_rank, local_world
         self.poll_s = poll_s
@@ -42,6 +44,8 @@ class ControlWatch:
         self.group = group
         self.host = host
         self.leave = leave
+        self.release = release
+        self.store_ports: set[int] = set()  # every store told of (:mod:`.release` keeps them)
         self._latest: Membership | None = None
         self._latest_lock = threading.Lock()
         self._told: dict[int, Membership] = {}  # the memberships read, by epoch (the last 8)
@@ -57,6 +61,8 @@ class ControlWatch:
         while not stop.wait(self.poll_s):
             if self.local_world > 1:
                 self.sibling_lost()
+            if self.release is not None:
+                self.release.check(self.pending, self.store_ports)
             try:
                 st = path.stat()
             except OSError:
@@ -108,6 +114,7 @@ class ControlWatch:
     def _remember(self, m: Membership) -> None:
         """Keep ``m`` for :meth:`_formed` (the heartbeat's view of this process's epoch)."""
         self._told[m.epoch] = m
+        self.store_ports.add(m.port)
         for old in sorted(self._told)[:-8]:
             del self._told[old]
 

@@ -141,4 +141,5 @@ def step_barrier(member: Any, mesh: Any, grace_s: float = BARRIER_GRACE_S) -> No
     if pending is None:
         member._collective(op, t)
         return
-    pending.wait(pending.track(op(t, async_op=True)), grace_s)
+    with pending.shared(grace_s):   # no sibling's connections shut down meanwhile
+        pending.wait(pending.track(op(t, async_op=True)), grace_s)

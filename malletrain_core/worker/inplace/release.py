@@ -1,0 +1,156 @@
+"""Releasing a process held in an operation of an abandoned gloo group.
+
+DDP's collectives and the step agreement are polled (:class:`~.pending._Pending`), so the
+control thread's abandonment ends them at once. FSDP2 runs its collectives itself and waits
+for them in the main thread, in C++: a process can stay in one whose peer is alive but will
+never take part, a node's sibling that failed its own part of the step and left for the next
+epoch. Seen under HSDP on real Slurm (2 processes a node, one of two nodes preempted): one
+process failed its cross-replica all-reduce on the lost node's connection and went to the
+next epoch's rendezvous; its sibling waited in the node's reduce-scatter for it until the
+collective timeout, the rendezvous gave up first, and the node was started again from the
+checkpoint. Letting go of the group on the leaver's side does not release the sibling when
+the leaver's group is not freed at once (:func:`~..sharded.state.let_go_of_groups`), and
+shutting the leaver's sockets leaves a sibling that is sending in gloo's ``waitSend``.
+
+What does release it is its own side: once an epoch has been abandoned for
+:data:`RELEASE_AFTER_S`, outside an operation whose outcome the participants must share and
+its grace (:meth:`~.pending._Pending.shared`: the HSDP step barrier), the control
+thread shuts down (``shutdown(SHUT_RDWR)``, the descriptors stay gloo's) this process's
+connections of the groups formed for that epoch and before; the operation fails at once with
+gloo's "Connection closed by peer", as a lost peer's would, and the step is dropped.
+Measured with two gloo processes, one never joining: all-reduce, send, recv and
+reduce-scatter, 1 kB and 40 MB, all failed 1.0 s after the shutdown at 1.0 s.
+
+A group's connections are the TCP sockets the process opened while it formed the group and
+handed the state over (the mesh's subgroups included), less those of the stores (their ports
+are the memberships'). Sockets a script opens itself in another thread during a re-form would
+be counted too; those of groups a script makes later are not, and hold it as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+RELEASE_AFTER_S = 2.0
+"""How long an abandoned epoch's operations may hold the main thread before the control thread
+shuts its group's connections down. An operation the control thread can abandon has ended by
+then; the others are of a group that is done with."""
+ESTABLISHED = 1  # /proc/net/tcp's state code
+KEEP_EPOCHS = 4  # the groups whose connections are remembered (the newest epochs)
+
+
+def tcp_ports() -> dict[int, tuple[int, int, int]]:
+    """Each TCP socket of this process's network namespace: inode → (local port, remote port,
+    state), from ``/proc/self/net/tcp`` and ``tcp6``."""
+    out: dict[int, tuple[int, int, int]] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/self/net/{name}", encoding="ascii") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
+                continue
+            with contextlib.suppress(ValueError, IndexError):
+                out[int(fields[9])] = (int(fields[1].rsplit(":", 1)[1], 16),
+                                       int(fields[2].rsplit(":", 1)[1], 16), int(fields[3], 16))
+    return out
+
+
+def socket_fds() -> dict[int, int]:
+    """This process's socket descriptors: inode → descriptor."""
+    out: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            link = os.readlink(f"/proc/self/fd/{name}")
+            if link.startswith("socket:["):
+                out[int(link[8:-1])] = int(name)
+    return out
+
+
+def shut_down(inodes: Iterable[int], keep_ports: set[int]) -> int:
+    """Shut down each of ``inodes`` that is still an open, established TCP connection of this
+    process and on none of ``keep_ports``; the descriptors stay open (their owner closes them).
+    Returns how many were shut down."""
+    wanted = set(inodes)
+    if not wanted:
+        return 0
+    fds, table = socket_fds(), tcp_ports()
+    done = 0
+    for inode in sorted(wanted & set(fds)):
+        entry = table.get(inode)
+        if entry is None or entry[2] != ESTABLISHED or entry[0] in keep_ports \
+                or entry[1] in keep_ports:
+            continue
+        try:
+            sock = socket.socket(fileno=os.dup(fds[inode]))
+        except OSError:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    return done
+
+
+class GroupSockets:
+    """The connections of each epoch's group, and their release (see the module).
+
+    The main thread calls :meth:`opening` before it forms a group and :meth:`opened` once
+    the state is handed over; the control thread calls :meth:`check` at every poll."""
+
+    def __init__(self, after_s: float = RELEASE_AFTER_S) -> None:
+        self.after_s = after_s
+        self.by_epoch: dict[int, set[int]] = {}
+        self._lock = threading.Lock()  # by_epoch: written by the main thread, read by check
+        self._before: set[int] = set()
+        self._released: float | None = None  # the abandonment already released
+
+    def opening(self) -> None:
+        self._before = set(socket_fds())
+
+    def opened(self, epoch: int, store_ports: set[int]) -> None:
+        table = tcp_ports()
+        new = {i for i in set(socket_fds()) - self._before
+               if i in table and not {table[i][0], table[i][1]} & store_ports}
+        with self._lock:
+            self.by_epoch[epoch] = self.by_epoch.get(epoch, set()) | new
+            for old in sorted(self.by_epoch)[:-KEEP_EPOCHS]:
+                del self.by_epoch[old]
+
+    def check(self, pending: Any, store_ports: set[int], now: float | None = None) -> int:
+        """Shut down the connections of the groups of ``pending``'s epoch and before once it
+        has been abandoned :attr:`after_s` (once per abandonment); how many were. Under the
+        pending operations' lock, so the main thread cannot start on a new group meanwhile."""
+        now = time.monotonic() if now is None else now
+        with pending.lock:
+            at, epoch = pending.abandoned_at, pending.epoch
+            if pending.reason is None or at is None or epoch is None or pending.graced \
+                    or now < pending.quiet_until or at == self._released \
+                    or now - at < self.after_s:
+                return 0
+            self._released = at
+            with self._lock:
+                inodes = set().union(*(s for e, s in self.by_epoch.items() if e <= epoch))
+            done = shut_down(inodes, store_ports)
+        if done:
+            print(f"malletrain: epoch {epoch}: still held {now - at:.1f} s after it was "
+                  f"abandoned; shut down {done} connection(s) of its group to release it",
+                  file=sys.stderr, flush=True)
+        return done
