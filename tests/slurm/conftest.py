@@ -55,9 +55,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     setattr(item, f"rep_{report.when}", report)
 
 
+def installed_here() -> str | None:
+    """None when the batch jobs' Python imports malletrain_core from this checkout (they run
+    outside it, so they get the installed package); else the one-line error to stop on. Seen:
+    an editable install left pointing at a clean clone, and every training job failing with
+    "No module named 'malletrain_core'" at each of its epochs."""
+    import sys
+
+    root = HERE.parents[1]
+    found = subprocess.run([sys.executable, "-c",
+                            "import malletrain_core; print(malletrain_core.__file__)"],
+                           cwd="/", capture_output=True, text=True, check=False)
+    where = found.stdout.strip()
+    if where and root in Path(where).resolve().parents:
+        return None
+    return (f"the batch jobs would import malletrain_core from {where or 'nowhere'}, not "
+            f"from {root}: run `{sys.executable} -m pip install --no-deps -e {root}`")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[LocalCluster]:
     """The session's cluster: partition mode, test-friendly timings."""
+    wrong = installed_here()
+    if wrong:
+        pytest.exit(wrong, returncode=4)
     with cluster_root("slurm") as root:
         cluster = start_cluster(root, nodes=NODES)
         try:
