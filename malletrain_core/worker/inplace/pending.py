@@ -42,7 +42,7 @@ class _Pending:
         self.lock = threading.Lock()
         self.reason: str | None = None
         self.abandoned_at: float | None = None  # when :attr:`reason` was set (monotonic)
-        self.graced = 0  # shared-outcome operations in flight (:meth:`graced`)
+        self.graced = 0  # shared-outcome operations in flight (:meth:`shared`)
         self.quiet_until = 0.0  # and the grace after the last one ended (monotonic)
         self.epoch: int | None = None  # the epoch whose group the operations run on
         self.works: list[tuple[float, Any]] = []  # (issued at, work) on the current group

@@ -6,9 +6,8 @@ for them in the main thread, in C++: a process can stay in one whose peer is ali
 never take part, a node's sibling that failed its own part of the step and left for the next
 epoch. Seen under HSDP on real Slurm (2 processes a node, one of two nodes preempted): one
 process failed its cross-replica all-reduce on the lost node's connection and went to the
-next epoch's rendezvous; its sibling waited in the node's reduce-scatter for it until the
-collective timeout, the rendezvous gave up first, and the node was started again from the
-checkpoint. Letting go of the group on the leaver's side does not release the sibling when
+next epoch's rendezvous; its sibling stayed in a collective of FSDP2's with it until the
+rendezvous gave up (60 s), and the node was started again from the checkpoint. Letting go of the group on the leaver's side does not release the sibling when
 the leaver's group is not freed at once (:func:`~..sharded.state.let_go_of_groups`), and
 shutting the leaver's sockets leaves a sibling that is sending in gloo's ``waitSend``.
 
@@ -98,9 +97,13 @@ def shut_down(inodes: Iterable[int], keep_ports: set[int]) -> int:
                 or entry[1] in keep_ports:
             continue
         try:
-            sock = socket.socket(fileno=os.dup(fds[inode]))
+            dup = os.dup(fds[inode])
         except OSError:
             continue
+        if os.fstat(dup).st_ino != inode:   # closed and its number reused since the listing
+            os.close(dup)
+            continue
+        sock = socket.socket(fileno=dup)
         try:
             sock.shutdown(socket.SHUT_RDWR)
             done += 1
