@@ -10,6 +10,7 @@ simulator's and the churn stand-in's directly, the daemon's
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from .events import Action, Event
@@ -17,6 +18,22 @@ from .events import Action, Event
 WAKE_LEAD_S = 0.01
 """How soon a hook datagram after a quiet spell runs the daemon's cycle, unless the backend
 names its own :attr:`Backend.wake_lead_s`."""
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """Where the batch system runs the engine's work, as the backend's last poll and the
+    actions since left it: the daemon compares it with the engine's nodes after every poll
+    (:func:`~malletrain_core.daemon.reconcile.view_fixes`).
+
+    ``running``: (job, node) pairs with a task running or starting there that nobody is
+    stopping; ``stopping``: pairs whose task is being stopped (neither side's any more);
+    ``offered``: the nodes the engine has been offered and not had taken back.
+    """
+
+    running: frozenset[tuple[str, str]]
+    stopping: frozenset[tuple[str, str]]
+    offered: frozenset[str]
 
 
 class Backend(Protocol):
@@ -62,3 +79,8 @@ class Backend(Protocol):
         confined to, empty: any): a backend may hold back what it released and has not
         started. Returns how many tasks it held again (default: none)."""
         return 0
+
+    def view(self) -> TaskView | None:
+        """Where the batch system runs the engine's work (:class:`TaskView`); None where the
+        backend keeps no task table (the daemon then compares nothing)."""
+        return None

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 
 import pytest
-from test_slurm_backend import FakeSlurm, T, held_array, nodes, task
+from test_slurm_backend import FakeSlurm, T, held_array, nodes
 
 from malletrain_core.backends.slurm import parse as sp
 from malletrain_core.backends.slurm.backend import SlurmBackend
@@ -25,7 +25,7 @@ from malletrain_core.backends.slurm.client import (
     client_for,
 )
 from malletrain_core.errors import CommandError
-from malletrain_core.events import Event, Grow, NodesReclaimed, Shrink, WorkerStopped
+from malletrain_core.events import Event, Grow, NodesReclaimed, WorkerStopped
 from malletrain_core.runner import CommandRunner
 
 ROW = "20|7|0|RUNNING|n01|60|0|0|alice|None|malletrain:min=1,max=2\n"
@@ -164,25 +164,6 @@ def release_refused(slurm: FakeSlurm, backend: SlurmBackend) -> list[Event]:
     return backend.execute([Grow("7", ("n01", "n02"), None)], T + 1)
 
 
-def just_left(slurm: FakeSlurm, backend: SlurmBackend) -> list[Event]:
-    backend.execute([Grow("7", ("n01",), None)], T + 1)
-    slurm.squeue = task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin") + task(7, 7, 1)
-    backend.poll(T + 2)
-    backend.execute([Shrink("7", ("n01",))], T + 3)
-    slurm.squeue = task(20, 7, 0, reason="job requeued in held state")
-    backend.poll(T + 3.5)
-    return backend.execute([Grow("7", ("n01",), None)], T + 4)
-
-
-def being_requeued(slurm: FakeSlurm, backend: SlurmBackend) -> list[Event]:
-    backend.execute([Grow("7", ("n01", "n02"), None)], T + 1)
-    slurm.squeue = (task(20, 7, 0, "RUNNING", "n01", reason="JobHeldAdmin")
-                    + task(21, 7, 1, "RUNNING", "n02", reason="JobHeldAdmin"))
-    backend.poll(T + 2)
-    backend.execute([Shrink("7", ("n01",))], T + 3)
-    return backend.execute([Grow("7", ("n03",), None)], T + 4)
-
-
 SCENARIOS: dict[str, tuple[Scenario, list[Event]]] = {
     "not a live job": (not_live, [WorkerStopped(T + 1, "99", "n01")]),
     "hole under a minute": (hole_too_short, [WorkerStopped(T + 1, "7", "n01")]),
@@ -193,10 +174,6 @@ SCENARIOS: dict[str, tuple[Scenario, list[Event]]] = {
         WorkerStopped(T + 1, "7", "n02"), NodesReclaimed(T + 1, ("n02",))]),
     "release refused": (release_refused, [WorkerStopped(T + 1, "7", "n01"),
                                           WorkerStopped(T + 1, "7", "n02")]),
-    "free tasks just left the node": (just_left, [WorkerStopped(T + 4, "7", "n01"),
-                                                  NodesReclaimed(T + 4, ("n01",))]),
-    "a task being requeued": (being_requeued, [WorkerStopped(T + 4, "7", "n03"),
-                                               NodesReclaimed(T + 4, ("n03",))]),
 }
 
 

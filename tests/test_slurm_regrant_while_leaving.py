@@ -15,31 +15,31 @@ from __future__ import annotations
 from test_slurm_backend import FakeSlurm, T, nodes, task
 
 from malletrain_core.backends.slurm.backend import SlurmBackend
-from malletrain_core.events import Event, Grow, NodesIdle, Shrink, WorkerStarted, WorkerStopped
+from malletrain_core.events import Event, Grow, Shrink, WorkerStarted, WorkerStopped
 
 HELD = "job requeued in held state"
 
 
 def regranted() -> tuple[FakeSlurm, SlurmBackend]:
-    """Three workers shrunk after a restart; 7_0 still COMPLETING on n01 at the next poll, when
-    n01 is granted to job 7 again (task 7_1 released there)."""
+    """Three workers shrunk after a restart and n01 granted to job 7 again at once: its tasks
+    are not held yet, so the grant waits (no command); the next poll, with 7_0 still COMPLETING
+    on n01, releases 7_1 there."""
     slurm = FakeSlurm()
     backend = SlurmBackend(slurm, grant_timeout_s=120, unplanned_wait_s=0)
     slurm.squeue = "".join(task(20 + i, 7, i, "RUNNING", f"n0{i + 1}", reason="JobHeldAdmin")
                            for i in range(3))
     slurm.sinfo = nodes(n01="allocated", n02="allocated", n03="allocated")
     backend.poll(T)
-    everywhere = ("n01", "n02", "n03")
-    backend.execute([Shrink("7", everywhere)], T)  # the restart's shrink
-    backend.execute([Grow("7", everywhere, None)], T)  # its tasks are not held yet
+    backend.execute([Shrink("7", ("n01", "n02", "n03"))], T)  # the restart's shrink
+    slurm.calls.clear()
+    assert backend.execute([Grow("7", ("n01",), None)], T) == []
+    assert slurm.commands() == []
     slurm.squeue = (task(20, 7, 0, "COMPLETING", "n01", reason="None")
                     + task(21, 7, 1, reason=HELD) + task(22, 7, 2, reason=HELD))
     slurm.sinfo = nodes(n01="completing", n02="idle", n03="idle")
     events = backend.poll(T + 1)
-    idle = [n.name for e in events if isinstance(e, NodesIdle) for n in e.nodes]
-    assert idle == ["n01", "n02", "n03"]
-    slurm.calls.clear()
-    assert backend.execute([Grow("7", ("n01",), None)], T + 1) == []
+    assert not [e for e in events if isinstance(e, WorkerStopped) and e.node == "n01"]
+    assert ["scontrol", "release", "7_1"] in slurm.commands()
     assert backend.launching == {"7_1": "n01"}
     slurm.calls.clear()
     return slurm, backend

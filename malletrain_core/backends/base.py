@@ -29,7 +29,7 @@ from ..events import (
     NodesReclaimed,
     Shrink,
 )
-from ..interfaces import WAKE_LEAD_S, Backend
+from ..interfaces import WAKE_LEAD_S, Backend, TaskView
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,18 @@ class TaskBackend(Backend):
         """Work in flight that only a poll confirms: grows not yet running, tasks being
         stopped (the daemon's quiet polling waits for none)."""
         return bool(self._launching or self._stopping)
+
+    def view(self) -> TaskView:
+        """The task table as the daemon compares it with the engine (:class:`TaskView`): a
+        worker or a grant in flight runs the engine's work unless we are stopping it."""
+        running: set[tuple[str, str]] = set()
+        stopping: set[tuple[str, str]] = set()
+        tasks = [(task, job, node) for task, (job, node) in self._workers.items()]
+        tasks += [(task, launch.job_id, launch.node) for task, launch in self._launching.items()]
+        for task, job, node in tasks:
+            (stopping if task in self._stopping else running).add((job, node))
+        return TaskView(frozenset(running), frozenset(stopping - running),
+                        frozenset(self._offered))
 
     # ------------------------------------------------------------------ for subclasses
     def _job_of(self, task: str) -> str:

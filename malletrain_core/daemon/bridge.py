@@ -40,6 +40,7 @@ from ..events import (
     WorkerStarted,
     WorkerStopped,
 )
+from ..interfaces import TaskView
 from .epochs import EpochCoordinator
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,19 @@ class EpochBridge(Backend):
 
     def other_submitted(self, only_nodes: Collection[str] = ()) -> int:
         return self.backend.other_submitted(only_nodes)
+
+    def view(self) -> TaskView | None:
+        """The backend's view with the actions held here: a deferred shrink's task is being
+        stopped, a deferred grow's node is the job's."""
+        view = self.backend.view()
+        if view is None or not self.deferred:
+            return view
+        shrinking = {(d.action.job_id, node) for d in self.deferred
+                     if isinstance(d.action, Shrink) for node in d.action.nodes}
+        growing = {(d.action.job_id, node) for d in self.deferred
+                   if isinstance(d.action, Grow) for node in d.action.nodes}
+        return TaskView((view.running - shrinking) | growing,
+                        (view.stopping | shrinking) - growing, view.offered)
 
     # -- deferred actions --------------------------------------------------------------------
     def pending_nodes(self) -> set[str]:

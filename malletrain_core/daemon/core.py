@@ -33,7 +33,7 @@ from ..events import Action, Event, Finish, Grow, Shrink, Tick
 from ..interfaces import Backend
 from . import snapshot as snapshots
 from .drain import Drain
-from .reconcile import after_restart
+from .reconcile import after_restart, view_fixes
 from .store import CorruptState, Store
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class Counters:
     events: int = 0
     actions: Counter[str] = field(default_factory=Counter)
     command_failures: int = 0
+    view_fixes: int = 0  # polls after which the engine's nodes and the tasks differed
     last_cycle_ms: float = 0.0
     last_poll_time: float = 0.0
     # Milliseconds from a hook datagram's arrival to the batch-system command it led to
@@ -283,6 +284,30 @@ class Daemon:
                     self.counters.command_failures += 1
                     log.warning("drain: %d shrinks failed; the next poll reconciles: %s",
                                 len(forced), exc)
+        executed, events = self._decide(events, now)
+        if polled and not events:
+            fixes = self._fix_view(now)
+            if fixes:
+                more, events = self._decide(fixes, now)
+                executed += more
+        if events:
+            # The last round's follow-ups (grows that failed at once): handled by the next
+            # cycle, never dropped. Dropped, the engine kept nodes the backend had taken back
+            # and waited for workers that would never start.
+            self.pending.extend(events)
+            self._poke = True
+        self._hook_at = None
+        self._maybe_compact()
+        self.counters.cycles += 1
+        self.counters.last_cycle_ms = (time.perf_counter() - t0) * 1e3
+        for hook in self.after_cycle:
+            hook()
+        return executed
+
+    def _decide(self, events: list[Event], now: float) -> tuple[list[Action], list[Event]]:
+        """Journal ``events``, let the engine decide, carry its actions out; again with what
+        the backend returns at once, three rounds at most. Returns the actions executed and
+        the follow-up events left for the next cycle."""
         executed: list[Action] = []
         for _ in range(3):  # the backend's immediate follow-up events, bounded
             if not events:
@@ -313,19 +338,23 @@ class Daemon:
             self._changed = True
             if self.on_actions is not None:
                 self.on_actions(actions, now)
-        if events:
-            # The last round's follow-ups (grows that failed at once): handled by the next
-            # cycle, never dropped. Dropped, the engine kept nodes the backend had taken back
-            # and waited for workers that would never start.
-            self.pending.extend(events)
-            self._poke = True
-        self._hook_at = None
-        self._maybe_compact()
-        self.counters.cycles += 1
-        self.counters.last_cycle_ms = (time.perf_counter() - t0) * 1e3
-        for hook in self.after_cycle:
-            hook()
-        return executed
+        return executed, events
+
+    def _fix_view(self, now: float) -> list[Event]:
+        """After a poll: what corrects the engine where its nodes and the batch system's tasks
+        differ (:func:`.reconcile.view_fixes`); the shrinks it needs are carried out here."""
+        view = self.backend.view()
+        if view is None:
+            return []
+        events, shrinks = view_fixes(self.engine.node_map, view, now)
+        if events or shrinks:
+            self.counters.view_fixes += 1
+        try:
+            events += self.backend.execute(shrinks, now) if shrinks else []
+        except CommandError as exc:
+            self.counters.command_failures += 1
+            log.warning("%d shrinks failed; the next poll looks again: %s", len(shrinks), exc)
+        return events
 
     def run_once(self, timeout_s: float | None = None) -> None:
         """Wait for input or the next cycle, then run whatever is due."""

@@ -44,19 +44,18 @@ The task table and the poll's reconciliation are in :mod:`.reconcile`, the pure 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Collection
 
 from ...errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
-from ...events import Event, Finish, Grow, NodesReclaimed, Shrink, WorkerStarted, WorkerStopped
+from ...events import Event, Finish, Shrink, WorkerStarted, WorkerStopped
 from ...runner import CommandRunner
-from ..base import REUSE_SETTLE_S, Launch
 from ..states import TaskState
 from . import parse as sp
 from . import rules
 from .client import PyslurmCalls, client_for
+from .grants import SlurmGrants
 from .options import SlurmOptions
-from .reconcile import SlurmPollEvents, SlurmTasks
+from .reconcile import SlurmPollEvents
 from .rules import (
     DEFAULT_TIME_LIMIT_S,
     HOLE_MARGIN_S,
@@ -75,7 +74,7 @@ __all__ = ["DEFAULT_TIME_LIMIT_S", "HOLE_MARGIN_S", "TASK_FAILURES_MAX", "TASK_F
 log = logging.getLogger(__name__)
 
 
-class SlurmBackend(SlurmTasks):
+class SlurmBackend(SlurmGrants):
     """Slurm behind the :class:`~malletrain_core.backends.base.Backend` protocol.
 
     Clock-free: every method takes ``now`` (Unix seconds, as in Slurm's timestamps).
@@ -156,6 +155,7 @@ class SlurmBackend(SlurmTasks):
         self._stopping.update(out.to_requeuehold)
         if recycled:
             self._cancel_revived(recycled)
+        self._release_waiting(now, out)
         return out.ordered(now, idle)
 
     def other_submitted(self, only_nodes: Collection[str] = ()) -> int:
@@ -182,14 +182,6 @@ class SlurmBackend(SlurmTasks):
                      "another partition was submitted (one that has started stays a worker)",
                      sp.fold_tasks(held))
         return len(held)
-
-    def _grants_held(self) -> bool:
-        if self.unplanned_wait_s <= 0:
-            return False
-        if not self._hold_grants and self.submits_seen is not None \
-                and self.submits_seen() != self._submits_at_poll:
-            self._hold_grants = True  # announced after the poll: wait for the next one
-        return self._hold_grants
 
     def _cancel_revived(self, recycled: list[str]) -> None:
         """Time-limit recycling requeues a *finished* task, which the conditional requeue of a
@@ -221,6 +213,11 @@ class SlurmBackend(SlurmTasks):
         unlaunch: list[str] = []
         for action in shrinks:
             for node in action.nodes:
+                waiting = self._waiting.get(node)
+                if waiting is not None and waiting[0].job_id == action.job_id:
+                    del self._waiting[node]  # never released: nothing to stop
+                    events.append(WorkerStopped(now, action.job_id, node))
+                    continue
                 key = self._task_on(action.job_id, node)
                 row = self._rows.get(key) if key is not None else None
                 if key is None:
@@ -248,133 +245,8 @@ class SlurmBackend(SlurmTasks):
         super()._end(job_id)
         self._failures.pop(job_id, None)
         self._no_task_logged.pop(job_id, None)
+        self._waiting = {n: w for n, w in self._waiting.items() if w[0].job_id != job_id}
         self._failures_seen = {f for f in self._failures_seen if self._job_of(f[0]) != job_id}
-
-    def _free_tasks(self, job_id: str) -> list[str]:
-        busy = set(self._workers) | set(self._launching) | self._stopping
-        free = [r for r in self._rows.values() if r.array_id == job_id and r.key not in busy
-                and r.state in (TaskState.PENDING, TaskState.HELD) and r.held]
-        return [r.key for r in sorted(free, key=lambda r: r.index or 0)]
-
-    def _grow(self, grows: list[Grow], now: float, events: list[Event]) -> None:
-        if grows and self._grants_held():
-            nodes = sorted({n for action in grows for n in action.nodes})
-            log.info("grows onto %s held back: a job of another partition waits unplanned",
-                     ",".join(nodes))
-            for action in grows:
-                events += [WorkerStopped(now, action.job_id, n) for n in action.nodes]
-            # Every idle node is withdrawn, not only these: the engine, planning again at
-            # once, would otherwise try the next ones, held back in turn. All are offered
-            # again by the first poll without such a job.
-            events.append(self._withdrawn(self._every_idle(nodes), now))
-            return
-        released: list[str] = []
-        hung = False  # scontrol did not answer: the rest of this batch waits for a poll
-        for action in grows:
-            job = action.job_id
-            if job not in self._jobs:
-                for node in action.nodes:
-                    self._give_back(job, node, now, events, "not a live elastic job")
-                continue
-            minutes = self._minutes(action.time_limit_s)
-            free = self._free_tasks(job)
-            for node in action.nodes:
-                there = self._task_on(job, node)
-                if there is not None and there not in self._stopping:
-                    # The job has a task there already: a second one released onto the node
-                    # would wait for it (Resources) for ever. The grant is that task's.
-                    log.warning("grow of job %s on %s: its task %s is there already", job,
-                                node, there)
-                    if there in self._workers:
-                        events.append(WorkerStarted(now, job, node))
-                    continue
-                key = self._pick(free, node, now) if minutes >= 1 else None
-                if key is None:
-                    self._no_task(job, node, free, minutes, now, events)
-                elif hung:
-                    free.insert(0, key)
-                    self._give_back(job, node, now, events, "an earlier update of this cycle "
-                                    "timed out: offered again by the next poll",
-                                    level=logging.DEBUG, withdraw=[node])
-                else:
-                    done = self._grown(key, job, node, minutes, now, events)
-                    if done:
-                        self._launching[key] = Launch(job, node, now + self.grant_timeout_s)
-                        released.append(key)
-                    hung = done is None
-        try:
-            failed = self._scontrol_batch("release", released)
-        except CommandTimeout as exc:
-            log.warning("%s: the next poll shows which tasks started", exc)
-            failed = set()
-        for key in sorted(failed):
-            launch = self._launching.pop(key)
-            self._give_back(launch.job_id, launch.node, now, events, "release refused",
-                            level=logging.DEBUG)
-
-    def _grown(self, key: str, job: str, node: str, minutes: int, now: float,
-               events: list[Event]) -> bool | None:
-        """Pin ``key`` to ``node`` with a limit of ``minutes``: True; else the node is given
-        back: False when Slurm refused, None when it did not answer."""
-        try:
-            self.client.grow(key, node, minutes)
-            return True
-        except CommandNotFound:
-            raise
-        except CommandError as exc:  # a timed-out update leaves the task held; its node is
-            # withdrawn with every idle one, so the engine does not try each and wait again
-            hung = isinstance(exc, CommandTimeout)
-            self._give_back(job, node, now, events, "%s", exc,
-                            withdraw=self._every_idle([node]) if hung else ())
-            return None if hung else False
-
-    def _no_task(self, job: str, node: str, free: list[str], minutes: int, now: float,
-                 events: list[Event]) -> None:
-        """No task of ``job`` can go to ``node``: say why and give the node back."""
-        if free and minutes >= 1:  # every free task just left this node
-            self._give_back(job, node, now, events, "its free tasks %s left that node under "
-                            "%g s ago (slurmd may still be ending them there): node given "
-                            "back, offered again by a later poll", sp.fold_tasks(free),
-                            REUSE_SETTLE_S, level=logging.INFO, withdraw=[node])
-            return
-        if minutes < 1:
-            self._give_back(job, node, now, events, "hole under one minute")
-            return
-        coming = sum(1 for k in self._stopping if self._job_of(k) == job)
-        if not coming:
-            self._give_back(job, node, now, events, "no held task left")
-            return
-        # A task is on its way back (a failed one requeued by this very poll): the node is
-        # withdrawn, so the engine plans again at the next poll, not at some other event.
-        loud = now - self._no_task_logged.get(job, -math.inf) >= 60
-        if loud:
-            self._no_task_logged[job] = now
-        self._give_back(job, node, now, events, "its %d task(s) being requeued are not held "
-                        "yet: node offered again by the next poll", coming,
-                        level=logging.INFO if loud else logging.DEBUG, withdraw=[node])
-
-    def _give_back(self, job: str, node: str, now: float, events: list[Event], why: str,
-                   *args: object, level: int = logging.WARNING,
-                   withdraw: Collection[str] = ()) -> None:
-        """The one way a grant that is not carried out ends: one line ``grow of job J on N:
-        WHY``, WorkerStopped (the engine sees the node idle and the job without it), and the
-        nodes ``withdraw`` taken from the engine until a later poll offers them again."""
-        log.log(level, "grow of job %s on %s: " + why, job, node, *args)
-        events.append(WorkerStopped(now, job, node))
-        if withdraw:
-            events.append(self._withdrawn(withdraw, now))
-
-    def _every_idle(self, nodes: Collection[str]) -> list[str]:
-        """``nodes`` and every offered node that runs no worker and no grant."""
-        busy = {node for _, node in self._workers.values()} | {
-            launch.node for launch in self._launching.values()}
-        return sorted(set(nodes) | {n for n in self._offered if n not in busy})
-
-    def _withdrawn(self, nodes: Collection[str], now: float) -> NodesReclaimed:
-        """Take ``nodes`` from the engine (offered again by a later poll)."""
-        for node in nodes:
-            self._offered.pop(node, None)
-        return NodesReclaimed(now, tuple(sorted(nodes)))
 
     def _finish(self, finishes: list[Finish]) -> None:
         for action in finishes:

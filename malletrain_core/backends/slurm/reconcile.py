@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ...errors import CommandError, CommandNotFound, CommandTimeout, ValidationError
 from ...events import EndReason, IdleNode, JobRequest, WorkerStarted, WorkerStopped
-from ..base import PollEvents, TaskBackend
+from ..base import Launch, PollEvents, TaskBackend
 from ..states import NodeState, TaskState
 from . import parse as sp
 from . import rules
@@ -69,6 +69,9 @@ class SlurmTasks(TaskBackend):
         self._failures: dict[str, list[float]] = {}   # job -> times its tasks failed
         self._failures_seen: set[tuple[str, int]] = set()  # (task, restarts) counted
         self._no_task_logged: dict[str, float] = {}  # job -> last "no held task left" warning
+        self._waiting: dict[str, tuple[Launch, int]] = {}
+        """Grants waiting for a task of their job (node → the grant, its minutes): see
+        :mod:`.grants`."""
         self._requeued: set[str] = set()
         """Workers taken as preempted while their task still shows COMPLETING (see
         :func:`.rules.requeued_now`): not seen as started again until it shows something
@@ -102,6 +105,12 @@ class SlurmTasks(TaskBackend):
         except CommandTimeout as exc:
             log.warning("%s: retried at the next poll", exc)
             return set()
+
+    def _granted_again(self, job_id: str, node: str) -> bool:
+        """Also when the grant there still waits for a task (:mod:`.grants`)."""
+        waiting = self._waiting.get(node)
+        return (waiting is not None and waiting[0].job_id == job_id) \
+            or super()._granted_again(job_id, node)
 
     def _admit_arrays(self, tagged: dict[str, list[sp.TaskRow]], now: float,
                       out: SlurmPollEvents) -> None:
@@ -145,8 +154,9 @@ class SlurmTasks(TaskBackend):
         for key in list(self._workers):
             seen = current.get(key)
             requeued = key not in self._stopping and rules.requeued_now(self._rows.get(key), seen)
-            if seen is not None and seen.state in rules.ACTIVE and not requeued:
-                continue
+            if seen is not None and seen.state in rules.ACTIVE and not requeued \
+                    and seen.node in ("", self._workers[key][1]):
+                continue  # (on another node: gone from this one, seen there next poll)
             aid, node = self._workers.pop(key)
             if key in self._stopping:
                 self._left[key] = (node, now)
@@ -278,7 +288,7 @@ class SlurmTasks(TaskBackend):
         """
         ends = sp.hole_ends(plan, exclude=set(self._jobs) | self._gone)
         ours = {node for _, node in self._workers.values()}
-        launching = {launch.node for launch in self._launching.values()}
+        launching = {launch.node for launch in self._launching.values()} | set(self._waiting)
         just_lost = set(reclaimed)
         idle: list[IdleNode] = []
         unnamed: dict[str, float] = {}
@@ -331,11 +341,13 @@ class SlurmTasks(TaskBackend):
             if name in self._offered:
                 del self._offered[name]
                 reclaimed.append(name)
+            self._waiting.pop(name, None)
             for key in [k for k, la in self._launching.items() if la.node == name]:
                 del self._launching[key]  # the engine drops it with NodesReclaimed
                 self._run_quietly("hold", [key])
         for name in [n for n in self._offered if n not in nodes]:
             del self._offered[name]
+            self._waiting.pop(name, None)
             reclaimed.append(name)
         for name, since in self._unnamed.items():
             if name not in unnamed:
@@ -367,33 +379,3 @@ class SlurmTasks(TaskBackend):
     def fits(self, hole_end: float, now: float) -> bool:
         """Whether a task fits in a hole that ends at ``hole_end`` (see :meth:`_minutes`)."""
         return self._minutes(hole_end - now) >= 1
-
-    def _waiting_unplanned(self, plan: list[sp.PlanRow], now: float) -> bool:
-        """Whether a job of another partition waits that Slurm has not planned yet.
-
-        Such a job (a production job just submitted, or one whose plan Slurm dropped when it
-        preempted workers for it) may start on any idle node at Slurm's next scheduling pass,
-        and a task we release there first takes the node: the job then waits for a later
-        preemption round (seconds to tens of seconds). So while one waits, newly idle nodes
-        are not offered, grows are not carried out, and a task released for a grow that has
-        not started yet is held again (the grow failed: its node is offered again later). Once Slurm plans it, the nodes it will
-        take are holes (:func:`~.parse.hole_ends`) and grants go on elsewhere. A job that stays
-        unplanned holds grants back for at most ``unplanned_wait_s`` after its submission
-        (after the poll that first saw it where the submit time is not known). Only jobs whose
-        pending reason says they could start now count (:data:`STARTABLE_REASONS`): a held job,
-        one waiting on a dependency, a limit or the jobs before it never holds grants back.
-        """
-        if self.unplanned_wait_s <= 0:
-            self._unplanned.clear()
-            return False
-        ours = set(self._jobs) | self._gone
-        seen: dict[str, float] = {}
-        for row in plan:
-            if (row.start is not None and row.nodes) or row.array_id in ours \
-                    or self.partition in row.partition.split(",") \
-                    or row.reason.split(",")[0].strip() not in rules.STARTABLE_REASONS:
-                continue
-            seen[row.job_id] = row.submit if row.submit is not None else \
-                self._unplanned.get(row.job_id, now)
-        self._unplanned = seen
-        return any(now - first < self.unplanned_wait_s for first in seen.values())
