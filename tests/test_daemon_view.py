@@ -22,7 +22,7 @@ from malletrain_core.daemon.core import Daemon
 from malletrain_core.daemon.reconcile import view_fixes
 from malletrain_core.daemon.store import Store
 from malletrain_core.engine import Engine
-from malletrain_core.events import Action, Event, NodesReclaimed, Shrink, WorkerStopped
+from malletrain_core.events import Action, Event, Grow, NodesReclaimed, Shrink, WorkerStopped
 from malletrain_core.interfaces import TaskView
 
 T = 1_800_000_000.0
@@ -190,3 +190,30 @@ def test_a_worker_slurm_shows_on_another_node_is_not_kept_where_the_table_had_it
     assert differed(caplog) == [f"{WHAT_DIFFERED}: job 1 runs on n03, which the engine does not "
                                 "give it (shrunk)"]
     assert w.sim.running(w.job) == {"n01"} and w.agree()
+
+
+def test_a_waiting_grant_is_given_back_when_its_hole_became_too_short_meanwhile(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A grant into a hole ending in 130 s waits for a task being requeued; 20 s later no task
+    fits the 110 s left (Slurm's one-minute limits plus the hole margin): given back, no
+    command sent, rather than a task running past the planned start."""
+    sim = SlurmSim()
+    sim.add_node("n01")
+    job = sim.submit(1, 1, "alice")
+    backend = sim.backend()
+    t = sim.tasks[f"{job}_0"]
+    t.state, t.node, t.priority, t.reason = "RUNNING", "n01", "1", "None"
+    sim.nodes["n01"] = "allocated"
+    backend.poll(T)
+    backend.execute([Shrink(job, ("n01",))], T)
+    t.state, t.node = "COMPLETING", "n01"  # the requeue is not over
+    sim.nodes["n01"] = "completing"
+    assert backend.execute([Grow(job, ("n01",), 130.0)], T + 0.5) == []  # waits
+    t.state, t.node, t.priority, t.reason = "PENDING", "", "0", "job requeued in held state"
+    sim.nodes["n01"] = "idle"
+    done = len(sim.calls)
+    events = backend.poll(T + 20.5)
+    assert WorkerStopped(T + 20.5, job, "n01") in events
+    assert [c for c in sim.calls[done:] if c[:2] in (["scontrol", "update"],
+                                                     ["scontrol", "release"])] == []
+    assert f"grow of job {job} on n01: hole under one minute" in caplog.text

@@ -93,7 +93,7 @@ class SlurmGrants(SlurmTasks):
                     continue
                 key = self._pick(free, node, now) if minutes >= 1 else None
                 if key is None:
-                    self._no_task(job, node, free, minutes, now, events)
+                    self._no_task(job, node, free, minutes, action.time_limit_s, now, events)
                 elif hung:
                     free.insert(0, key)
                     self._give_back(job, node, now, events, "an earlier update of this cycle "
@@ -131,8 +131,8 @@ class SlurmGrants(SlurmTasks):
                             withdraw=self._every_idle([node]) if hung else ())
             return None if hung else False
 
-    def _no_task(self, job: str, node: str, free: list[str], minutes: int, now: float,
-                 events: list[Event]) -> None:
+    def _no_task(self, job: str, node: str, free: list[str], minutes: int,
+                 limit_s: float | None, now: float, events: list[Event]) -> None:
         """No task of ``job`` can go to ``node`` now: the grant waits for one where the job's
         free tasks only just left that node or its tasks are being requeued (see the module
         doc); otherwise it is given back, saying why."""
@@ -143,7 +143,8 @@ class SlurmGrants(SlurmTasks):
         if not free and not coming:
             self._give_back(job, node, now, events, "no held task left")
             return
-        self._waiting[node] = (Launch(job, node, now + self.grant_timeout_s), minutes)
+        self._waiting[node] = (Launch(job, node, now + self.grant_timeout_s),
+                               None if limit_s is None else now + limit_s)
         loud = now - self._no_task_logged.get(job, -math.inf) >= 60
         if loud:
             self._no_task_logged[job] = now
@@ -163,10 +164,15 @@ class SlurmGrants(SlurmTasks):
             return
         events: list[Event] = []
         released: list[str] = []
-        for node, (launch, minutes) in sorted(self._waiting.items()):
+        for node, (launch, hole_end) in sorted(self._waiting.items()):
             job = launch.job_id
             if job not in self._jobs or node not in self._offered:
                 del self._waiting[node]
+                continue
+            minutes = self._minutes(None if hole_end is None else hole_end - now)
+            if minutes < 1:  # the hole's end came too near while it waited
+                del self._waiting[node]
+                self._give_back(job, node, now, events, "hole under one minute")
                 continue
             free = self._free_tasks(job)
             key = self._pick(free, node, now)

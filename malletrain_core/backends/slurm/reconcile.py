@@ -69,8 +69,8 @@ class SlurmTasks(TaskBackend):
         self._failures: dict[str, list[float]] = {}   # job -> times its tasks failed
         self._failures_seen: set[tuple[str, int]] = set()  # (task, restarts) counted
         self._no_task_logged: dict[str, float] = {}  # job -> last "no held task left" warning
-        self._waiting: dict[str, tuple[Launch, int]] = {}
-        """Grants waiting for a task of their job (node → the grant, its minutes): see
+        self._waiting: dict[str, tuple[Launch, float | None]] = {}
+        """Grants waiting for a task of their job (node → the grant, its hole end): see
         :mod:`.grants`."""
         self._requeued: set[str] = set()
         """Workers taken as preempted while their task still shows COMPLETING (see
