@@ -16,7 +16,7 @@ from malletrain_core.events import (
     WorkerStarted,
     WorkerStopped,
 )
-from malletrain_core.interfaces import Backend
+from malletrain_core.interfaces import Backend, TaskView
 
 
 class FakeBackend(Backend):
@@ -33,6 +33,9 @@ class FakeBackend(Backend):
     def execute(self, actions, now):
         self.executed.extend(actions)
         return []
+
+    def view(self):
+        return TaskView(frozenset(), frozenset(), frozenset())
 
 
 def running_job(now=0.0, nodes=("n1", "n2")):
@@ -72,6 +75,32 @@ def test_planned_shrink_waits_for_the_checkpoint_and_a_grow_onto_the_node_waits_
     bridge.poll(4.5)
     assert backend.executed == [Shrink("7", ("n2",)), Grow("8", ("n2",), 600.0)]
     assert bridge.deferred == []
+
+
+def test_a_grow_still_waiting_here_is_taken_back_by_a_shrink_of_its_nodes():
+    """Job 8's grow onto n2 and n3 waits for job 7's epoch to leave n2; the engine then shrinks
+    job 8 off n2 (seen in the revival test: it granted n2 to another job since). The grow must
+    not reach the batch system for n2 once job 7 is gone from it, nor the shrink either (no task
+    of job 8 was ever there), and the view no longer shows job 8 on n2."""
+    backend, co, bridge = running_job()
+    backend.queued = [JobSubmitted(1.0, JobRequest("8", 1, 4, owner="bob"))]
+    bridge.poll(1.0)
+    bridge.execute([Shrink("7", ("n2",)), Grow("8", ("n2", "n3"), 600.0)], 1.0)
+    assert backend.executed == []  # the grow waits whole
+    assert ("8", "n2") in bridge_view(bridge).running
+    bridge.execute([Shrink("8", ("n2",))], 2.0)
+    assert ("8", "n2") not in bridge_view(bridge).running
+    assert backend.executed == [Grow("8", ("n3",), 600.0)]  # n3 need not wait any more
+    co.acknowledge_checkpoint("7", 0, 4.0)
+    bridge.poll(4.5)
+    assert backend.executed == [Grow("8", ("n3",), 600.0), Shrink("7", ("n2",))]
+    assert bridge.deferred == []
+
+
+def bridge_view(bridge: EpochBridge) -> TaskView:
+    view = bridge.view()
+    assert view is not None
+    return view
 
 
 def test_shrink_of_a_job_without_a_running_epoch_goes_at_once():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import pwd
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..backends.base import Backend
 from ..events import (
@@ -96,6 +96,10 @@ class EpochBridge(Backend):
     def execute(self, actions: Sequence[Action], now: float) -> list[Event]:
         ready: list[Action] = []
         for action in actions:
+            if isinstance(action, Shrink):
+                action = self._ungrant(action)
+                if not action.nodes:
+                    continue
             if isinstance(action, Shrink) and self._known(action.job_id):
                 st = self.coordinator.state(action.job_id)
                 gone = set(action.nodes)
@@ -111,6 +115,25 @@ class EpochBridge(Backend):
                 ready.append(action)
         events = self._hand_over(ready, now)
         return events + self._release(now)
+
+    def _ungrant(self, shrink: Shrink) -> Shrink:
+        """A shrink of nodes whose grow to the same job still waits here (for a node another
+        job's epoch is leaving): that grow is taken back for them, never handed over (handed
+        over later, it started a task the engine no longer gave the job, on a node it may
+        have granted to another job since). Returns the shrink of the job's other nodes."""
+        gone, dropped = set(shrink.nodes), set()
+        kept: list[_Deferred] = []
+        for d in self.deferred:
+            grow = d.action
+            if isinstance(grow, Grow) and grow.job_id == shrink.job_id and gone & set(grow.nodes):
+                dropped |= gone & set(grow.nodes)
+                rest = tuple(n for n in grow.nodes if n not in gone)
+                if rest:
+                    kept.append(_Deferred(replace(grow, nodes=rest), d.since))
+            else:
+                kept.append(d)
+        self.deferred = kept
+        return replace(shrink, nodes=tuple(n for n in shrink.nodes if n not in dropped))
 
     # -- what the batch system tells ---------------------------------------------------------
     def observe(self, events: Sequence[Event], now: float) -> None:
