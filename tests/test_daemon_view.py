@@ -12,7 +12,7 @@ stayed apart from Slurm's for good.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,8 +29,8 @@ T = 1_800_000_000.0
 WHAT_DIFFERED = "the engine's nodes differed from the batch system's tasks"
 
 
-def view(running: set[tuple[str, str]], offered: set[str] = frozenset(),  # type: ignore[assignment]
-         stopping: set[tuple[str, str]] = frozenset()) -> TaskView:  # type: ignore[assignment]
+def view(running: Collection[tuple[str, str]], offered: Collection[str] = (),
+         stopping: Collection[tuple[str, str]] = ()) -> TaskView:
     return TaskView(frozenset(running), frozenset(stopping), frozenset(offered))
 
 

@@ -102,25 +102,18 @@ class SlurmGrants(SlurmTasks):
                 else:
                     done = self._grown(key, job, node, minutes, now, events)
                     if done:
-                        self._launching[key] = Launch(job, node, now + self.grant_timeout_s)
                         released.append(key)
                     hung = done is None
-        try:
-            failed = self._scontrol_batch("release", released)
-        except CommandTimeout as exc:
-            log.warning("%s: the next poll shows which tasks started", exc)
-            failed = set()
-        for key in sorted(failed):
-            launch = self._launching.pop(key)
-            self._give_back(launch.job_id, launch.node, now, events, "release refused",
-                            level=logging.DEBUG)
+        self._release(released, now, events)
 
     def _grown(self, key: str, job: str, node: str, minutes: int, now: float,
                events: list[Event]) -> bool | None:
-        """Pin ``key`` to ``node`` with a limit of ``minutes``: True; else the node is given
-        back: False when Slurm refused, None when it did not answer."""
+        """Pin ``key`` to ``node`` with a limit of ``minutes`` and count it a grant in flight
+        (:meth:`_release` lets it go): True; else the node is given back: False when Slurm
+        refused, None when it did not answer."""
         try:
             self.client.grow(key, node, minutes)
+            self._launching[key] = Launch(job, node, now + self.grant_timeout_s)
             return True
         except CommandNotFound:
             raise
@@ -130,6 +123,19 @@ class SlurmGrants(SlurmTasks):
             self._give_back(job, node, now, events, "%s", exc,
                             withdraw=self._every_idle([node]) if hung else ())
             return None if hung else False
+
+    def _release(self, released: list[str], now: float, events: list[Event]) -> None:
+        """One ``scontrol release`` of the tasks just pinned; one Slurm refused is given back,
+        one it did not answer for is left to the next poll."""
+        try:
+            failed = self._scontrol_batch("release", released)
+        except CommandTimeout as exc:
+            log.warning("%s: the next poll shows which tasks started", exc)
+            failed = set()
+        for key in sorted(failed):
+            launch = self._launching.pop(key)
+            self._give_back(launch.job_id, launch.node, now, events, "release refused",
+                            level=logging.DEBUG)
 
     def _no_task(self, job: str, node: str, free: list[str], minutes: int,
                  limit_s: float | None, now: float, events: list[Event]) -> None:
@@ -187,14 +193,10 @@ class SlurmGrants(SlurmTasks):
             del self._waiting[node]
             done = self._grown(key, job, node, minutes, now, events)
             if done:
-                self._launching[key] = Launch(job, node, now + self.grant_timeout_s)
                 released.append(key)
             elif done is None:
                 break  # scontrol did not answer: the rest wait for the next poll
-        for key in sorted(self._run_quietly("release", released)):
-            launch = self._launching.pop(key)
-            self._give_back(launch.job_id, launch.node, now, events, "release refused",
-                            level=logging.DEBUG)
+        self._release(released, now, events)
         for event in events:
             if isinstance(event, NodesReclaimed):
                 out.reclaimed += event.nodes

@@ -7,8 +7,9 @@ never take part, a node's sibling that failed its own part of the step and left 
 epoch. Seen under HSDP on real Slurm (2 processes a node, one of two nodes preempted): one
 process failed its cross-replica all-reduce on the lost node's connection and went to the
 next epoch's rendezvous; its sibling stayed in a collective of FSDP2's with it until the
-rendezvous gave up (60 s), and the node was started again from the checkpoint. Letting go of the group on the leaver's side does not release the sibling when
-the leaver's group is not freed at once (:func:`~..sharded.state.let_go_of_groups`), and
+rendezvous gave up (60 s), and the node was started again from the checkpoint. Letting go of
+the group on the leaver's side does not release the sibling when the leaver's group is not
+freed at once (:func:`~..sharded.state.let_go_of_groups`), and
 shutting the leaver's sockets leaves a sibling that is sending in gloo's ``waitSend``.
 
 What does release it is its own side: once an epoch has been abandoned for
