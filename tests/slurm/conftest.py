@@ -36,7 +36,7 @@ RERUN_ONCE = {"test_backend_live.py", "test_training_e2e.py", "test_faults.py", 
               "test_daemon_live.py", "test_demo.py", "test_load.py", "test_byo_e2e.py",
               "test_quiet_poll.py", "test_inplace_slurm.py", "test_inplace_nproc_slurm.py",
               "test_prod_race.py",
-              "test_liveness.py"}
+              "test_liveness.py", "test_view_live.py"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
